@@ -1,0 +1,57 @@
+/*
+ * xknn/impl/backend.h -- private interface between the header-only host code and the
+ * compiled backends (kernels/cpu, kernels/cuda). Not part of the public API.
+ *
+ * A job arrives here validated: n, nq, d >= 1, 1 <= k (k may exceed the available
+ * references only when params.pad_missing is set), pointers non-NULL (dist may be
+ * NULL), values finite, metric/backend in range.
+ */
+#ifndef XKNN_IMPL_BACKEND_H
+#define XKNN_IMPL_BACKEND_H
+
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../../xknn.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct xknn__job {
+    const float *ref;   /* n x d, row stride ldr, host memory  */
+    int64_t n, d, ldr;
+    const float *query; /* nq x d, row stride ldq, host memory */
+    int64_t nq, ldq;
+    int64_t k;
+    int64_t *ids;       /* nq x k, host memory                 */
+    float *dist;        /* nq x k or NULL, host memory          */
+    xknn_params params;
+    char *msg;          /* error message buffer, may be NULL    */
+    size_t msg_size;
+} xknn__job;
+
+/* kernels/cpu */
+xknn_status xknn__cpu_search(const xknn__job *job);
+
+/* kernels/cuda (stubs returning NOT_BUILT when CUDA is not compiled in) */
+int xknn__cuda_built(void);
+int xknn__cuda_device_count(void);
+xknn_status xknn__cuda_search(const xknn__job *job);
+
+/* Canonical distance (host): double accumulation in dimension order with fma,
+ * rounded once to float. Shared by every backend's re-rank and by tests. */
+float xknn__canonical(xknn_metric metric, const float *a, const float *b, int64_t d);
+
+/* Order of two results: (dist ascending, id ascending). NaN never occurs here. */
+static inline int xknn__result_less(float da, int64_t ia, float db, int64_t ib)
+{
+    return da < db || (da == db && ia < ib);
+}
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* XKNN_IMPL_BACKEND_H */

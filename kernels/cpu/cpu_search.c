@@ -1,0 +1,512 @@
+/*
+ * CPU backend: exact k-NN on host arrays.
+ *
+ * Two paths, identical results (the canonical distance decides, DESIGN.md section 2):
+ *
+ * BLAS path (default when CBLAS is built in). Queries in blocks of QB, references in
+ * blocks of RB. sgemm gives C = -2 Q R^T for the tile (float). For query i and
+ * reference j let s = |q|^2 + |x|^2 (double, rounded to float) and D the exact squared
+ * distance. The float estimate e = s - 2 q.x satisfies |e - D| <= eps*s + abs with
+ *     eps = 1.25 (d + 16) u / (1 - (d + 16) u),  u = 2^-24,  abs = (d + 2) FLT_MIN,
+ * because any summation order of the d products is within gamma_d sum|q_t x_t| <=
+ * gamma_d s/2 of the dot product (Cauchy-Schwarz; Higham, Accuracy and Stability, 3.1),
+ * the norms and the two additions each add at most u s, and products that underflow
+ * lose at most FLT_MIN each. So L = e - eps s - abs <= D <= U = e + eps s + abs.
+ * Per query a max-heap keeps the k smallest U: its top tau bounds the k-th distance.
+ * Every reference with L <= tau' = tau (1 + 2^-19) + 16 FLT_MIN is kept as a candidate;
+ * any other one has D > tau', so its canonical float is strictly greater than that of k
+ * kept ones (the 2^-19 covers the float rounding of the canonical value and of its
+ * square root), and cannot be in the top k whatever its id. Candidates are re-ranked
+ * with the canonical distance and sorted by (distance, id). When a candidate buffer
+ * fills (many ties), it is re-ranked and cut to its exact top k, which is exact too.
+ *
+ * Loop path (no BLAS, or values too large for float products): reference blocks are
+ * transposed and the canonical distance is computed for every pair, vectorised across
+ * references; a bounded (distance, id) max-heap keeps the top k.
+ *
+ * Threads: the BLAS call is threaded by the BLAS library; candidate filtering and
+ * re-ranking are OpenMP-parallel over the queries of a block. Memory is bounded by the
+ * blocks: QB*RB floats for the tile plus QB*(3k+512) candidate slots, never nq*n.
+ */
+#include <float.h>
+#include <limits.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#ifdef XKNN_HAVE_CBLAS
+#include <cblas.h>
+#endif
+
+#include "canonical.h"
+
+typedef struct {
+    float d;
+    int64_t id;
+} xknn__pair;
+
+static int xknn__pair_cmp(const void *a, const void *b)
+{
+    const xknn__pair *x = (const xknn__pair *)a, *y = (const xknn__pair *)b;
+    if (x->d < y->d) return -1;
+    if (x->d > y->d) return 1;
+    return (x->id > y->id) - (x->id < y->id);
+}
+
+static xknn_status xknn__cpu_fail(const xknn__job *job, xknn_status st, const char *fmt, ...)
+{
+    if (job->msg && job->msg_size) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(job->msg, job->msg_size, fmt, ap);
+        va_end(ap);
+    }
+    return st;
+}
+
+/* ----------------------------------------------------------------------------------- */
+/* Bounded max-heap of (distance, id) under the result order: keeps the k best.         */
+/* ----------------------------------------------------------------------------------- */
+static void xknn__pheap_push(xknn__pair *h, int64_t *size, int64_t cap, float d, int64_t id)
+{
+    int64_t i;
+    if (*size < cap) {
+        i = (*size)++;
+        while (i > 0) {
+            int64_t p = (i - 1) / 2;
+            if (!xknn__result_less(h[p].d, h[p].id, d, id)) break;
+            h[i] = h[p];
+            i = p;
+        }
+        h[i].d = d;
+        h[i].id = id;
+        return;
+    }
+    if (!xknn__result_less(d, id, h[0].d, h[0].id)) return;
+    i = 0;
+    for (;;) {
+        int64_t l = 2 * i + 1, r = l + 1, m = i;
+        float md = d;
+        int64_t mid = id;
+        if (l < cap && xknn__result_less(md, mid, h[l].d, h[l].id)) { m = l; md = h[l].d; mid = h[l].id; }
+        if (r < cap && xknn__result_less(md, mid, h[r].d, h[r].id)) m = r;
+        if (m == i) break;
+        h[i] = h[m];
+        i = m;
+    }
+    h[i].d = d;
+    h[i].id = id;
+}
+
+/* Max-heap of floats (the k smallest upper bounds). */
+static void xknn__fheap_push(float *h, int64_t *size, int64_t cap, float v)
+{
+    int64_t i;
+    if (*size < cap) {
+        i = (*size)++;
+        while (i > 0) {
+            int64_t p = (i - 1) / 2;
+            if (h[p] >= v) break;
+            h[i] = h[p];
+            i = p;
+        }
+        h[i] = v;
+        return;
+    }
+    if (!(v < h[0])) return;
+    i = 0;
+    for (;;) {
+        int64_t l = 2 * i + 1, r = l + 1, m = i;
+        float mv = v;
+        if (l < cap && h[l] > mv) { m = l; mv = h[l]; }
+        if (r < cap && h[r] > mv) m = r;
+        if (m == i) break;
+        h[i] = h[m];
+        i = m;
+    }
+    h[i] = v;
+}
+
+/* Writes the sorted pairs (first `have`) and pads to k (pad_missing only). */
+static void xknn__emit(const xknn__job *job, int64_t qi, const xknn__pair *best, int64_t have)
+{
+    int64_t j, k = job->k;
+    int64_t *ids = job->ids + qi * k;
+    float *dist = job->dist ? job->dist + qi * k : NULL;
+    for (j = 0; j < k; j++) {
+        ids[j] = j < have ? best[j].id : -1;
+        if (dist) dist[j] = j < have ? best[j].d : INFINITY;
+    }
+}
+
+static int xknn__threads(const xknn__job *job)
+{
+#ifdef _OPENMP
+    return job->params.num_threads > 0 ? job->params.num_threads : omp_get_max_threads();
+#else
+    (void)job;
+    return 1;
+#endif
+}
+
+/* ----------------------------------------------------------------------------------- */
+/* Loop path                                                                           */
+/* ----------------------------------------------------------------------------------- */
+static xknn_status xknn__cpu_loop(const xknn__job *job)
+{
+    const int64_t n = job->n, d = job->d, nq = job->nq, k = job->k;
+    const int64_t kk = k < n ? k : n;
+    const xknn_metric metric = job->params.metric;
+    const int64_t roff = job->params.ref_id_offset, qoff = job->params.query_id_offset;
+    const int exclude = job->params.exclude_self;
+    int64_t RB = job->params.ref_block ? job->params.ref_block : 256;
+    int64_t QB = job->params.query_block ? job->params.query_block : 64;
+    const int nt = xknn__threads(job);
+    float *rt = NULL;
+    xknn__pair *heaps = NULL;
+    int64_t *hsize = NULL;
+    int64_t q0, r0, i;
+    xknn_status st = XKNN_SUCCESS;
+
+    if (RB > n) RB = n;
+    if (QB > nq) QB = nq;
+    /* Bound heap memory to ~256 MiB for large k. */
+    while (QB > 1 && (double)QB * (double)kk * sizeof(xknn__pair) > 256.0 * 1024 * 1024) QB /= 2;
+
+    rt = (float *)malloc((size_t)(RB * d) * sizeof(float));
+    heaps = (xknn__pair *)malloc((size_t)(QB * kk) * sizeof(xknn__pair));
+    hsize = (int64_t *)malloc((size_t)QB * sizeof(int64_t));
+    if (!rt || !heaps || !hsize) {
+        st = xknn__cpu_fail(job, XKNN_ERROR_OUT_OF_MEMORY, "cpu backend: out of memory for blocks (%lld x %lld)",
+                            (long long)QB, (long long)kk);
+        goto done;
+    }
+
+    for (q0 = 0; q0 < nq; q0 += QB) {
+        const int64_t qb = nq - q0 < QB ? nq - q0 : QB;
+        for (i = 0; i < qb; i++) hsize[i] = 0;
+        for (r0 = 0; r0 < n; r0 += RB) {
+            const int64_t rb = n - r0 < RB ? n - r0 : RB;
+            int64_t t, j;
+            for (j = 0; j < rb; j++) {
+                const float *x = job->ref + (r0 + j) * job->ldr;
+                for (t = 0; t < d; t++) rt[t * RB + j] = x[t];
+            }
+#pragma omp parallel num_threads(nt)
+            {
+                double *acc = (double *)malloc((size_t)rb * sizeof(double));
+                float *out = (float *)malloc((size_t)rb * sizeof(float));
+                int64_t ii;
+                if (acc && out) {
+#pragma omp for schedule(dynamic, 1)
+                    for (ii = 0; ii < qb; ii++) {
+                        const int64_t qg = qoff + q0 + ii;
+                        int64_t jj;
+                        xknn__canonical_block(metric, job->query + (q0 + ii) * job->ldq, rt, RB, rb, d, acc,
+                                              out);
+                        for (jj = 0; jj < rb; jj++) {
+                            const int64_t id = roff + r0 + jj;
+                            if (exclude && id == qg) continue;
+                            xknn__pheap_push(heaps + ii * kk, &hsize[ii], kk, out[jj], id);
+                        }
+                    }
+                } else {
+#pragma omp critical(xknn_cpu_oom)
+                    st = XKNN_ERROR_OUT_OF_MEMORY;
+                }
+                free(acc);
+                free(out);
+            }
+            if (st != XKNN_SUCCESS) {
+                xknn__cpu_fail(job, st, "cpu backend: out of memory for a %lld-reference block", (long long)rb);
+                goto done;
+            }
+        }
+#pragma omp parallel for num_threads(nt) schedule(dynamic, 4)
+        for (i = 0; i < qb; i++) {
+            qsort(heaps + i * kk, (size_t)hsize[i], sizeof(xknn__pair), xknn__pair_cmp);
+            xknn__emit(job, q0 + i, heaps + i * kk, hsize[i]);
+        }
+    }
+done:
+    free(rt);
+    free(heaps);
+    free(hsize);
+    return st;
+}
+
+/* ----------------------------------------------------------------------------------- */
+/* BLAS path                                                                           */
+/* ----------------------------------------------------------------------------------- */
+#ifdef XKNN_HAVE_CBLAS
+
+typedef struct {
+    float *ub;        /* max-heap of the k smallest upper bounds        */
+    int64_t ub_size;
+    int64_t *cand;    /* candidate reference rows (local)               */
+    float *cand_lo;   /* their lower bounds                             */
+    float *cand_c;    /* canonical distance, or NaN when not computed   */
+    int64_t count;
+    float tau_adj;    /* tau' (inf until the heap is full)              */
+} xknn__qstate;
+
+static float xknn__tau_adj(const xknn__qstate *s, int64_t kk)
+{
+    if (s->ub_size < kk) return INFINITY;
+    return s->ub[0] * (1.0f + 0x1p-19f) + 16.0f * FLT_MIN;
+}
+
+/* Re-rank candidates, drop the ones above tau', keep the exact best `keep`.
+ * rows/tmp are scratch of the buffer's capacity. */
+static int64_t xknn__rerank(const xknn__job *job, xknn__qstate *s, const float *q, int64_t keep, int64_t *rows,
+                            float *vals, xknn__pair *tmp, int64_t kk)
+{
+    const float tau = xknn__tau_adj(s, kk);
+    const int64_t roff = job->params.ref_id_offset;
+    int64_t c, m = 0, todo = 0;
+    /* drop certified losers, collect what still needs a canonical value */
+    for (c = 0; c < s->count; c++) {
+        if (s->cand_lo[c] > tau) continue;
+        s->cand[m] = s->cand[c];
+        s->cand_lo[m] = s->cand_lo[c];
+        s->cand_c[m] = s->cand_c[c];
+        if (s->cand_c[m] != s->cand_c[m]) rows[todo++] = m;
+        m++;
+    }
+    s->count = m;
+    if (todo) {
+        /* rows[] holds buffer positions; turn them into reference rows, compute, scatter */
+        int64_t t;
+        for (t = 0; t < todo; t++) tmp[t].id = rows[t];
+        for (t = 0; t < todo; t++) rows[t] = s->cand[tmp[t].id];
+        xknn__canonical_many(job->params.metric, q, job->ref, job->ldr, rows, todo, job->d, vals);
+        for (t = 0; t < todo; t++) s->cand_c[tmp[t].id] = vals[t];
+    }
+    if (m <= keep) return m;
+    for (c = 0; c < m; c++) {
+        tmp[c].d = s->cand_c[c];
+        tmp[c].id = roff + s->cand[c];
+    }
+    qsort(tmp, (size_t)m, sizeof(xknn__pair), xknn__pair_cmp);
+    for (c = 0; c < keep; c++) {
+        s->cand[c] = tmp[c].id - roff;
+        s->cand_c[c] = tmp[c].d;
+        s->cand_lo[c] = -INFINITY; /* exact now: never dropped by the bound */
+    }
+    s->count = keep;
+    return keep;
+}
+
+/* Scan one row of the tile: C = -2 q.x for references r0 .. r0+rb-1. */
+XKNN__FMA_CLONES
+static void xknn__scan_row(const xknn__job *job, xknn__qstate *s, const float *crow, int64_t r0, int64_t rb,
+                           const float *nx, float nqi, float eps, float absb, int64_t self_row, int64_t kk,
+                           int64_t cap, const float *q, int64_t *rows, float *vals, xknn__pair *tmp)
+{
+    int64_t j0, j;
+    /* fast filter: e - eps2*s - abs <= tau', with eps2 = 2 eps (covers its own float rounding) */
+    const float one_m = 1.0f - 2.0f * eps;
+    float thr = xknn__tau_adj(s, kk) - (nqi * one_m - 2.0f * absb);
+    for (j0 = 0; j0 < rb; j0 += 16) {
+        const int64_t je = j0 + 16 < rb ? j0 + 16 : rb;
+        int any = 0;
+        for (j = j0; j < je; j++) any |= (nx[r0 + j] * one_m + crow[j] <= thr);
+        if (!any) continue;
+        for (j = j0; j < je; j++) {
+            double sj, e, lo, hi;
+            if (!(nx[r0 + j] * one_m + crow[j] <= thr)) continue;
+            if (r0 + j == self_row) continue;
+            sj = (double)nqi + (double)nx[r0 + j];
+            e = sj + (double)crow[j];
+            lo = e - (double)eps * sj - (double)absb;
+            hi = e + (double)eps * sj + (double)absb;
+            if (lo > (double)xknn__tau_adj(s, kk)) continue;
+            if (s->count == cap) xknn__rerank(job, s, q, kk, rows, vals, tmp, kk);
+            s->cand[s->count] = r0 + j;
+            s->cand_lo[s->count] = (float)lo; /* rounding down is not needed: lo is compared loosely */
+            s->cand_c[s->count] = NAN;
+            s->count++;
+            {
+                float hf = (float)hi;
+                if ((double)hf < hi) hf = nextafterf(hf, INFINITY);
+                xknn__fheap_push(s->ub, &s->ub_size, kk, hf);
+            }
+            thr = xknn__tau_adj(s, kk) - (nqi * one_m - 2.0f * absb);
+        }
+    }
+}
+
+static xknn_status xknn__cpu_blas(const xknn__job *job)
+{
+    const int64_t n = job->n, d = job->d, nq = job->nq, k = job->k;
+    const int64_t kk = k < n ? k : n;
+    const int64_t roff = job->params.ref_id_offset, qoff = job->params.query_id_offset;
+    const int exclude = job->params.exclude_self;
+    const int nt = xknn__threads(job);
+    const double u = 0x1p-24;
+    const float eps = (float)(1.25 * (double)(d + 16) * u / (1.0 - (double)(d + 16) * u));
+    const float absb = (float)((double)(d + 2) * FLT_MIN);
+    int64_t RB = job->params.ref_block ? job->params.ref_block : 4096;
+    int64_t QB = job->params.query_block ? job->params.query_block : 1024;
+    int64_t cap = 2 * kk + 512;
+    double *dn = NULL;
+    float *nx = NULL, *nqv = NULL, *tile = NULL;
+    xknn__qstate *st = NULL;
+    float *ub = NULL, *lo = NULL, *cc = NULL;
+    int64_t *cand = NULL;
+    int64_t q0, r0, i;
+    xknn_status status = XKNN_SUCCESS;
+
+    if (RB > n) RB = n;
+    if (QB > nq) QB = nq;
+    while (QB > 16 && (double)QB * (double)(cap * 16 + kk * 4) > 256.0 * 1024 * 1024) QB /= 2;
+
+    dn = (double *)malloc((size_t)(n > QB ? n : QB) * sizeof(double));
+    nx = (float *)malloc((size_t)n * sizeof(float));
+    nqv = (float *)malloc((size_t)QB * sizeof(float));
+    tile = (float *)malloc((size_t)(QB * RB) * sizeof(float));
+    st = (xknn__qstate *)calloc((size_t)QB, sizeof(xknn__qstate));
+    ub = (float *)malloc((size_t)(QB * kk) * sizeof(float));
+    cand = (int64_t *)malloc((size_t)(QB * cap) * sizeof(int64_t));
+    lo = (float *)malloc((size_t)(QB * cap) * sizeof(float));
+    cc = (float *)malloc((size_t)(QB * cap) * sizeof(float));
+    if (!dn || !nx || !nqv || !tile || !st || !ub || !cand || !lo || !cc) {
+        status = xknn__cpu_fail(job, XKNN_ERROR_OUT_OF_MEMORY,
+                                "cpu backend: out of memory for a %lld x %lld tile and %lld candidates per query",
+                                (long long)QB, (long long)RB, (long long)cap);
+        goto done;
+    }
+    xknn__sqnorms(job->ref, n, job->ldr, d, dn);
+    for (i = 0; i < n; i++) nx[i] = (float)dn[i];
+
+    for (q0 = 0; q0 < nq; q0 += QB) {
+        const int64_t qb = nq - q0 < QB ? nq - q0 : QB;
+        const float *qblk = job->query + q0 * job->ldq;
+        xknn__sqnorms(qblk, qb, job->ldq, d, dn);
+        for (i = 0; i < qb; i++) {
+            nqv[i] = (float)dn[i];
+            st[i].ub = ub + i * kk;
+            st[i].ub_size = 0;
+            st[i].cand = cand + i * cap;
+            st[i].cand_lo = lo + i * cap;
+            st[i].cand_c = cc + i * cap;
+            st[i].count = 0;
+        }
+        for (r0 = 0; r0 < n; r0 += RB) {
+            const int64_t rb = n - r0 < RB ? n - r0 : RB;
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)qb, (int)rb, (int)d, -2.0f, qblk,
+                        (int)job->ldq, job->ref + r0 * job->ldr, (int)job->ldr, 0.0f, tile, (int)RB);
+#pragma omp parallel num_threads(nt)
+            {
+                int64_t *rows = (int64_t *)malloc((size_t)cap * sizeof(int64_t));
+                float *vals = (float *)malloc((size_t)cap * sizeof(float));
+                xknn__pair *tmp = (xknn__pair *)malloc((size_t)cap * sizeof(xknn__pair));
+                int64_t ii;
+                if (rows && vals && tmp) {
+#pragma omp for schedule(dynamic, 8)
+                    for (ii = 0; ii < qb; ii++) {
+                        const int64_t self_row = exclude ? qoff + q0 + ii - roff : -1;
+                        xknn__scan_row(job, &st[ii], tile + ii * RB, r0, rb, nx, nqv[ii], eps, absb, self_row, kk,
+                                       cap, qblk + ii * job->ldq, rows, vals, tmp);
+                    }
+                } else {
+#pragma omp critical(xknn_cpu_oom)
+                    status = XKNN_ERROR_OUT_OF_MEMORY;
+                }
+                free(rows);
+                free(vals);
+                free(tmp);
+            }
+            if (status != XKNN_SUCCESS) {
+                xknn__cpu_fail(job, status, "cpu backend: out of memory for re-rank scratch (%lld)", (long long)cap);
+                goto done;
+            }
+        }
+#pragma omp parallel num_threads(nt)
+        {
+            int64_t *rows = (int64_t *)malloc((size_t)cap * sizeof(int64_t));
+            float *vals = (float *)malloc((size_t)cap * sizeof(float));
+            xknn__pair *tmp = (xknn__pair *)malloc((size_t)cap * sizeof(xknn__pair));
+            int64_t ii;
+            if (rows && vals && tmp) {
+#pragma omp for schedule(dynamic, 8)
+                for (ii = 0; ii < qb; ii++) {
+                    xknn__qstate *s = &st[ii];
+                    /* filter by the final tau', re-rank, cut to the exact best kk, sort */
+                    int64_t m = xknn__rerank(job, s, qblk + ii * job->ldq, kk, rows, vals, tmp, kk), c;
+                    for (c = 0; c < m; c++) {
+                        tmp[c].d = s->cand_c[c];
+                        tmp[c].id = roff + s->cand[c];
+                    }
+                    qsort(tmp, (size_t)m, sizeof(xknn__pair), xknn__pair_cmp);
+                    xknn__emit(job, q0 + ii, tmp, m);
+                }
+            } else {
+#pragma omp critical(xknn_cpu_oom)
+                status = XKNN_ERROR_OUT_OF_MEMORY;
+            }
+            free(rows);
+            free(vals);
+            free(tmp);
+        }
+        if (status != XKNN_SUCCESS) {
+            xknn__cpu_fail(job, status, "cpu backend: out of memory for re-rank scratch (%lld)", (long long)cap);
+            goto done;
+        }
+    }
+done:
+    free(dn);
+    free(nx);
+    free(nqv);
+    free(tile);
+    free(st);
+    free(ub);
+    free(cand);
+    free(lo);
+    free(cc);
+    return status;
+}
+#endif /* XKNN_HAVE_CBLAS */
+
+xknn_status xknn__cpu_search(const xknn__job *job)
+{
+    xknn_cpu_path path = job->params.cpu_path;
+#ifdef XKNN_HAVE_CBLAS
+    if (path != XKNN_CPU_PATH_LOOP) {
+        /* The bound needs float products that neither overflow nor lose all meaning,
+         * and BLAS takes int sizes. Otherwise the loop path gives the same result. */
+        int ok = job->d < (1 << 20) && job->ldr <= INT_MAX && job->ldq <= INT_MAX;
+        if (ok) {
+            double mx = 0.0;
+            int64_t i, t;
+            for (i = 0; i < job->n && ok; i++)
+                for (t = 0; t < job->d; t++) {
+                    double v = fabs((double)job->ref[i * job->ldr + t]);
+                    if (v > mx) mx = v;
+                }
+            for (i = 0; i < job->nq && ok; i++)
+                for (t = 0; t < job->d; t++) {
+                    double v = fabs((double)job->query[i * job->ldq + t]);
+                    if (v > mx) mx = v;
+                }
+            /* |s| <= 2 d mx^2 must stay far below FLT_MAX */
+            ok = 2.0 * (double)job->d * mx * mx < 1e36;
+        }
+        if (ok) return xknn__cpu_blas(job);
+        if (job->params.verbose)
+            fprintf(stderr, "xknn: cpu backend: values or sizes out of the BLAS path's range; exact loop\n");
+    }
+#else
+    if (path == XKNN_CPU_PATH_BLAS)
+        return xknn__cpu_fail(job, XKNN_ERROR_NOT_BUILT,
+                              "cpu backend: BLAS path requested but xknn was built without CBLAS (-Dblas)");
+#endif
+    (void)path;
+    return xknn__cpu_loop(job);
+}

@@ -1,0 +1,3 @@
+/* The header-only host code of xknn, compiled once into libxknn. */
+#define XKNN_IMPLEMENTATION
+#include "xknn.h"
