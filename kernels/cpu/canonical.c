@@ -10,6 +10,7 @@
  * only makes the re-rank fast. The CUDA backend computes the same with __fma_rn.
  */
 #include <math.h>
+#include <stdlib.h>
 
 #include "canonical.h"
 
@@ -25,9 +26,8 @@ float xknn__canonical(xknn_metric metric, const float *a, const float *b, int64_
 }
 
 /* Four independent accumulation chains (four candidates) so the fma latency hides. */
-XKNN__FMA_CLONES
-void xknn__canonical_many(xknn_metric metric, const float *q, const float *ref, int64_t ldr,
-                          const int64_t *rows, int64_t count, int64_t d, float *out)
+XKNN__INLINE_BODY void canonical_many_body(xknn_metric metric, const float *q, const float *ref, int64_t ldr,
+                                           const int64_t *rows, int64_t count, int64_t d, float *out)
 {
     int64_t c = 0, t;
     for (; c + 4 <= count; c += 4) {
@@ -62,9 +62,8 @@ void xknn__canonical_many(xknn_metric metric, const float *q, const float *ref, 
 /* Distances of one query to a transposed reference block rt[t*ldt + j], j < nb:
  * the cache-blocked exact loop. The j loop vectorises; each lane keeps its own
  * dimension-ordered chain, so the values are canonical. acc has room for nb doubles. */
-XKNN__FMA_CLONES
-void xknn__canonical_block(xknn_metric metric, const float *q, const float *rt, int64_t ldt,
-                           int64_t nb, int64_t d, double *acc, float *out)
+XKNN__INLINE_BODY void canonical_block_body(xknn_metric metric, const float *q, const float *rt, int64_t ldt,
+                                            int64_t nb, int64_t d, double *acc, float *out)
 {
     int64_t t, j;
     for (j = 0; j < nb; j++) acc[j] = 0.0;
@@ -89,4 +88,69 @@ void xknn__sqnorms(const float *x, int64_t rows, int64_t ld, int64_t d, double *
         for (t = 0; t < d; t++) acc = fma((double)r[t], (double)r[t], acc);
         out[i] = acc;
     }
+}
+
+XKNN__TARGET_FAST static void canonical_many_fast(xknn_metric metric, const float *q, const float *ref, int64_t ldr,
+                                                  const int64_t *rows, int64_t count, int64_t d, float *out)
+{
+    canonical_many_body(metric, q, ref, ldr, rows, count, d, out);
+}
+
+static void canonical_many_portable(xknn_metric metric, const float *q, const float *ref, int64_t ldr,
+                                    const int64_t *rows, int64_t count, int64_t d, float *out)
+{
+    canonical_many_body(metric, q, ref, ldr, rows, count, d, out);
+}
+
+XKNN__TARGET_FAST static void canonical_block_fast(xknn_metric metric, const float *q, const float *rt, int64_t ldt,
+                                                   int64_t nb, int64_t d, double *acc, float *out);
+
+void xknn__canonical_many(xknn_metric metric, const float *q, const float *ref, int64_t ldr, const int64_t *rows,
+                          int64_t count, int64_t d, float *out)
+{
+    enum { CH = 32 };
+    if (xknn__cpu_has_fast() && count >= 8) {
+        /* Gather CH candidate rows transposed, then the vectorised block kernel: many
+         * independent chains per instruction instead of four. Same bits. */
+        float *rt = (float *)malloc((size_t)d * CH * sizeof(float));
+        if (rt) {
+            double acc[CH];
+            int64_t c0, t, j;
+            for (c0 = 0; c0 < count; c0 += CH) {
+                const int64_t nb = count - c0 < CH ? count - c0 : CH;
+                const float *xs[CH];
+                for (j = 0; j < nb; j++) xs[j] = ref + rows[c0 + j] * ldr;
+                for (t = 0; t < d; t++) /* contiguous writes, CH sequential read streams */
+                    for (j = 0; j < nb; j++) rt[t * CH + j] = xs[j][t];
+                canonical_block_fast(metric, q, rt, CH, nb, d, acc, out + c0);
+            }
+            free(rt);
+            return;
+        }
+    }
+    if (xknn__cpu_has_fast())
+        canonical_many_fast(metric, q, ref, ldr, rows, count, d, out);
+    else
+        canonical_many_portable(metric, q, ref, ldr, rows, count, d, out);
+}
+
+XKNN__TARGET_FAST static void canonical_block_fast(xknn_metric metric, const float *q, const float *rt, int64_t ldt,
+                                                   int64_t nb, int64_t d, double *acc, float *out)
+{
+    canonical_block_body(metric, q, rt, ldt, nb, d, acc, out);
+}
+
+static void canonical_block_portable(xknn_metric metric, const float *q, const float *rt, int64_t ldt, int64_t nb,
+                                     int64_t d, double *acc, float *out)
+{
+    canonical_block_body(metric, q, rt, ldt, nb, d, acc, out);
+}
+
+void xknn__canonical_block(xknn_metric metric, const float *q, const float *rt, int64_t ldt, int64_t nb, int64_t d,
+                           double *acc, float *out)
+{
+    if (xknn__cpu_has_fast())
+        canonical_block_fast(metric, q, rt, ldt, nb, d, acc, out);
+    else
+        canonical_block_portable(metric, q, rt, ldt, nb, d, acc, out);
 }

@@ -7,13 +7,24 @@
 
 #include "xknn/impl/backend.h"
 
-/* On x86-64 with GCC or clang, compile hot loops twice: with FMA/AVX2 and portable.
- * Both give identical bits (fma() is correctly rounded either way). */
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(__SANITIZE_ADDRESS__) && \
-    !defined(XKNN_NO_CLONES)
-#define XKNN__FMA_CLONES __attribute__((target_clones("arch=haswell", "default")))
+/* Hot loops are compiled twice on x86-64 with GCC or clang: for AVX2+FMA and portable,
+ * chosen at run time from the CPU's feature bits. Both give identical bits: fma() is
+ * correctly rounded whether the instruction exists or libm emulates it, and every other
+ * operation is a single IEEE operation in a fixed order (-ffp-contract=off).
+ * XKNN__DISPATCH(name, args) defines name(args) calling name_body through the best clone. */
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(XKNN_NO_CLONES)
+#define XKNN__HAVE_CLONES 1
+#define XKNN__INLINE_BODY static inline __attribute__((always_inline))
+#define XKNN__TARGET_FAST __attribute__((target("avx2,fma")))
+static inline int xknn__cpu_has_fast(void)
+{
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+}
 #else
-#define XKNN__FMA_CLONES
+#define XKNN__INLINE_BODY static inline
+#define XKNN__TARGET_FAST
+static inline int xknn__cpu_has_fast(void) { return 0; }
 #endif
 
 static inline float xknn__finish(xknn_metric metric, double acc)

@@ -304,41 +304,193 @@ static int64_t xknn__rerank(const xknn__job *job, xknn__qstate *s, const float *
 }
 
 /* Scan one row of the tile: C = -2 q.x for references r0 .. r0+rb-1. */
-XKNN__FMA_CLONES
-static void xknn__scan_row(const xknn__job *job, xknn__qstate *s, const float *crow, int64_t r0, int64_t rb,
-                           const float *nx, float nqi, float eps, float absb, int64_t self_row, int64_t kk,
-                           int64_t cap, const float *q, int64_t *rows, float *vals, xknn__pair *tmp)
+/* Slow path of the scan: the references of [j0, je) that pass the fast filter. */
+static float xknn__scan_slow(const xknn__job *job, xknn__qstate *s, const float *crow, int64_t r0, int64_t j0,
+                             int64_t je, const float *nx, float nqi, float eps, float absb, int64_t self_row,
+                             int64_t kk, int64_t cap, const float *q, int64_t *rows, float *vals, xknn__pair *tmp,
+                             float one_m, float thr)
 {
-    int64_t j0, j;
-    /* fast filter: e - eps2*s - abs <= tau', with eps2 = 2 eps (covers its own float rounding) */
+    int64_t j;
+    for (j = j0; j < je; j++) {
+        double sj, e, lo, hi;
+        float hf;
+        if (!(nx[r0 + j] * one_m + crow[j] <= thr)) continue;
+        if (r0 + j == self_row) continue;
+        sj = (double)nqi + (double)nx[r0 + j];
+        e = sj + (double)crow[j];
+        lo = e - (double)eps * sj - (double)absb;
+        hi = e + (double)eps * sj + (double)absb;
+        if (lo > (double)xknn__tau_adj(s, kk)) continue;
+        if (s->count == cap) xknn__rerank(job, s, q, kk, rows, vals, tmp, kk);
+        s->cand[s->count] = r0 + j;
+        s->cand_lo[s->count] = (float)lo; /* compared with tau' only loosely: tau' has 2^-19 slack */
+        s->cand_c[s->count] = NAN;
+        s->count++;
+        hf = (float)hi; /* the upper bound must round up */
+        if ((double)hf < hi) hf = nextafterf(hf, INFINITY);
+        xknn__fheap_push(s->ub, &s->ub_size, kk, hf);
+        thr = xknn__tau_adj(s, kk) - (nqi * one_m - 2.0f * absb);
+    }
+    return thr;
+}
+
+/* Scan one row of the tile: crow = -2 q.x for references r0 .. r0+rb-1. The fast filter
+ * e - 2 eps s - 2 abs <= tau' (twice the margin: it covers its own float rounding) runs
+ * 16 references at a time and branch-free; survivors take the slow path, which repeats
+ * the same float test per reference and then the rigorous one in double. */
+#define XKNN__SCAN_ARGS                                                                                         \
+    const xknn__job *job, xknn__qstate *s, const float *crow, int64_t r0, int64_t rb, const float *nx, float nqi, \
+        float eps, float absb, int64_t self_row, int64_t kk, int64_t cap, const float *q, int64_t *rows,       \
+        float *vals, xknn__pair *tmp
+#define XKNN__SCAN_SLOW(j0, je) \
+    xknn__scan_slow(job, s, crow, r0, j0, je, nx, nqi, eps, absb, self_row, kk, cap, q, rows, vals, tmp, one_m, thr)
+
+static void scan_row_portable(XKNN__SCAN_ARGS)
+{
     const float one_m = 1.0f - 2.0f * eps;
+    const float *nxr = nx + r0;
     float thr = xknn__tau_adj(s, kk) - (nqi * one_m - 2.0f * absb);
-    for (j0 = 0; j0 < rb; j0 += 16) {
-        const int64_t je = j0 + 16 < rb ? j0 + 16 : rb;
-        int any = 0;
-        for (j = j0; j < je; j++) any |= (nx[r0 + j] * one_m + crow[j] <= thr);
-        if (!any) continue;
-        for (j = j0; j < je; j++) {
-            double sj, e, lo, hi;
-            if (!(nx[r0 + j] * one_m + crow[j] <= thr)) continue;
-            if (r0 + j == self_row) continue;
-            sj = (double)nqi + (double)nx[r0 + j];
-            e = sj + (double)crow[j];
-            lo = e - (double)eps * sj - (double)absb;
-            hi = e + (double)eps * sj + (double)absb;
-            if (lo > (double)xknn__tau_adj(s, kk)) continue;
-            if (s->count == cap) xknn__rerank(job, s, q, kk, rows, vals, tmp, kk);
-            s->cand[s->count] = r0 + j;
-            s->cand_lo[s->count] = (float)lo; /* rounding down is not needed: lo is compared loosely */
-            s->cand_c[s->count] = NAN;
-            s->count++;
-            {
-                float hf = (float)hi;
-                if ((double)hf < hi) hf = nextafterf(hf, INFINITY);
-                xknn__fheap_push(s->ub, &s->ub_size, kk, hf);
-            }
-            thr = xknn__tau_adj(s, kk) - (nqi * one_m - 2.0f * absb);
+    int64_t j0 = 0;
+    for (; j0 + 16 <= rb; j0 += 16) {
+        int any = 0, u;
+        for (u = 0; u < 16; u++) any |= (nxr[j0 + u] * one_m + crow[j0 + u] <= thr);
+        if (any) thr = XKNN__SCAN_SLOW(j0, j0 + 16);
+    }
+    if (j0 < rb) XKNN__SCAN_SLOW(j0, rb);
+}
+
+#ifdef XKNN__HAVE_CLONES
+#include <immintrin.h>
+XKNN__TARGET_FAST static void scan_row_fast(XKNN__SCAN_ARGS)
+{
+    const float one_m = 1.0f - 2.0f * eps;
+    const float *nxr = nx + r0;
+    const __m256 vone = _mm256_set1_ps(one_m);
+    float thr = xknn__tau_adj(s, kk) - (nqi * one_m - 2.0f * absb);
+    __m256 vthr = _mm256_set1_ps(thr);
+    int64_t j0 = 0;
+    for (; j0 + 16 <= rb; j0 += 16) {
+        /* separate multiply and add: the same two roundings as the scalar test */
+        __m256 a = _mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(nxr + j0), vone), _mm256_loadu_ps(crow + j0));
+        __m256 b = _mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(nxr + j0 + 8), vone), _mm256_loadu_ps(crow + j0 + 8));
+        __m256 m = _mm256_or_ps(_mm256_cmp_ps(a, vthr, _CMP_LE_OQ), _mm256_cmp_ps(b, vthr, _CMP_LE_OQ));
+        if (_mm256_movemask_ps(m)) {
+            thr = XKNN__SCAN_SLOW(j0, j0 + 16);
+            vthr = _mm256_set1_ps(thr);
         }
+    }
+    if (j0 < rb) XKNN__SCAN_SLOW(j0, rb);
+}
+#else
+#define scan_row_fast scan_row_portable
+#endif
+
+#define XKNN__SCAN_CALL job, s, crow, r0, rb, nx, nqi, eps, absb, self_row, kk, cap, q, rows, vals, tmp
+static void xknn__scan_row(XKNN__SCAN_ARGS)
+{
+    if (xknn__cpu_has_fast())
+        scan_row_fast(XKNN__SCAN_CALL);
+    else
+        scan_row_portable(XKNN__SCAN_CALL);
+}
+
+/* OpenBLAS, when it is the BLAS, is asked for its threading (weak references: any other
+ * CBLAS links too). Each OpenMP thread runs its own single-threaded sgemm on its own
+ * query block, so the tile stays in that core's cache and no BLAS thread pool competes
+ * with ours. OpenBLAS's OpenMP build does this by itself inside a parallel region; its
+ * pthreads build is set to one thread for the duration of the call and restored after
+ * (the same thing threadpoolctl does for Python programs). */
+#if defined(__GNUC__) || defined(__clang__)
+extern int openblas_get_parallel(void) __attribute__((weak));
+extern int openblas_get_num_threads(void) __attribute__((weak));
+extern void openblas_set_num_threads(int) __attribute__((weak));
+#define XKNN__HAVE_WEAK 1
+#endif
+
+typedef struct {
+    int64_t *rows;    /* re-rank scratch, cap each */
+    float *vals;
+    xknn__pair *tmp;
+    float *tile;      /* QB x RB */
+    xknn__qstate *st; /* QB      */
+    float *nqv;       /* QB      */
+    double *dn;       /* QB      */
+    float *ub;        /* QB x kk */
+    int64_t *cand;    /* QB x cap */
+    float *lo, *cc;   /* QB x cap */
+} xknn__thread_ws;
+
+static void xknn__ws_free(xknn__thread_ws *w)
+{
+    free(w->cc);
+    free(w->lo);
+    free(w->cand);
+    free(w->ub);
+    free(w->dn);
+    free(w->nqv);
+    free(w->st);
+    free(w->tile);
+    free(w->tmp);
+    free(w->vals);
+    free(w->rows);
+}
+
+static int xknn__ws_alloc(xknn__thread_ws *w, int64_t QB, int64_t RB, int64_t kk, int64_t cap)
+{
+    memset(w, 0, sizeof *w);
+    w->rows = (int64_t *)malloc((size_t)cap * sizeof(int64_t));
+    w->vals = (float *)malloc((size_t)cap * sizeof(float));
+    w->tmp = (xknn__pair *)malloc((size_t)cap * sizeof(xknn__pair));
+    w->tile = (float *)malloc((size_t)(QB * RB) * sizeof(float));
+    w->st = (xknn__qstate *)calloc((size_t)QB, sizeof(xknn__qstate));
+    w->nqv = (float *)malloc((size_t)QB * sizeof(float));
+    w->dn = (double *)malloc((size_t)QB * sizeof(double));
+    w->ub = (float *)malloc((size_t)(QB * kk) * sizeof(float));
+    w->cand = (int64_t *)malloc((size_t)(QB * cap) * sizeof(int64_t));
+    w->lo = (float *)malloc((size_t)(QB * cap) * sizeof(float));
+    w->cc = (float *)malloc((size_t)(QB * cap) * sizeof(float));
+    return w->rows && w->vals && w->tmp && w->tile && w->st && w->nqv && w->dn && w->ub && w->cand && w->lo &&
+           w->cc;
+}
+
+/* One query block [q0, q0+qb) against all references, on the calling thread. */
+static void xknn__blas_block(const xknn__job *job, xknn__thread_ws *w, int64_t q0, int64_t qb, int64_t RB,
+                             int64_t kk, int64_t cap, const float *nx, float eps, float absb)
+{
+    const int64_t n = job->n, d = job->d;
+    const int64_t roff = job->params.ref_id_offset, qoff = job->params.query_id_offset;
+    const float *qblk = job->query + q0 * job->ldq;
+    int64_t i, r0;
+    xknn__sqnorms(qblk, qb, job->ldq, d, w->dn);
+    for (i = 0; i < qb; i++) {
+        w->nqv[i] = (float)w->dn[i];
+        w->st[i].ub = w->ub + i * kk;
+        w->st[i].ub_size = 0;
+        w->st[i].cand = w->cand + i * cap;
+        w->st[i].cand_lo = w->lo + i * cap;
+        w->st[i].cand_c = w->cc + i * cap;
+        w->st[i].count = 0;
+    }
+    for (r0 = 0; r0 < n; r0 += RB) {
+        const int64_t rb = n - r0 < RB ? n - r0 : RB;
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)qb, (int)rb, (int)d, -2.0f, qblk, (int)job->ldq,
+                    job->ref + r0 * job->ldr, (int)job->ldr, 0.0f, w->tile, (int)RB);
+        for (i = 0; i < qb; i++) {
+            const int64_t self_row = job->params.exclude_self ? qoff + q0 + i - roff : -1;
+            xknn__scan_row(job, &w->st[i], w->tile + i * RB, r0, rb, nx, w->nqv[i], eps, absb, self_row, kk, cap,
+                           qblk + i * job->ldq, w->rows, w->vals, w->tmp);
+        }
+    }
+    for (i = 0; i < qb; i++) {
+        xknn__qstate *s = &w->st[i];
+        /* filter by the final tau', re-rank, cut to the exact best kk, sort */
+        int64_t m = xknn__rerank(job, s, qblk + i * job->ldq, kk, w->rows, w->vals, w->tmp, kk), c;
+        for (c = 0; c < m; c++) {
+            w->tmp[c].d = s->cand_c[c];
+            w->tmp[c].id = roff + s->cand[c];
+        }
+        qsort(w->tmp, (size_t)m, sizeof(xknn__pair), xknn__pair_cmp);
+        xknn__emit(job, q0 + i, w->tmp, m);
     }
 }
 
@@ -346,131 +498,72 @@ static xknn_status xknn__cpu_blas(const xknn__job *job)
 {
     const int64_t n = job->n, d = job->d, nq = job->nq, k = job->k;
     const int64_t kk = k < n ? k : n;
-    const int64_t roff = job->params.ref_id_offset, qoff = job->params.query_id_offset;
-    const int exclude = job->params.exclude_self;
     const int nt = xknn__threads(job);
     const double u = 0x1p-24;
     const float eps = (float)(1.25 * (double)(d + 16) * u / (1.0 - (double)(d + 16) * u));
     const float absb = (float)((double)(d + 2) * FLT_MIN);
-    int64_t RB = job->params.ref_block ? job->params.ref_block : 4096;
-    int64_t QB = job->params.query_block ? job->params.query_block : 1024;
-    int64_t cap = 2 * kk + 512;
+    const int64_t cap = 2 * kk + 512;
+    int64_t RB = job->params.ref_block ? job->params.ref_block : 2048;
+    int64_t QB = job->params.query_block ? job->params.query_block : 512;
+    int64_t nblocks, i;
     double *dn = NULL;
-    float *nx = NULL, *nqv = NULL, *tile = NULL;
-    xknn__qstate *st = NULL;
-    float *ub = NULL, *lo = NULL, *cc = NULL;
-    int64_t *cand = NULL;
-    int64_t q0, r0, i;
+    float *nx = NULL;
+    int blas_threads = -1;
     xknn_status status = XKNN_SUCCESS;
 
     if (RB > n) RB = n;
-    if (QB > nq) QB = nq;
-    while (QB > 16 && (double)QB * (double)(cap * 16 + kk * 4) > 256.0 * 1024 * 1024) QB /= 2;
+    /* spread small query sets over the threads; bound candidate memory per thread */
+    if (QB * nt > nq) QB = (nq + nt - 1) / nt;
+    if (QB < 1) QB = 1;
+    while (QB > 16 && (double)QB * (double)(cap * 16 + kk * 4) > 128.0 * 1024 * 1024) QB /= 2;
+    nblocks = (nq + QB - 1) / QB;
 
-    dn = (double *)malloc((size_t)(n > QB ? n : QB) * sizeof(double));
+    dn = (double *)malloc((size_t)n * sizeof(double));
     nx = (float *)malloc((size_t)n * sizeof(float));
-    nqv = (float *)malloc((size_t)QB * sizeof(float));
-    tile = (float *)malloc((size_t)(QB * RB) * sizeof(float));
-    st = (xknn__qstate *)calloc((size_t)QB, sizeof(xknn__qstate));
-    ub = (float *)malloc((size_t)(QB * kk) * sizeof(float));
-    cand = (int64_t *)malloc((size_t)(QB * cap) * sizeof(int64_t));
-    lo = (float *)malloc((size_t)(QB * cap) * sizeof(float));
-    cc = (float *)malloc((size_t)(QB * cap) * sizeof(float));
-    if (!dn || !nx || !nqv || !tile || !st || !ub || !cand || !lo || !cc) {
-        status = xknn__cpu_fail(job, XKNN_ERROR_OUT_OF_MEMORY,
-                                "cpu backend: out of memory for a %lld x %lld tile and %lld candidates per query",
-                                (long long)QB, (long long)RB, (long long)cap);
-        goto done;
+    if (!dn || !nx) {
+        free(dn);
+        free(nx);
+        return xknn__cpu_fail(job, XKNN_ERROR_OUT_OF_MEMORY, "cpu backend: out of memory for %lld norms",
+                              (long long)n);
     }
     xknn__sqnorms(job->ref, n, job->ldr, d, dn);
     for (i = 0; i < n; i++) nx[i] = (float)dn[i];
-
-    for (q0 = 0; q0 < nq; q0 += QB) {
-        const int64_t qb = nq - q0 < QB ? nq - q0 : QB;
-        const float *qblk = job->query + q0 * job->ldq;
-        xknn__sqnorms(qblk, qb, job->ldq, d, dn);
-        for (i = 0; i < qb; i++) {
-            nqv[i] = (float)dn[i];
-            st[i].ub = ub + i * kk;
-            st[i].ub_size = 0;
-            st[i].cand = cand + i * cap;
-            st[i].cand_lo = lo + i * cap;
-            st[i].cand_c = cc + i * cap;
-            st[i].count = 0;
-        }
-        for (r0 = 0; r0 < n; r0 += RB) {
-            const int64_t rb = n - r0 < RB ? n - r0 : RB;
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)qb, (int)rb, (int)d, -2.0f, qblk,
-                        (int)job->ldq, job->ref + r0 * job->ldr, (int)job->ldr, 0.0f, tile, (int)RB);
-#pragma omp parallel num_threads(nt)
-            {
-                int64_t *rows = (int64_t *)malloc((size_t)cap * sizeof(int64_t));
-                float *vals = (float *)malloc((size_t)cap * sizeof(float));
-                xknn__pair *tmp = (xknn__pair *)malloc((size_t)cap * sizeof(xknn__pair));
-                int64_t ii;
-                if (rows && vals && tmp) {
-#pragma omp for schedule(dynamic, 8)
-                    for (ii = 0; ii < qb; ii++) {
-                        const int64_t self_row = exclude ? qoff + q0 + ii - roff : -1;
-                        xknn__scan_row(job, &st[ii], tile + ii * RB, r0, rb, nx, nqv[ii], eps, absb, self_row, kk,
-                                       cap, qblk + ii * job->ldq, rows, vals, tmp);
-                    }
-                } else {
-#pragma omp critical(xknn_cpu_oom)
-                    status = XKNN_ERROR_OUT_OF_MEMORY;
-                }
-                free(rows);
-                free(vals);
-                free(tmp);
-            }
-            if (status != XKNN_SUCCESS) {
-                xknn__cpu_fail(job, status, "cpu backend: out of memory for re-rank scratch (%lld)", (long long)cap);
-                goto done;
-            }
-        }
-#pragma omp parallel num_threads(nt)
-        {
-            int64_t *rows = (int64_t *)malloc((size_t)cap * sizeof(int64_t));
-            float *vals = (float *)malloc((size_t)cap * sizeof(float));
-            xknn__pair *tmp = (xknn__pair *)malloc((size_t)cap * sizeof(xknn__pair));
-            int64_t ii;
-            if (rows && vals && tmp) {
-#pragma omp for schedule(dynamic, 8)
-                for (ii = 0; ii < qb; ii++) {
-                    xknn__qstate *s = &st[ii];
-                    /* filter by the final tau', re-rank, cut to the exact best kk, sort */
-                    int64_t m = xknn__rerank(job, s, qblk + ii * job->ldq, kk, rows, vals, tmp, kk), c;
-                    for (c = 0; c < m; c++) {
-                        tmp[c].d = s->cand_c[c];
-                        tmp[c].id = roff + s->cand[c];
-                    }
-                    qsort(tmp, (size_t)m, sizeof(xknn__pair), xknn__pair_cmp);
-                    xknn__emit(job, q0 + ii, tmp, m);
-                }
-            } else {
-#pragma omp critical(xknn_cpu_oom)
-                status = XKNN_ERROR_OUT_OF_MEMORY;
-            }
-            free(rows);
-            free(vals);
-            free(tmp);
-        }
-        if (status != XKNN_SUCCESS) {
-            xknn__cpu_fail(job, status, "cpu backend: out of memory for re-rank scratch (%lld)", (long long)cap);
-            goto done;
-        }
-    }
-done:
     free(dn);
+
+#ifdef XKNN__HAVE_WEAK
+    if (nt > 1 && openblas_get_parallel && openblas_get_num_threads && openblas_set_num_threads &&
+        openblas_get_parallel() == 1) {
+        blas_threads = openblas_get_num_threads();
+        openblas_set_num_threads(1);
+    }
+#endif
+
+#pragma omp parallel num_threads(nt)
+    {
+        xknn__thread_ws w;
+        int64_t b;
+        if (xknn__ws_alloc(&w, QB, RB, kk, cap)) {
+#pragma omp for schedule(dynamic, 1)
+            for (b = 0; b < nblocks; b++) {
+                const int64_t q0 = b * QB, qb = nq - q0 < QB ? nq - q0 : QB;
+                xknn__blas_block(job, &w, q0, qb, RB, kk, cap, nx, eps, absb);
+            }
+        } else {
+#pragma omp critical(xknn_cpu_oom)
+            status = XKNN_ERROR_OUT_OF_MEMORY;
+        }
+        xknn__ws_free(&w);
+    }
+
+#ifdef XKNN__HAVE_WEAK
+    if (blas_threads > 0) openblas_set_num_threads(blas_threads);
+#endif
     free(nx);
-    free(nqv);
-    free(tile);
-    free(st);
-    free(ub);
-    free(cand);
-    free(lo);
-    free(cc);
-    return status;
+    if (status != XKNN_SUCCESS)
+        return xknn__cpu_fail(job, status,
+                              "cpu backend: out of memory for a %lld x %lld tile and %lld candidates per query",
+                              (long long)QB, (long long)RB, (long long)cap);
+    return XKNN_SUCCESS;
 }
 #endif /* XKNN_HAVE_CBLAS */
 

@@ -1,0 +1,125 @@
+#!/usr/bin/env python3
+"""CPU peers benchmark: xknn (CPU backend, through libxknn) vs faiss-cpu IndexFlatL2
+and scikit-learn brute force, same data, same process, same machine.
+
+Default data: Fashion-MNIST (60k x 784 references, 10k queries, uint8 pixels as float32)
+from Debian's dataset-fashion-mnist package. Self-checking: xknn is compared byte for
+byte with the exact oracle on a sample of queries, and the peers' neighbour ids are
+compared with xknn's up to ties (a peer id counts as "equal up to ties" when its exact
+distance equals the exact distance at that rank).
+
+Usage: peers_cpu.py --bench build/benchmarks/bench_cpu [-k 100] [--nq 10000] [--json out.json]
+"""
+import argparse
+import gzip
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+FMNIST = "/usr/share/datasets/fashion-mnist"
+
+
+def read_idx(path):
+    op = gzip.open if path.endswith(".gz") else open
+    with op(path, "rb") as f:
+        raw = f.read()
+    assert raw[0] == 0 and raw[1] == 0 and raw[2] == 0x08, "expected uint8 IDX"
+    nd = raw[3]
+    dims = [int.from_bytes(raw[4 + 4 * i:8 + 4 * i], "big") for i in range(nd)]
+    data = np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * nd)
+    return data.reshape(dims[0], -1)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--bench", required=True, help="path of the bench_cpu program (benchmarks/bench_cpu)")
+    ap.add_argument("-k", type=int, default=100)
+    ap.add_argument("--nq", type=int, default=10000)
+    ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--peers", default="faiss,sklearn")
+    ap.add_argument("--json", help="write the rows as JSON here")
+    ap.add_argument("--data", default=FMNIST)
+    args = ap.parse_args()
+
+    ref = read_idx(os.path.join(args.data, "train-images-idx3-ubyte.gz")).astype(np.float32)
+    qry = read_idx(os.path.join(args.data, "t10k-images-idx3-ubyte.gz")).astype(np.float32)[: args.nq]
+    ref = np.ascontiguousarray(ref)
+    qry = np.ascontiguousarray(qry)
+    n, d = ref.shape
+    nq = qry.shape[0]
+    k = args.k
+    rows = []
+    print(f"# xknn CPU peers benchmark: Fashion-MNIST n={n} nq={nq} d={d} k={k} threads={args.threads}")
+    print(f"# machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores")
+
+    # xknn through the bench_cpu program: it writes ids/dist as .npy-free raw files
+    import tempfile
+    tmp = tempfile.mkdtemp()
+    ref.tofile(os.path.join(tmp, "ref.f32"))
+    qry.tofile(os.path.join(tmp, "qry.f32"))
+    out = subprocess.run([args.bench, os.path.join(tmp, "ref.f32"), os.path.join(tmp, "qry.f32"), str(n), str(nq),
+                          str(d), str(k), str(args.threads), os.path.join(tmp, "ids.i64"),
+                          os.path.join(tmp, "dist.f32")], capture_output=True, text=True)
+    if out.returncode != 0:
+        print(out.stdout, out.stderr)
+        sys.exit(1)
+    t_xknn = float(out.stdout.split("time_s=")[1].split()[0])
+    ids = np.fromfile(os.path.join(tmp, "ids.i64"), dtype=np.int64).reshape(nq, k)
+    dist = np.fromfile(os.path.join(tmp, "dist.f32"), dtype=np.float32).reshape(nq, k)
+
+    # exact check of xknn on a sample (double precision, dimension order: equal to canonical)
+    rng = np.random.default_rng(0)
+    sample = rng.choice(nq, size=min(50, nq), replace=False)
+    wrong = 0
+    r64 = ref.astype(np.float64)
+    for i in sample:
+        dd = ((r64 - qry[i].astype(np.float64)) ** 2).sum(axis=1).astype(np.float32)
+        order = np.lexsort((np.arange(n), dd))[:k]
+        if not (np.array_equal(order, ids[i]) and np.array_equal(dd[order], dist[i])):
+            wrong += 1
+    rows.append(dict(name="xknn-cpu", time_s=t_xknn, wrong=wrong))
+
+    def agree(peer_ids):
+        """fraction of ranks where the peer's id is xknn's, or at an exactly equal distance"""
+        bad = 0
+        for i in sample:
+            dd = ((r64[peer_ids[i]] - qry[i].astype(np.float64)) ** 2).sum(axis=1).astype(np.float32)
+            bad += int(np.sum(dd != dist[i]))
+        return bad
+
+    if "faiss" in args.peers:
+        import faiss
+        faiss.omp_set_num_threads(args.threads)
+        index = faiss.IndexFlatL2(d)
+        index.add(ref)
+        t0 = time.perf_counter()
+        _, fi = index.search(qry, k)
+        t = time.perf_counter() - t0
+        rows.append(dict(name=f"faiss-cpu {faiss.__version__} IndexFlatL2", time_s=t, wrong=agree(fi)))
+    if "sklearn" in args.peers:
+        import sklearn
+        from sklearn.neighbors import NearestNeighbors
+        nn = NearestNeighbors(n_neighbors=k, algorithm="brute", metric="euclidean", n_jobs=args.threads).fit(ref)
+        t0 = time.perf_counter()
+        _, si = nn.kneighbors(qry)
+        t = time.perf_counter() - t0
+        rows.append(dict(name=f"scikit-learn {sklearn.__version__} brute", time_s=t, wrong=agree(si)))
+
+    print(f"{'impl':40s} {'time_s':>9s} {'queries/s':>10s} {'vs_xknn':>8s} {'#wrong':>7s}")
+    for r in rows:
+        print(f"{r['name']:40s} {r['time_s']:9.3f} {nq / r['time_s']:10.1f} {r['time_s'] / t_xknn:8.2f} {r['wrong']:7d}")
+    ok = all(r["wrong"] == 0 for r in rows)
+    print("PASS" if ok else "FAIL")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(n=n, nq=nq, d=d, k=k, threads=args.threads, rows=rows), f, indent=1)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
