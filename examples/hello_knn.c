@@ -23,5 +23,5 @@ int main(void)
         for (int j = 0; j < 3; j++) printf("  id %lld (%.4g)", (long long)ids[i * 3 + j], (double)dist[i * 3 + j]);
         printf("\n");
     }
-    return !(ids[0] == 1 && ids[3] == 4 && dist[3] == 0.01f);
+    return !(ids[0] == 1 && ids[1] == 5 && ids[3] == 4 && ids[4] == 3);
 }
