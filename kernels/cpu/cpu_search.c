@@ -502,7 +502,7 @@ static xknn_status xknn__cpu_blas(const xknn__job *job)
     const double u = 0x1p-24;
     const float eps = (float)(1.25 * (double)(d + 16) * u / (1.0 - (double)(d + 16) * u));
     const float absb = (float)((double)(d + 2) * FLT_MIN);
-    const int64_t cap = 2 * kk + 512;
+    const int64_t cap = 4 * kk + 1024; /* room for the early candidates: few overflow re-ranks */
     int64_t RB = job->params.ref_block ? job->params.ref_block : 2048;
     int64_t QB = job->params.query_block ? job->params.query_block : 512;
     int64_t nblocks, i;

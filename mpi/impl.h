@@ -1,0 +1,68 @@
+/*
+ * mpi/impl.h -- private pieces of the distributed layer shared by its .c files.
+ * Not installed, not part of the API.
+ */
+#ifndef XKNN_MPI_IMPL_H
+#define XKNN_MPI_IMPL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "xknn_mpi.h"
+
+#if defined(__GNUC__)
+#define XKNN__PRINTF(a, b) __attribute__((format(printf, a, b)))
+#else
+#define XKNN__PRINTF(a, b)
+#endif
+
+struct xknn_mpi_context {
+    MPI_Comm comm;              /* the library's duplicate, MPI_ERRORS_RETURN        */
+    int rank, size;             /* in comm                                            */
+    int local_rank, local_size; /* within the node (MPI_COMM_TYPE_SHARED)             */
+    int device;                 /* -1: none                                           */
+    int cuda_aware_mpi;         /* MPIX_Query_cuda_support() at creation              */
+    xknn_mpi_config config;
+    xknn_mpi_transfer transfer; /* effective mode: HOST_STAGED or CUDA_AWARE          */
+};
+
+/* Message tags on the private communicator. */
+enum { XKNN__TAG_REDUCE = 0x6b01, XKNN__TAG_GATHER = 0x6b02 };
+
+/* Fills *err (may be NULL) printf-style; returns status. */
+xknn_status xknn__mpi_fail(xknn_error *err, xknn_status status, const char *fmt, ...) XKNN__PRINTF(3, 4);
+
+/* Maps a failed MPI return code to XKNN_ERROR_MPI with MPI_Error_string's text. */
+xknn_status xknn__mpi_error(int rank, xknn_error *err, int rc, const char *what);
+
+/* The one place where the transfer mode is decided (see xknn_mpi.h, TRANSFER MODES).
+ * candidates_on_device: 1 once a backend hands back device candidate buffers.
+ * Returns XKNN_MPI_TRANSFER_COUNT (and a message) when the request cannot be honoured. */
+xknn_mpi_transfer xknn__mpi_pick_transfer(xknn_mpi_transfer requested, int candidates_on_device,
+                                          int cuda_aware_mpi, xknn_error *err);
+
+/* A candidate list set: rows x k ids and distances, host memory, ld = k. */
+typedef struct xknn__cands {
+    int64_t *ids;
+    float *dist;
+} xknn__cands;
+
+/* Point-to-point moves of rows x k candidates in the context's transfer mode.
+ * staging: rows x k x 12 bytes (HOST_STAGED only). Not collective. */
+int xknn__mpi_send_cands(const xknn_mpi_context *ctx, const xknn__cands *c, int64_t rows, int64_t k,
+                         unsigned char *staging, int dst, int tag);
+int xknn__mpi_recv_cands(const xknn_mpi_context *ctx, xknn__cands *c, int64_t rows, int64_t k,
+                         unsigned char *staging, int src, int tag);
+
+/* Merges two sorted candidate lists per row into out (k per row): order (distance,
+ * id), padding (id < 0) last. Not collective. */
+void xknn__merge_rows(const xknn__cands *a, const xknn__cands *b, xknn__cands *out, int64_t rows, int64_t k);
+
+/* Binomial-tree reduction of rows x k candidate lists to `owner`. On entry *cur holds
+ * this rank's sorted lists; recv and spare are scratch of the same size. On the owner,
+ * *result points to the merged lists (one of cur/spare); elsewhere NULL.
+ * Returns an MPI return code. Collective over the context (every rank calls it). */
+int xknn__tree_reduce(const xknn_mpi_context *ctx, int owner, int64_t rows, int64_t k, xknn__cands *cur,
+                      xknn__cands *recv, xknn__cands *spare, unsigned char *staging, const xknn__cands **result);
+
+#endif /* XKNN_MPI_IMPL_H */

@@ -1,0 +1,979 @@
+/*
+ * knn_mpi -- exact k nearest neighbours of a query file among a reference file, or
+ * the all-kNN graph of one file, on one process or many MPI ranks.
+ *
+ * Built with MPI (XKNN_HAVE_MPI): each rank reads only its slice of REF, rank 0 reads
+ * QUERY, the search runs through xknn_mpi.h and every block's owner writes its rows of
+ * the result with MPI-IO into a temporary file that rank 0 renames once all ranks
+ * agree. Without MPI the same source runs as one process: the few collectives below
+ * have serial stand-ins (knn__agree and friends), the search is one xknn_search() and
+ * the result goes through xknn_result_write().
+ *
+ * Exit codes: 0 ok, 1 usage, 2 input, 3 resource, 4 internal; every rank exits with the
+ * same code, and only rank 0 prints.
+ */
+#define _POSIX_C_SOURCE 200809L
+
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "xknn.h"
+#include "xknn/io.h"
+
+#ifdef XKNN_HAVE_MPI
+#include <mpi.h>
+
+#include "xknn_mpi.h"
+#endif
+
+enum { EXIT_OK = 0, EXIT_USAGE = 1, EXIT_INPUT = 2, EXIT_RESOURCE = 3, EXIT_INTERNAL = 4 };
+
+/* ------------------------------------------------------------------------------------ */
+/* Options                                                                              */
+/* ------------------------------------------------------------------------------------ */
+typedef struct knn_opts {
+    const char *ref, *query, *output, *json;
+    int64_t k;
+    xknn_metric metric;
+    xknn_backend backend;
+    int64_t query_block;
+    xknn_elem dtype;
+    int threads;
+    int ids64, quiet, verbose, help, version;
+} knn_opts;
+
+static void knn__usage(FILE *f)
+{
+    fprintf(f,
+            "Usage: knn_mpi [options] REF [QUERY]\n"
+            "       mpirun -np P knn_mpi [options] REF [QUERY]\n"
+            "\n"
+            "Exact k nearest neighbours of every QUERY row among the REF rows; without QUERY,\n"
+            "the all-kNN graph of REF (each point's own id excluded, duplicates kept).\n"
+            "Under MPI each rank reads only its slice of REF; rank 0 reads QUERY; results are\n"
+            "identical (ids and distance bits) for any number of ranks.\n"
+            "\n"
+            "Options:\n"
+            "  -k N                 neighbours per query (default 10; at most n, or n-1 without QUERY)\n"
+            "  -m, --metric NAME    l2 (squared Euclidean, default) or euclidean\n"
+            "  -o, --output FILE    result file; '.ivecs' writes ids only (per row: int32 k, k int32\n"
+            "                       ids), anything else the big-ann ground-truth layout (uint32 nq,\n"
+            "                       uint32 k, int32 ids[nq*k], float32 dist[nq*k]).\n"
+            "                       Default: next to REF, REF_BASENAME.knn<k>.bin\n"
+            "      --ids64          64-bit ids in the .bin result (needed above 2^31-1 references)\n"
+            "      --backend NAME   auto (default), cpu or cuda\n"
+            "      --query-block N  queries per broadcast block (default: automatic)\n"
+            "      --dtype T        element type of '.bin' inputs: f32 (default), u8, i8, f16\n"
+            "      --threads N      CPU threads per rank (default: OpenMP default)\n"
+            "      --json FILE      write sizes, ranks, backend, per-phase times (read, broadcast,\n"
+            "                       search, reduce, write) and queries/s as JSON\n"
+            "  -q, --quiet          no progress, no summary line\n"
+            "  -v, --verbose        print the plan (slices, blocks, transfer mode) on stderr\n"
+            "  -h, --help           this text\n"
+            "      --version        version, MPI library and backends\n"
+            "\n"
+            "Input formats (by extension, little-endian; '.gz' read where zlib is built in):\n"
+            "  .fvecs .ivecs .bvecs         TEXMEX (per row: int32 d, then d values)\n"
+            "  .fbin .u8bin .i8bin .ibin    big-ann (uint32 n, uint32 d, then n*d values)\n"
+            "  .bin                         same layout, float32 unless --dtype says otherwise\n"
+            "  .npy                         NumPy v1/v2 (<f4 <f2 |u1 |i1 <i4, C order)\n"
+            "  IDX (*-idx?-ubyte[.gz])      MNIST / Fashion-MNIST images\n"
+            "\n"
+            "Exit status: 0 ok, 1 usage error, 2 input error (missing/malformed file, dimension\n"
+            "mismatch, NaN/Inf, k too large), 3 resource error (memory, device, not built),\n"
+            "4 internal error. Every rank exits with the same status.\n"
+            "\n"
+            "Example:\n"
+            "  mpirun -np 4 knn_mpi -k 100 -o gt.bin base.fbin query.fbin\n"
+            "  knn_mpi -k 10 --json run.json train-images-idx3-ubyte.gz   # all-kNN graph\n");
+}
+
+/* Parses a whole decimal integer in [lo, hi]; 0 on success. */
+static int knn__parse_int(const char *s, int64_t lo, int64_t hi, int64_t *v)
+{
+    char *end;
+    long long x;
+    if (!s || !*s) return -1;
+    errno = 0;
+    x = strtoll(s, &end, 10);
+    if (errno || *end || x < lo || x > hi) return -1;
+    *v = x;
+    return 0;
+}
+
+/* name equals the short or the long spelling (either may be NULL). */
+static int knn__is(const char *name, const char *s, const char *l)
+{
+    return (s && !strcmp(name, s)) || (l && !strcmp(name, l));
+}
+
+/* Fills msg and returns EXIT_USAGE on a bad command line; EXIT_OK otherwise. */
+static int knn__parse(int argc, char **argv, knn_opts *o, char *msg, size_t msz)
+{
+    int i, npos = 0, only_pos = 0;
+    memset(o, 0, sizeof *o);
+    o->k = 10;
+    o->metric = XKNN_METRIC_L2;
+    o->backend = XKNN_BACKEND_AUTO;
+    o->dtype = XKNN_ELEM_F32;
+
+    for (i = 1; i < argc; i++) {
+        const char *a = argv[i], *val = NULL, *eq;
+        char name[64];
+        int has_eq = 0;
+        if (only_pos || a[0] != '-' || !a[1]) {
+            if (npos == 0)
+                o->ref = a;
+            else if (npos == 1)
+                o->query = a;
+            else {
+                snprintf(msg, msz, "unexpected argument '%s': give REF and at most one QUERY file", a);
+                return EXIT_USAGE;
+            }
+            npos++;
+            continue;
+        }
+        if (!strcmp(a, "--")) {
+            only_pos = 1;
+            continue;
+        }
+        if (a[1] == '-') { /* --name or --name=value */
+            eq = strchr(a, '=');
+            snprintf(name, sizeof name, "%.*s", eq ? (int)(eq - a) : (int)strlen(a), a);
+            if (eq) {
+                val = eq + 1;
+                has_eq = 1;
+            }
+        } else { /* -x, -xVALUE or -x VALUE */
+            snprintf(name, sizeof name, "-%c", a[1]);
+            if (a[2]) {
+                val = a + 2;
+                has_eq = 1;
+            }
+        }
+
+#define KNN_FLAG(s, l) knn__is(name, s, l)
+#define KNN_NEED_VALUE()                                                                   \
+    do {                                                                                   \
+        if (!has_eq) {                                                                     \
+            if (i + 1 >= argc) {                                                           \
+                snprintf(msg, msz, "option %s needs a value (see knn_mpi --help)", name);  \
+                return EXIT_USAGE;                                                         \
+            }                                                                              \
+            val = argv[++i];                                                               \
+        }                                                                                  \
+    } while (0)
+#define KNN_NO_VALUE()                                                                     \
+    do {                                                                                   \
+        if (has_eq) {                                                                      \
+            snprintf(msg, msz, "option %s takes no value (got '%s')", name, val);          \
+            return EXIT_USAGE;                                                             \
+        }                                                                                  \
+    } while (0)
+
+        if (KNN_FLAG("-k", NULL)) {
+            KNN_NEED_VALUE();
+            if (knn__parse_int(val, 1, INT64_MAX, &o->k)) {
+                snprintf(msg, msz, "-k: '%s' is not a positive integer (need k >= 1)", val);
+                return EXIT_USAGE;
+            }
+        } else if (KNN_FLAG("-m", "--metric")) {
+            KNN_NEED_VALUE();
+            o->metric = xknn_metric_from_name(val);
+            if (o->metric == XKNN_METRIC_COUNT) {
+                snprintf(msg, msz, "%s: unknown metric '%s' (use l2 or euclidean)", name, val);
+                return EXIT_USAGE;
+            }
+        } else if (KNN_FLAG("-o", "--output")) {
+            KNN_NEED_VALUE();
+            if (!*val) {
+                snprintf(msg, msz, "%s: empty file name", name);
+                return EXIT_USAGE;
+            }
+            o->output = val;
+        } else if (KNN_FLAG(NULL, "--ids64")) {
+            KNN_NO_VALUE();
+            o->ids64 = 1;
+        } else if (KNN_FLAG(NULL, "--backend")) {
+            KNN_NEED_VALUE();
+            if (!strcmp(val, "auto"))
+                o->backend = XKNN_BACKEND_AUTO;
+            else if (!strcmp(val, "cpu"))
+                o->backend = XKNN_BACKEND_CPU;
+            else if (!strcmp(val, "cuda"))
+                o->backend = XKNN_BACKEND_CUDA;
+            else {
+                snprintf(msg, msz, "--backend: unknown backend '%s' (use auto, cpu or cuda)", val);
+                return EXIT_USAGE;
+            }
+        } else if (KNN_FLAG(NULL, "--query-block")) {
+            KNN_NEED_VALUE();
+            if (knn__parse_int(val, 1, INT32_MAX, &o->query_block)) {
+                snprintf(msg, msz, "--query-block: '%s' is not a positive integer", val);
+                return EXIT_USAGE;
+            }
+        } else if (KNN_FLAG(NULL, "--dtype")) {
+            KNN_NEED_VALUE();
+            if (!strcmp(val, "f32"))
+                o->dtype = XKNN_ELEM_F32;
+            else if (!strcmp(val, "u8"))
+                o->dtype = XKNN_ELEM_U8;
+            else if (!strcmp(val, "i8"))
+                o->dtype = XKNN_ELEM_I8;
+            else if (!strcmp(val, "f16"))
+                o->dtype = XKNN_ELEM_F16;
+            else {
+                snprintf(msg, msz, "--dtype: unknown type '%s' (use f32, u8, i8 or f16)", val);
+                return EXIT_USAGE;
+            }
+        } else if (KNN_FLAG(NULL, "--threads")) {
+            int64_t t;
+            KNN_NEED_VALUE();
+            if (knn__parse_int(val, 1, 1 << 16, &t)) {
+                snprintf(msg, msz, "--threads: '%s' is not a positive integer", val);
+                return EXIT_USAGE;
+            }
+            o->threads = (int)t;
+        } else if (KNN_FLAG(NULL, "--json")) {
+            KNN_NEED_VALUE();
+            if (!*val) {
+                snprintf(msg, msz, "--json: empty file name");
+                return EXIT_USAGE;
+            }
+            o->json = val;
+        } else if (KNN_FLAG("-q", "--quiet")) {
+            KNN_NO_VALUE();
+            o->quiet = 1;
+        } else if (KNN_FLAG("-v", "--verbose")) {
+            KNN_NO_VALUE();
+            o->verbose = 1;
+        } else if (KNN_FLAG("-h", "--help")) {
+            KNN_NO_VALUE();
+            o->help = 1;
+        } else if (KNN_FLAG(NULL, "--version")) {
+            KNN_NO_VALUE();
+            o->version = 1;
+        } else {
+            snprintf(msg, msz, "unknown option '%s' (see knn_mpi --help)", a);
+            return EXIT_USAGE;
+        }
+#undef KNN_FLAG
+#undef KNN_NEED_VALUE
+#undef KNN_NO_VALUE
+    }
+    if (o->help || o->version) return EXIT_OK;
+    if (!o->ref) {
+        snprintf(msg, msz, "missing REF file (usage: knn_mpi [options] REF [QUERY]; see knn_mpi --help)");
+        return EXIT_USAGE;
+    }
+    if (o->ids64 && o->output && strlen(o->output) >= 6 && !strcmp(o->output + strlen(o->output) - 6, ".ivecs")) {
+        snprintf(msg, msz, "--ids64: %s is an .ivecs file, which holds int32 ids only; use a .bin output", o->output);
+        return EXIT_USAGE;
+    }
+    if (o->quiet && o->verbose) o->verbose = 0;
+    return EXIT_OK;
+}
+
+/* REF's directory + REF's name without ".gz" and its extension + ".knn<k>.bin". */
+static char *knn__default_output(const char *ref, int64_t k)
+{
+    const char *slash = strrchr(ref, '/');
+    const char *base = slash ? slash + 1 : ref;
+    size_t blen = strlen(base), dlen = (size_t)(base - ref);
+    const char *dot;
+    char *out;
+    if (blen > 3 && !strcmp(base + blen - 3, ".gz")) blen -= 3;
+    for (dot = base + blen; dot > base && *(dot - 1) != '.'; dot--) {
+    }
+    if (dot > base + 1) blen = (size_t)(dot - 1 - base);
+    out = (char *)malloc(dlen + blen + 48);
+    if (!out) return NULL;
+    sprintf(out, "%.*s%.*s.knn%lld.bin", (int)dlen, ref, (int)blen, base, (long long)k);
+    return out;
+}
+
+static int knn__exit_code(xknn_status st)
+{
+    switch (st) {
+    case XKNN_SUCCESS: return EXIT_OK;
+    case XKNN_ERROR_INVALID_ARGUMENT:
+    case XKNN_ERROR_INVALID_VALUE:
+    case XKNN_ERROR_IO:
+    case XKNN_ERROR_FORMAT: return EXIT_INPUT;
+    case XKNN_ERROR_OUT_OF_MEMORY:
+    case XKNN_ERROR_NOT_BUILT:
+    case XKNN_ERROR_NO_DEVICE:
+    case XKNN_ERROR_DEVICE: return EXIT_RESOURCE;
+    default: return EXIT_INTERNAL;
+    }
+}
+
+static xknn_status knn__fail(xknn_error *err, xknn_status st, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+static xknn_status knn__fail(xknn_error *err, xknn_status st, const char *fmt, ...)
+{
+    va_list ap;
+    err->status = st;
+    va_start(ap, fmt);
+    vsnprintf(err->message, sizeof err->message, fmt, ap);
+    va_end(ap);
+    return st;
+}
+
+/* Prefixes the message with "rank R: " (rank-local failures in a multi-rank run). */
+static void knn__prefix_rank(xknn_error *err, int rank, int size)
+{
+    char m[sizeof err->message];
+    if (size <= 1) return;
+    snprintf(m, sizeof m, "%s", err->message);
+    snprintf(err->message, sizeof err->message, "rank %d: %.480s", rank, m);
+}
+
+static double knn__now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* JSON string (quotes and escapes). */
+static void knn__json_str(FILE *f, const char *s)
+{
+    const unsigned char *p = (const unsigned char *)s;
+    fputc('"', f);
+    for (; *p; p++) {
+        if (*p == '"' || *p == '\\')
+            fprintf(f, "\\%c", *p);
+        else if (*p < 0x20)
+            fprintf(f, "\\u%04x", *p);
+        else
+            fputc(*p, f);
+    }
+    fputc('"', f);
+}
+
+/* ------------------------------------------------------------------------------------ */
+/* The run: shared state and the MPI / serial stand-ins                                 */
+/* ------------------------------------------------------------------------------------ */
+typedef struct knn_run {
+    int rank, size;
+    knn_opts o;
+    char *output;           /* resolved output path (malloc)                      */
+    char tmp[4096];         /* temporary output name (MPI build)                  */
+    int tmp_exists;         /* rank 0 created it                                  */
+    xknn_result_format fmt;
+    xknn_result_layout lay;
+    xknn_read_opts ropts;
+    xknn_file_info rinfo, qinfo;
+    int64_t n, d, nq, row0, rows;
+    float *ref, *query;
+    xknn_params params;
+    const char *backend_used;
+    double t_read, t_bcast, t_search, t_reduce, t_write, t_total, t_query; /* max over ranks */
+    int64_t query_block, blocks;
+    const char *transfer;
+    double t_start, last_progress;
+#ifdef XKNN_HAVE_MPI
+    MPI_Comm comm; /* the command's own duplicate of MPI_COMM_WORLD                  */
+    xknn_mpi_context *ctx;
+    MPI_File fh;
+    int fh_open;
+    unsigned char *wbuf;
+    size_t wcap;
+#endif
+} knn_run;
+
+#ifdef XKNN_HAVE_MPI
+static xknn_status knn__mpi_error(knn_run *r, xknn_error *err, int rc, const char *what)
+{
+    char text[MPI_MAX_ERROR_STRING];
+    int len = 0;
+    if (MPI_Error_string(rc, text, &len) != MPI_SUCCESS) snprintf(text, sizeof text, "MPI error %d", rc);
+    return knn__fail(err, XKNN_ERROR_MPI, "rank %d: %s failed: %s", r->rank, what, text);
+}
+#endif
+
+/* Collective. Every rank gets the same status and message (the lowest failing rank's). */
+static xknn_status knn__agree(knn_run *r, xknn_status st, xknn_error *err)
+{
+#ifdef XKNN_HAVE_MPI
+    return xknn_mpi_agree(r->ctx, st, err);
+#else
+    (void)r;
+    (void)err;
+    return st;
+#endif
+}
+
+/* Collective. Broadcasts int64 values from rank 0. */
+static xknn_status knn__bcast_i64(knn_run *r, int64_t *v, int count, xknn_error *err)
+{
+#ifdef XKNN_HAVE_MPI
+    int rc = MPI_Bcast(v, count, MPI_INT64_T, 0, r->comm);
+    if (rc != MPI_SUCCESS) return knn__mpi_error(r, err, rc, "MPI_Bcast");
+#else
+    (void)r;
+    (void)v;
+    (void)count;
+    (void)err;
+#endif
+    return XKNN_SUCCESS;
+}
+
+/* Collective. Element-wise maximum over ranks, in place. */
+static void knn__max_doubles(knn_run *r, double *v, int count)
+{
+#ifdef XKNN_HAVE_MPI
+    double tmp[16];
+    if (count <= 16 && MPI_Allreduce(v, tmp, count, MPI_DOUBLE, MPI_MAX, r->comm) == MPI_SUCCESS)
+        memcpy(v, tmp, (size_t)count * sizeof(double));
+#else
+    (void)r;
+    (void)v;
+    (void)count;
+#endif
+}
+
+#ifdef XKNN_HAVE_MPI
+/* Not collective: progress on rank 0's terminal (the serial search has no hook). */
+static void knn__progress(void *user, int64_t done, int64_t total)
+{
+    knn_run *r = (knn_run *)user;
+    double now = knn__now(), el = now - r->t_start;
+    if (done < total && now - r->last_progress < 0.5) return;
+    r->last_progress = now;
+    if (done >= total) {
+        fprintf(stderr, "\r%60s\r", "");
+    } else {
+        double rate = el > 0 ? (double)done / el : 0.0;
+        fprintf(stderr, "\rknn_mpi: %lld/%lld queries (%.1f%%), %.0f queries/s, ETA %.0f s   ", (long long)done,
+                (long long)total, 100.0 * (double)done / (double)total, rate,
+                rate > 0 ? (double)(total - done) / rate : 0.0);
+    }
+    fflush(stderr);
+}
+
+#endif
+
+/* ---- step: probe the inputs, check sizes, resolve the output ----------------------- */
+static xknn_status knn__plan(knn_run *r, xknn_error *err)
+{
+    xknn_status st;
+    int64_t sz[3];
+    const knn_opts *o = &r->o;
+
+    r->ropts.format = XKNN_FORMAT_AUTO;
+    r->ropts.bin_dtype = o->dtype;
+
+    /* Every rank probes REF (each reads its own rows later); rank 0 probes QUERY. */
+    st = xknn_file_probe(o->ref, &r->ropts, &r->rinfo, err);
+    if (st == XKNN_SUCCESS && o->query && r->rank == 0) {
+        st = xknn_file_probe(o->query, &r->ropts, &r->qinfo, err);
+        if (st == XKNN_SUCCESS && r->qinfo.cols != r->rinfo.cols)
+            st = knn__fail(err, XKNN_ERROR_INVALID_ARGUMENT, "dimension mismatch: %s has d=%lld, %s has d=%lld", o->ref,
+                           (long long)r->rinfo.cols, o->query, (long long)r->qinfo.cols);
+    }
+    if ((st = knn__agree(r, st, err)) != XKNN_SUCCESS) return st;
+
+    sz[0] = r->rinfo.rows;
+    sz[1] = r->rinfo.cols;
+    sz[2] = o->query ? r->qinfo.rows : r->rinfo.rows;
+    if ((st = knn__bcast_i64(r, sz, 3, err)) != XKNN_SUCCESS) return knn__agree(r, st, err);
+    r->n = r->rinfo.rows; /* every rank probed REF itself */
+    r->d = r->rinfo.cols;
+    r->nq = sz[2];
+
+    /* From here on every rank holds the same numbers: checks need no agreement, but
+     * go through it anyway so that one code path handles every failure. */
+    if (r->n < 1 || r->d < 1)
+        st = knn__fail(err, XKNN_ERROR_FORMAT, "%s holds n=%lld rows of d=%lld: nothing to search", o->ref,
+                       (long long)r->n, (long long)r->d);
+    else if (o->query && r->nq < 1)
+        st = knn__fail(err, XKNN_ERROR_FORMAT, "%s holds no query rows", o->query);
+    else if (!o->query && o->k > r->n - 1)
+        st = knn__fail(err, XKNN_ERROR_INVALID_ARGUMENT,
+                       "-k %lld is too large: %s has n=%lld points, so the all-kNN graph allows k <= n-1 = %lld",
+                       (long long)o->k, o->ref, (long long)r->n, (long long)(r->n - 1));
+    else if (o->query && o->k > r->n)
+        st = knn__fail(err, XKNN_ERROR_INVALID_ARGUMENT, "-k %lld is too large: %s has only n=%lld references",
+                       (long long)o->k, o->ref, (long long)r->n);
+    if (st != XKNN_SUCCESS) return knn__agree(r, st, err);
+
+    r->output = o->output ? strdup(o->output) : knn__default_output(o->ref, o->k);
+    if (!r->output) return knn__agree(r, knn__fail(err, XKNN_ERROR_OUT_OF_MEMORY, "out of memory"), err);
+    r->fmt = xknn_result_format_from_path(r->output);
+    if (o->ids64) {
+        if (r->fmt == XKNN_RESULT_IVECS)
+            st = knn__fail(err, XKNN_ERROR_INVALID_ARGUMENT,
+                           "--ids64: %s is an .ivecs file, which holds int32 ids only; use a .bin output",
+                           r->output);
+        r->fmt = XKNN_RESULT_BIN64;
+    } else if (r->n - 1 > INT32_MAX) {
+        st = knn__fail(err, XKNN_ERROR_INVALID_ARGUMENT,
+                       "%s has n=%lld references: ids above 2^31-1 do not fit the int32 ids of %s; "
+                       "add --ids64 (and a .bin output)",
+                       o->ref, (long long)r->n, r->output);
+    }
+    if (st == XKNN_SUCCESS && (r->nq > (int64_t)UINT32_MAX || o->k > (int64_t)UINT32_MAX))
+        st = knn__fail(err, XKNN_ERROR_INVALID_ARGUMENT, "nq=%lld or k=%lld does not fit the result header (uint32)",
+                       (long long)r->nq, (long long)o->k);
+    if (st == XKNN_SUCCESS) st = xknn_result_layout_of(r->fmt, r->nq, o->k, &r->lay, err);
+    return knn__agree(r, st, err);
+}
+
+/* ---- step: read this rank's reference rows and (rank 0) the queries ----------------- */
+static xknn_status knn__read(knn_run *r, xknn_error *err)
+{
+    xknn_status st = XKNN_SUCCESS;
+    double t0 = knn__now();
+#ifdef XKNN_HAVE_MPI
+    xknn_mpi_slice(r->n, r->rank, r->size, &r->row0, &r->rows);
+#else
+    r->row0 = 0;
+    r->rows = r->n;
+#endif
+    if (r->rows > 0) {
+        r->ref = (float *)malloc((size_t)(r->rows * r->d) * sizeof(float));
+        if (!r->ref)
+            st = knn__fail(err, XKNN_ERROR_OUT_OF_MEMORY, "out of memory reading rows %lld..%lld of %s (%.1f MiB)",
+                           (long long)r->row0, (long long)(r->row0 + r->rows - 1), r->o.ref,
+                           (double)(r->rows * r->d) * 4.0 / 1048576.0);
+        else
+            st = xknn_file_read_rows(r->o.ref, &r->rinfo, r->row0, r->rows, r->ref, err);
+    }
+    if (st == XKNN_SUCCESS && r->o.query && r->rank == 0) {
+        r->query = (float *)malloc((size_t)(r->nq * r->d) * sizeof(float));
+        if (!r->query)
+            st = knn__fail(err, XKNN_ERROR_OUT_OF_MEMORY, "out of memory reading %s (%.1f MiB)", r->o.query,
+                           (double)(r->nq * r->d) * 4.0 / 1048576.0);
+        else
+            st = xknn_file_read_rows(r->o.query, &r->qinfo, 0, r->nq, r->query, err);
+    }
+    if (st != XKNN_SUCCESS) knn__prefix_rank(err, r->rank, r->size);
+    r->t_read = knn__now() - t0;
+    return knn__agree(r, st, err);
+}
+
+#ifdef XKNN_HAVE_MPI
+/* ---- MPI: temporary output, written block by block with MPI-IO --------------------- */
+
+/* Collective. Rank 0 creates a unique temporary next to the output; all open it. */
+static xknn_status knn__open_output(knn_run *r, xknn_error *err)
+{
+    xknn_status st = XKNN_SUCCESS;
+    int64_t len = 0;
+    int rc;
+    if (r->rank == 0) {
+        int fd;
+        mode_t um;
+        if (strlen(r->output) + 16 > sizeof r->tmp) {
+            st = knn__fail(err, XKNN_ERROR_INVALID_ARGUMENT, "output name %s is too long", r->output);
+        } else {
+            snprintf(r->tmp, sizeof r->tmp, "%s.tmp.XXXXXX", r->output);
+            fd = mkstemp(r->tmp);
+            if (fd < 0) {
+                st = knn__fail(err, XKNN_ERROR_IO, "cannot write output %s: %s", r->output, strerror(errno));
+            } else {
+                r->tmp_exists = 1;
+                um = umask(0);
+                umask(um);
+                if (fchmod(fd, 0666 & ~um) != 0 || close(fd) != 0)
+                    st = knn__fail(err, XKNN_ERROR_IO, "cannot write output %s: %s", r->output, strerror(errno));
+            }
+        }
+        len = st == XKNN_SUCCESS ? (int64_t)strlen(r->tmp) : 0;
+    }
+    if ((st = knn__agree(r, st, err)) != XKNN_SUCCESS) return st;
+    rc = MPI_Bcast(&len, 1, MPI_INT64_T, 0, r->comm);
+    if (rc == MPI_SUCCESS) rc = MPI_Bcast(r->tmp, (int)len + 1, MPI_CHAR, 0, r->comm);
+    if (rc != MPI_SUCCESS) return knn__agree(r, knn__mpi_error(r, err, rc, "MPI_Bcast"), err);
+
+    rc = MPI_File_open(r->comm, r->tmp, MPI_MODE_WRONLY, MPI_INFO_NULL, &r->fh);
+    if (rc == MPI_SUCCESS) {
+        r->fh_open = 1;
+        MPI_File_set_errhandler(r->fh, MPI_ERRORS_RETURN);
+    } else {
+        st = knn__mpi_error(r, err, rc, "MPI_File_open");
+        snprintf(err->message + strlen(err->message), sizeof err->message - strlen(err->message), " (output %s)",
+                 r->tmp);
+        st = XKNN_ERROR_IO;
+    }
+    st = knn__agree(r, st, err);
+    /* MPI_File_open is collective: it either opened everywhere or failed everywhere,
+     * but if it opened on some ranks only, close those (collective once more). */
+    if (st != XKNN_SUCCESS && r->fh_open) {
+        MPI_File_close(&r->fh);
+        r->fh_open = 0;
+    }
+    if (st == XKNN_SUCCESS && r->rank == 0 && r->lay.header_bytes > 0) {
+        unsigned char hdr[8];
+        xknn_result_header(r->fmt, r->nq, r->o.k, hdr);
+        rc = MPI_File_write_at(r->fh, 0, hdr, (int)r->lay.header_bytes, MPI_BYTE, MPI_STATUS_IGNORE);
+        if (rc != MPI_SUCCESS) st = knn__mpi_error(r, err, rc, "MPI_File_write_at (header)");
+    }
+    return knn__agree(r, st, err);
+}
+
+static int knn__write_at(MPI_File fh, int64_t off, const unsigned char *p, int64_t bytes)
+{
+    int rc = MPI_SUCCESS;
+    while (rc == MPI_SUCCESS && bytes > 0) {
+        int64_t c = bytes < ((int64_t)1 << 30) ? bytes : ((int64_t)1 << 30);
+        rc = MPI_File_write_at(fh, (MPI_Offset)off, (void *)p, (int)c, MPI_BYTE, MPI_STATUS_IGNORE);
+        off += c;
+        p += c;
+        bytes -= c;
+    }
+    return rc;
+}
+
+/* Sink: on the block's owner, encode its rows and write them at their offsets. */
+static xknn_status knn__sink(void *user, int64_t q0, int64_t rows, int64_t k, const int64_t *ids,
+                             const float *dist, xknn_error *err)
+{
+    knn_run *r = (knn_run *)user;
+    const int64_t ib = rows * r->lay.ids_row_bytes, db = rows * r->lay.dist_row_bytes;
+    xknn_status st;
+    int rc;
+    if ((size_t)(ib + db + 1) > r->wcap) {
+        unsigned char *nb = (unsigned char *)realloc(r->wbuf, (size_t)(ib + db + 1));
+        if (!nb)
+            return knn__fail(err, XKNN_ERROR_OUT_OF_MEMORY, "out of memory encoding result rows (%lld bytes)",
+                             (long long)(ib + db));
+        r->wbuf = nb;
+        r->wcap = (size_t)(ib + db + 1);
+    }
+    st = xknn_result_encode_rows(r->fmt, rows, k, ids, dist, r->wbuf, r->wbuf + ib, err);
+    if (st != XKNN_SUCCESS) return st;
+    rc = knn__write_at(r->fh, r->lay.ids_offset + q0 * r->lay.ids_row_bytes, r->wbuf, ib);
+    if (rc == MPI_SUCCESS && db > 0) rc = knn__write_at(r->fh, r->lay.dist_offset + q0 * r->lay.dist_row_bytes, r->wbuf + ib, db);
+    if (rc != MPI_SUCCESS) {
+        char text[MPI_MAX_ERROR_STRING];
+        int len = 0;
+        MPI_Error_string(rc, text, &len);
+        return knn__fail(err, XKNN_ERROR_IO, "writing rows %lld..%lld of %s: %s", (long long)q0,
+                         (long long)(q0 + rows - 1), r->tmp, text);
+    }
+    return XKNN_SUCCESS;
+}
+
+/* ---- MPI: the search ---------------------------------------------------------------- */
+static xknn_status knn__search_and_write(knn_run *r, xknn_error *err)
+{
+    xknn_mpi_output out = XKNN_MPI_OUTPUT_INIT;
+    xknn_mpi_stats stats;
+    xknn_matrix refm = XKNN_MATRIX_F32(r->ref, r->rows, r->d);
+    xknn_matrix qm = XKNN_MATRIX_F32(r->query, r->nq, r->d);
+    xknn_status st;
+    double t0, v[2];
+    int rc;
+
+    out.sink = knn__sink;
+    out.sink_user = r;
+    if (r->rank == 0 && !r->o.quiet && isatty(STDERR_FILENO)) {
+        out.progress = knn__progress;
+        out.progress_user = r;
+    }
+    r->t_start = knn__now();
+    if (r->o.query)
+        st = xknn_mpi_search(r->ctx, &r->params, r->rows > 0 ? &refm : NULL, r->row0, r->rank == 0 ? &qm : NULL, 0,
+                             r->o.k, &out, &stats, err);
+    else
+        st = xknn_mpi_self_join(r->ctx, &r->params, r->rows > 0 ? &refm : NULL, r->row0, r->o.k, &out, &stats, err);
+    r->query_block = stats.query_block;
+    r->blocks = stats.blocks;
+    r->transfer = xknn_mpi_transfer_name(stats.transfer);
+    r->t_query = stats.max.total;
+    r->t_bcast = stats.max.broadcast;
+    r->t_search = stats.max.search;
+    r->t_reduce = stats.max.reduce;
+
+    /* Close (collective), agree, then rank 0 renames. */
+    t0 = knn__now();
+    if (r->fh_open) {
+        xknn_error cerr;
+        rc = MPI_File_close(&r->fh);
+        r->fh_open = 0;
+        if (rc != MPI_SUCCESS && st == XKNN_SUCCESS) {
+            st = knn__mpi_error(r, &cerr, rc, "MPI_File_close");
+            *err = cerr;
+        }
+    }
+    st = knn__agree(r, st, err);
+    if (st == XKNN_SUCCESS && r->rank == 0) {
+        if (rename(r->tmp, r->output) != 0)
+            st = knn__fail(err, XKNN_ERROR_IO, "cannot rename %s to %s: %s", r->tmp, r->output, strerror(errno));
+        else
+            r->tmp_exists = 0;
+    }
+    st = knn__agree(r, st, err);
+    v[0] = stats.local.write + (knn__now() - t0);
+    v[1] = 0;
+    knn__max_doubles(r, v, 1);
+    r->t_write = v[0];
+    return st;
+}
+#else
+/* ---- serial stand-in: one search, one writer ---------------------------------------- */
+static xknn_status knn__search_and_write(knn_run *r, xknn_error *err)
+{
+    xknn_matrix refm = XKNN_MATRIX_F32(r->ref, r->rows, r->d);
+    xknn_matrix qm = XKNN_MATRIX_F32(r->query, r->nq, r->d);
+    int64_t *ids = NULL;
+    float *dist = NULL;
+    xknn_status st = XKNN_SUCCESS;
+    double t0;
+
+    r->query_block = r->o.query_block > 0 ? r->o.query_block : 0;
+    r->blocks = 1;
+    r->transfer = "none";
+    ids = (int64_t *)malloc((size_t)(r->nq * r->o.k) * sizeof(int64_t));
+    dist = (float *)malloc((size_t)(r->nq * r->o.k) * sizeof(float));
+    if (!ids || !dist)
+        st = knn__fail(err, XKNN_ERROR_OUT_OF_MEMORY, "out of memory for %lld x %lld results", (long long)r->nq,
+                       (long long)r->o.k);
+    t0 = knn__now();
+    if (st == XKNN_SUCCESS) {
+        r->params.query_block = r->o.query_block;
+        st = xknn_search(&r->params, &refm, r->o.query ? &qm : NULL, r->o.k, ids, dist, err);
+    }
+    r->t_search = knn__now() - t0;
+    r->t_query = r->t_search;
+    t0 = knn__now();
+    if (st == XKNN_SUCCESS) st = xknn_result_write(r->output, r->fmt, r->nq, r->o.k, ids, dist, err);
+    r->t_write = knn__now() - t0;
+    r->t_query += r->t_write;
+    free(dist);
+    free(ids);
+    return st;
+}
+
+/* Serial: fail early if the output directory is not writable (no file is left). */
+static xknn_status knn__open_output(knn_run *r, xknn_error *err)
+{
+    int fd;
+    if (strlen(r->output) + 16 > sizeof r->tmp)
+        return knn__fail(err, XKNN_ERROR_INVALID_ARGUMENT, "output name %s is too long", r->output);
+    snprintf(r->tmp, sizeof r->tmp, "%s.tmp.XXXXXX", r->output);
+    fd = mkstemp(r->tmp);
+    if (fd < 0) return knn__fail(err, XKNN_ERROR_IO, "cannot write output %s: %s", r->output, strerror(errno));
+    close(fd);
+    unlink(r->tmp);
+    return XKNN_SUCCESS;
+}
+#endif
+
+static void knn__print_version(void)
+{
+    printf("knn_mpi (xknn) %s\n", XKNN_VERSION_STRING);
+#ifdef XKNN_HAVE_MPI
+    {
+        char lib[MPI_MAX_LIBRARY_VERSION_STRING];
+        int len = 0;
+        char *nl;
+        MPI_Get_library_version(lib, &len);
+        nl = strchr(lib, '\n');
+        if (nl) *nl = '\0';
+        nl = strchr(lib, ',');
+        if (nl) *nl = '\0';
+        printf("MPI: %s (CUDA-aware: %s)\n", lib, xknn_mpi_cuda_aware_supported() ? "yes" : "no");
+    }
+#else
+    printf("MPI: not built (single process)\n");
+#endif
+    printf("backends: cpu%s\n", xknn_backend_built(XKNN_BACKEND_CUDA) ? ", cuda" : "");
+}
+
+static const char *knn__result_format_name(xknn_result_format f)
+{
+    switch (f) {
+    case XKNN_RESULT_BIN: return "bin";
+    case XKNN_RESULT_BIN64: return "bin64";
+    case XKNN_RESULT_IVECS: return "ivecs";
+    default: return "unknown";
+    }
+}
+
+static xknn_status knn__write_json(const knn_run *r, double qps, xknn_error *err)
+{
+    FILE *f = fopen(r->o.json, "w");
+    if (!f) return knn__fail(err, XKNN_ERROR_IO, "--json: cannot write %s: %s", r->o.json, strerror(errno));
+    fprintf(f, "{\n  \"program\": \"knn_mpi\",\n  \"version\": \"%s\",\n", XKNN_VERSION_STRING);
+#ifdef XKNN_HAVE_MPI
+    fprintf(f, "  \"mpi\": true,\n");
+#else
+    fprintf(f, "  \"mpi\": false,\n");
+#endif
+    fprintf(f, "  \"ref\": ");
+    knn__json_str(f, r->o.ref);
+    fprintf(f, ",\n  \"query\": ");
+    if (r->o.query)
+        knn__json_str(f, r->o.query);
+    else
+        fprintf(f, "null");
+    fprintf(f, ",\n  \"output\": ");
+    knn__json_str(f, r->output);
+    fprintf(f, ",\n  \"output_format\": \"%s\",\n", knn__result_format_name(r->fmt));
+    fprintf(f, "  \"self_join\": %s,\n", r->o.query ? "false" : "true");
+    fprintf(f, "  \"n\": %lld,\n  \"d\": %lld,\n  \"nq\": %lld,\n  \"k\": %lld,\n", (long long)r->n, (long long)r->d,
+            (long long)r->nq, (long long)r->o.k);
+    fprintf(f, "  \"metric\": \"%s\",\n  \"ranks\": %d,\n  \"backend\": \"%s\",\n", xknn_metric_name(r->o.metric),
+            r->size, r->backend_used);
+    fprintf(f, "  \"threads\": %d,\n  \"query_block\": %lld,\n  \"blocks\": %lld,\n  \"transfer\": \"%s\",\n",
+            r->o.threads, (long long)r->query_block, (long long)r->blocks, r->transfer);
+    fprintf(f,
+            "  \"time_s\": {\"read\": %.6f, \"broadcast\": %.6f, \"search\": %.6f, \"reduce\": %.6f, "
+            "\"write\": %.6f, \"query_phase\": %.6f, \"total\": %.6f},\n",
+            r->t_read, r->t_bcast, r->t_search, r->t_reduce, r->t_write, r->t_query, r->t_total);
+    fprintf(f, "  \"queries_per_s\": %.3f\n}\n", qps);
+    if (fclose(f) != 0) return knn__fail(err, XKNN_ERROR_IO, "--json: cannot write %s: %s", r->o.json, strerror(errno));
+    return XKNN_SUCCESS;
+}
+
+int main(int argc, char **argv)
+{
+    knn_run run, *r = &run;
+    xknn_error err;
+    xknn_status st = XKNN_SUCCESS;
+    char msg[512];
+    int code;
+    const double t_begin = knn__now();
+
+    memset(r, 0, sizeof *r);
+    err.status = XKNN_SUCCESS;
+    err.message[0] = '\0';
+    r->size = 1;
+#ifdef XKNN_HAVE_MPI
+    if (MPI_Init(&argc, &argv) != MPI_SUCCESS) {
+        fprintf(stderr, "knn_mpi: MPI_Init failed\n");
+        return EXIT_INTERNAL;
+    }
+    r->comm = MPI_COMM_NULL;
+    MPI_Comm_rank(MPI_COMM_WORLD, &r->rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &r->size);
+#endif
+
+    /* Every rank parses the same argv: same verdict everywhere, rank 0 speaks. */
+    msg[0] = '\0';
+    code = knn__parse(argc, argv, &r->o, msg, sizeof msg);
+    if (code != EXIT_OK || r->o.help || r->o.version) {
+        if (r->rank == 0) {
+            if (code != EXIT_OK)
+                fprintf(stderr, "knn_mpi: %s\n", msg);
+            else if (r->o.help)
+                knn__usage(stdout);
+            else
+                knn__print_version();
+        }
+        goto finalize;
+    }
+
+    r->params = xknn_params_default();
+    r->params.backend = r->o.backend;
+    r->params.metric = r->o.metric;
+    r->params.num_threads = r->o.threads;
+    r->params.verbose = r->o.verbose && r->rank == 0;
+    r->backend_used = r->o.backend == XKNN_BACKEND_CUDA ? "cuda"
+                      : r->o.backend == XKNN_BACKEND_CPU ? "cpu"
+                      : (xknn_backend_built(XKNN_BACKEND_CUDA) && xknn_cuda_device_count() > 0) ? "cuda"
+                                                                                               : "cpu";
+
+#ifdef XKNN_HAVE_MPI
+    {
+        xknn_mpi_config cfg = XKNN_MPI_CONFIG_INIT;
+        int rc = MPI_Comm_dup(MPI_COMM_WORLD, &r->comm);
+        if (rc == MPI_SUCCESS) rc = MPI_Comm_set_errhandler(r->comm, MPI_ERRORS_RETURN);
+        if (rc != MPI_SUCCESS) {
+            /* Nothing to agree with: MPI itself is broken. */
+            knn__mpi_error(r, &err, rc, "MPI_Comm_dup");
+            fprintf(stderr, "knn_mpi: %s\n", err.message);
+            code = EXIT_INTERNAL;
+            goto finalize;
+        }
+        cfg.query_block = r->o.query_block;
+        cfg.verbose = r->o.verbose;
+        st = xknn_mpi_create(r->comm, &cfg, &r->ctx, &err);
+        if (st != XKNN_SUCCESS) goto report;
+    }
+#endif
+
+    /* Backend availability: the same answer on every rank of a homogeneous job. */
+    if (r->o.backend == XKNN_BACKEND_CUDA && !xknn_backend_built(XKNN_BACKEND_CUDA))
+        st = knn__fail(&err, XKNN_ERROR_NOT_BUILT,
+                       "--backend cuda: this xknn was built without CUDA (reconfigure with -Dcuda=enabled)");
+    else if (r->o.backend == XKNN_BACKEND_CUDA && xknn_cuda_device_count() <= 0) {
+        st = knn__fail(&err, XKNN_ERROR_NO_DEVICE, "--backend cuda: no CUDA device is available");
+        knn__prefix_rank(&err, r->rank, r->size);
+    }
+    if ((st = knn__agree(r, st, &err)) != XKNN_SUCCESS) goto report;
+
+    if ((st = knn__plan(r, &err)) != XKNN_SUCCESS) goto report;
+    if ((st = knn__open_output(r, &err)) != XKNN_SUCCESS) goto report;
+    if (r->o.verbose && r->rank == 0) {
+        fprintf(stderr, "knn_mpi: ref %s n=%lld d=%lld; %s%s nq=%lld; k=%lld %s; ranks=%d, up to %lld rows per rank\n",
+                r->o.ref, (long long)r->n, (long long)r->d, r->o.query ? "query " : "self-join",
+                r->o.query ? r->o.query : "", (long long)r->nq, (long long)r->o.k, xknn_metric_name(r->o.metric),
+                r->size, (long long)((r->n + r->size - 1) / r->size));
+        fprintf(stderr, "knn_mpi: output %s (%s), temporary %s\n", r->output, knn__result_format_name(r->fmt),
+                r->tmp[0] ? r->tmp : "(by the writer)");
+    }
+    if ((st = knn__read(r, &err)) != XKNN_SUCCESS) goto report;
+    {
+        double v[1];
+        v[0] = r->t_read;
+        knn__max_doubles(r, v, 1);
+        r->t_read = v[0];
+    }
+    st = knn__search_and_write(r, &err);
+
+report:
+    code = knn__exit_code(st);
+    r->t_total = knn__now() - t_begin;
+    {
+        double v[1];
+        v[0] = r->t_total;
+        knn__max_doubles(r, v, 1);
+        r->t_total = v[0];
+    }
+    if (st == XKNN_SUCCESS) {
+        const double qps = r->t_query > 0 ? (double)r->nq / r->t_query : 0.0;
+        if (r->o.json && r->rank == 0) st = knn__write_json(r, qps, &err);
+        if ((st = knn__agree(r, st, &err)) != XKNN_SUCCESS) {
+            code = knn__exit_code(st);
+        } else if (r->rank == 0 && !r->o.quiet) {
+            printf("knn_mpi: n=%lld d=%lld nq=%lld k=%lld ranks=%d backend=%s time=%.3fs (search %.3fs) "
+                   "%.0f queries/s -> %s\n",
+                   (long long)r->n, (long long)r->d, (long long)r->nq, (long long)r->o.k, r->size, r->backend_used,
+                   r->t_total, r->t_query, qps, r->output);
+            fflush(stdout);
+        }
+    }
+    if (st != XKNN_SUCCESS && r->rank == 0) fprintf(stderr, "knn_mpi: %s\n", err.message);
+
+finalize:
+#ifdef XKNN_HAVE_MPI
+    if (r->fh_open) MPI_File_close(&r->fh);
+    if (r->tmp_exists) unlink(r->tmp); /* rank 0 only: it created it */
+    if (r->ctx) xknn_mpi_destroy(r->ctx);
+    if (r->comm != MPI_COMM_NULL) MPI_Comm_free(&r->comm);
+    free(r->wbuf);
+    MPI_Finalize();
+#endif
+    free(r->ref);
+    free(r->query);
+    free(r->output);
+    return code;
+}

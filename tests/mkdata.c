@@ -1,0 +1,223 @@
+/*
+ * mkdata -- deterministic test files for the cli suite, and oracle results.
+ *
+ *   mkdata data KIND N D SEED OUT [nan ROW COL] [u8] [truncate]
+ *       KIND: uniform gaussian integer duplicates clustered. OUT by extension:
+ *       .fvecs (TEXMEX), anything else the big-ann layout (uint32 n, uint32 d, values);
+ *       "u8" stores uint8 values (integer data), "nan" poisons one value, "truncate"
+ *       drops the last 3 bytes (a malformed file).
+ *   mkdata oracle METRIC K REF QUERY|- OUT
+ *       METRIC l2|euclidean; REF/QUERY big-ann float32 files written above; "-" is the
+ *       self-join. OUT: .ivecs (per row int32 k, k ids) or the big-ann result layout
+ *       (uint32 nq, uint32 k, int32 ids, float32 dist), from the oracle in tests/ref.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ref/ref.h"
+
+static int ends_with(const char *s, const char *suffix)
+{
+    size_t a = strlen(s), b = strlen(suffix);
+    return a >= b && !strcmp(s + a - b, suffix);
+}
+
+static void put_u32(FILE *f, uint32_t v)
+{
+    unsigned char b[4];
+    b[0] = (unsigned char)(v & 0xff);
+    b[1] = (unsigned char)((v >> 8) & 0xff);
+    b[2] = (unsigned char)((v >> 16) & 0xff);
+    b[3] = (unsigned char)((v >> 24) & 0xff);
+    fwrite(b, 1, 4, f);
+}
+
+static void put_f32(FILE *f, float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    put_u32(f, u);
+}
+
+static int kind_of(const char *name, data_kind *k)
+{
+    int i;
+    for (i = 0; i < DATA_KIND_COUNT; i++)
+        if (!strcmp(name, ref_data_name((data_kind)i))) {
+            *k = (data_kind)i;
+            return 0;
+        }
+    return -1;
+}
+
+static int cmd_data(int argc, char **argv)
+{
+    data_kind kind;
+    long long n, d, seed, nan_row = -1, nan_col = -1;
+    int u8 = 0, truncate = 0, i;
+    const char *out;
+    float *x;
+    FILE *f;
+    long long r, c;
+
+    if (argc < 7 || kind_of(argv[2], &kind)) {
+        fprintf(stderr, "mkdata data KIND N D SEED OUT [nan ROW COL] [u8] [truncate]\n");
+        return 2;
+    }
+    n = atoll(argv[3]);
+    d = atoll(argv[4]);
+    seed = atoll(argv[5]);
+    out = argv[6];
+    for (i = 7; i < argc; i++) {
+        if (!strcmp(argv[i], "nan") && i + 2 < argc) {
+            nan_row = atoll(argv[i + 1]);
+            nan_col = atoll(argv[i + 2]);
+            i += 2;
+        } else if (!strcmp(argv[i], "u8")) {
+            u8 = 1;
+        } else if (!strcmp(argv[i], "truncate")) {
+            truncate = 1;
+        } else {
+            fprintf(stderr, "mkdata: unknown word '%s'\n", argv[i]);
+            return 2;
+        }
+    }
+    x = (float *)malloc((size_t)(n * d) * sizeof(float) + 1);
+    if (!x) return 3;
+    ref_make_data(kind, x, n, d, (uint64_t)seed);
+    if (nan_row >= 0) x[nan_row * d + nan_col] = NAN;
+    f = fopen(out, "wb");
+    if (!f) {
+        perror(out);
+        free(x);
+        return 3;
+    }
+    if (ends_with(out, ".fvecs")) {
+        for (r = 0; r < n; r++) {
+            put_u32(f, (uint32_t)d);
+            for (c = 0; c < d; c++) put_f32(f, x[r * d + c]);
+        }
+    } else {
+        put_u32(f, (uint32_t)n);
+        put_u32(f, (uint32_t)d);
+        for (r = 0; r < n * d; r++) {
+            if (u8)
+                fputc((int)x[r] & 0xff, f);
+            else
+                put_f32(f, x[r]);
+        }
+    }
+    if (fclose(f) != 0) {
+        free(x);
+        return 3;
+    }
+    if (truncate) {
+        /* rewrite without the last 3 bytes */
+        FILE *g = fopen(out, "rb");
+        long sz;
+        unsigned char *buf;
+        if (!g) return 3;
+        fseek(g, 0, SEEK_END);
+        sz = ftell(g);
+        fseek(g, 0, SEEK_SET);
+        buf = (unsigned char *)malloc((size_t)sz + 1);
+        if (!buf || fread(buf, 1, (size_t)sz, g) != (size_t)sz) return 3;
+        fclose(g);
+        g = fopen(out, "wb");
+        if (!g) return 3;
+        fwrite(buf, 1, (size_t)(sz - 3), g);
+        fclose(g);
+        free(buf);
+    }
+    free(x);
+    return 0;
+}
+
+/* Reads a big-ann float32 file (uint32 n, uint32 d, values). */
+static float *read_fbin(const char *path, int64_t *n, int64_t *d)
+{
+    unsigned char h[8];
+    FILE *f = fopen(path, "rb");
+    float *x;
+    if (!f) return NULL;
+    if (fread(h, 1, 8, f) != 8) {
+        fclose(f);
+        return NULL;
+    }
+    *n = (int64_t)(h[0] | h[1] << 8 | h[2] << 16 | (uint32_t)h[3] << 24);
+    *d = (int64_t)(h[4] | h[5] << 8 | h[6] << 16 | (uint32_t)h[7] << 24);
+    x = (float *)malloc((size_t)(*n * *d) * sizeof(float) + 1);
+    if (!x || fread(x, sizeof(float), (size_t)(*n * *d), f) != (size_t)(*n * *d)) {
+        free(x);
+        fclose(f);
+        return NULL;
+    }
+    fclose(f);
+    return x; /* little-endian host assumed, as in every test machine */
+}
+
+static int cmd_oracle(int argc, char **argv)
+{
+    int metric;
+    int64_t k, n, d, nq, qd, i, j;
+    float *ref, *qry = NULL, *dist;
+    int64_t *ids;
+    int self;
+    FILE *f;
+
+    if (argc != 7) {
+        fprintf(stderr, "mkdata oracle METRIC K REF QUERY|- OUT\n");
+        return 2;
+    }
+    metric = !strcmp(argv[2], "euclidean") ? REF_EUCLIDEAN : REF_L2;
+    k = atoll(argv[3]);
+    ref = read_fbin(argv[4], &n, &d);
+    if (!ref) {
+        fprintf(stderr, "mkdata: cannot read %s\n", argv[4]);
+        return 3;
+    }
+    self = !strcmp(argv[5], "-");
+    if (!self) {
+        qry = read_fbin(argv[5], &nq, &qd);
+        if (!qry || qd != d) {
+            fprintf(stderr, "mkdata: cannot read %s (or d differs)\n", argv[5]);
+            return 3;
+        }
+    } else {
+        nq = n;
+    }
+    ids = (int64_t *)malloc((size_t)(nq * k) * sizeof(int64_t));
+    dist = (float *)malloc((size_t)(nq * k) * sizeof(float));
+    if (!ids || !dist) return 3;
+    if (ref_knn(metric, ref, n, d, self ? NULL : qry, nq, d, d, k, self, 0, 0, ids, dist) != 0) return 3;
+    f = fopen(argv[6], "wb");
+    if (!f) return 3;
+    if (ends_with(argv[6], ".ivecs")) {
+        for (i = 0; i < nq; i++) {
+            put_u32(f, (uint32_t)k);
+            for (j = 0; j < k; j++) put_u32(f, (uint32_t)(int32_t)ids[i * k + j]);
+        }
+    } else {
+        put_u32(f, (uint32_t)nq);
+        put_u32(f, (uint32_t)k);
+        for (i = 0; i < nq * k; i++) put_u32(f, (uint32_t)(int32_t)ids[i]);
+        for (i = 0; i < nq * k; i++) put_f32(f, dist[i]);
+    }
+    if (fclose(f) != 0) return 3;
+    free(ids);
+    free(dist);
+    free(ref);
+    free(qry);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc >= 2 && !strcmp(argv[1], "data")) return cmd_data(argc, argv);
+    if (argc >= 2 && !strcmp(argv[1], "oracle")) return cmd_oracle(argc, argv);
+    fprintf(stderr, "usage: mkdata data ... | mkdata oracle ... (see the comment in tests/mkdata.c)\n");
+    return 2;
+}
