@@ -104,35 +104,6 @@ static void xknn__pheap_push(xknn__pair *h, int64_t *size, int64_t cap, float d,
     h[i].id = id;
 }
 
-/* Max-heap of floats (the k smallest upper bounds). */
-static void xknn__fheap_push(float *h, int64_t *size, int64_t cap, float v)
-{
-    int64_t i;
-    if (*size < cap) {
-        i = (*size)++;
-        while (i > 0) {
-            int64_t p = (i - 1) / 2;
-            if (h[p] >= v) break;
-            h[i] = h[p];
-            i = p;
-        }
-        h[i] = v;
-        return;
-    }
-    if (!(v < h[0])) return;
-    i = 0;
-    for (;;) {
-        int64_t l = 2 * i + 1, r = l + 1, m = i;
-        float mv = v;
-        if (l < cap && h[l] > mv) { m = l; mv = h[l]; }
-        if (r < cap && h[r] > mv) m = r;
-        if (m == i) break;
-        h[i] = h[m];
-        i = m;
-    }
-    h[i] = v;
-}
-
 /* Writes the sorted pairs (first `have`) and pads to k (pad_missing only). */
 static void xknn__emit(const xknn__job *job, int64_t qi, const xknn__pair *best, int64_t have)
 {
@@ -247,43 +218,81 @@ done:
 #ifdef XKNN_HAVE_CBLAS
 
 typedef struct {
-    float *ub;        /* max-heap of the k smallest upper bounds        */
-    int64_t ub_size;
-    int64_t *cand;    /* candidate reference rows (local)               */
-    float *cand_lo;   /* their lower bounds                             */
-    float *cand_c;    /* canonical distance, or NaN when not computed   */
+    int64_t *cand;    /* candidate reference rows (local)                          */
+    float *cand_lo;   /* lower bounds of their squared distance (-inf once exact)  */
+    float *cand_hi;   /* upper bounds of their squared distance                    */
+    float *cand_c;    /* canonical distance, or NaN when not computed              */
     int64_t count;
-    float tau_adj;    /* tau' (inf until the heap is full)              */
+    int64_t trigger;  /* prune when count reaches this                             */
+    float tau;        /* tau' = (k-th smallest upper bound)(1 + 2^-19) + 16 FLT_MIN;
+                         +inf until the buffer first held k candidates             */
 } xknn__qstate;
 
-static float xknn__tau_adj(const xknn__qstate *s, int64_t kk)
+/* k-th smallest (0-based) of v[0..n), reordering v: iterative quickselect. */
+static float xknn__select_kth(float *v, int64_t n, int64_t kth)
 {
-    if (s->ub_size < kk) return INFINITY;
-    return s->ub[0] * (1.0f + 0x1p-19f) + 16.0f * FLT_MIN;
+    int64_t lo = 0, hi = n - 1;
+    while (hi > lo) {
+        const float pivot = v[lo + (hi - lo) / 2];
+        int64_t i = lo, j = hi;
+        while (i <= j) {
+            while (v[i] < pivot) i++;
+            while (v[j] > pivot) j--;
+            if (i <= j) {
+                float t = v[i];
+                v[i] = v[j];
+                v[j] = t;
+                i++;
+                j--;
+            }
+        }
+        if (kth <= j)
+            hi = j;
+        else if (kth >= i)
+            lo = i;
+        else
+            return v[kth];
+    }
+    return v[kth];
 }
 
-/* Re-rank candidates, drop the ones above tau', keep the exact best `keep`.
- * rows/tmp are scratch of the buffer's capacity. */
-static int64_t xknn__rerank(const xknn__job *job, xknn__qstate *s, const float *q, int64_t keep, int64_t *rows,
-                            float *vals, xknn__pair *tmp, int64_t kk)
+/* Tighten tau' from the k smallest upper bounds in the buffer (k distinct references
+ * whose distance is at most tau), then drop every candidate whose lower bound exceeds
+ * tau': those have a canonical distance strictly greater than k others'. */
+static void xknn__prune(xknn__qstate *s, int64_t kk, float *vals)
 {
-    const float tau = xknn__tau_adj(s, kk);
-    const int64_t roff = job->params.ref_id_offset;
-    int64_t c, m = 0, todo = 0;
-    /* drop certified losers, collect what still needs a canonical value */
+    int64_t c, m = 0;
+    if (s->count >= kk) {
+        float t;
+        memcpy(vals, s->cand_hi, (size_t)s->count * sizeof(float));
+        t = xknn__select_kth(vals, s->count, kk - 1) * (1.0f + 0x1p-19f) + 16.0f * FLT_MIN;
+        if (t < s->tau) s->tau = t;
+    }
     for (c = 0; c < s->count; c++) {
-        if (s->cand_lo[c] > tau) continue;
+        if (s->cand_lo[c] > s->tau) continue;
         s->cand[m] = s->cand[c];
         s->cand_lo[m] = s->cand_lo[c];
+        s->cand_hi[m] = s->cand_hi[c];
         s->cand_c[m] = s->cand_c[c];
-        if (s->cand_c[m] != s->cand_c[m]) rows[todo++] = m;
         m++;
     }
     s->count = m;
+}
+
+/* Prune, compute the canonical distance of every remaining candidate, and if more than
+ * `keep` remain, keep the exact best `keep` by (distance, id): anything cut has `keep`
+ * better ones in the buffer, forever (they are marked exact and never dropped).
+ * rows/vals/tmp are scratch of the buffer's capacity. */
+static int64_t xknn__rerank(const xknn__job *job, xknn__qstate *s, const float *q, int64_t keep, int64_t *rows,
+                            float *vals, xknn__pair *tmp, int64_t kk)
+{
+    int64_t c, m, todo = 0;
+    xknn__prune(s, kk, vals);
+    m = s->count;
+    for (c = 0; c < m; c++)
+        if (s->cand_c[c] != s->cand_c[c]) tmp[todo++].id = c; /* buffer positions */
     if (todo) {
-        /* rows[] holds buffer positions; turn them into reference rows, compute, scatter */
         int64_t t;
-        for (t = 0; t < todo; t++) tmp[t].id = rows[t];
         for (t = 0; t < todo; t++) rows[t] = s->cand[tmp[t].id];
         xknn__canonical_many(job->params.metric, q, job->ref, job->ldr, rows, todo, job->d, vals);
         for (t = 0; t < todo; t++) s->cand_c[tmp[t].id] = vals[t];
@@ -291,19 +300,26 @@ static int64_t xknn__rerank(const xknn__job *job, xknn__qstate *s, const float *
     if (m <= keep) return m;
     for (c = 0; c < m; c++) {
         tmp[c].d = s->cand_c[c];
-        tmp[c].id = roff + s->cand[c];
+        tmp[c].id = s->cand[c]; /* local row: same order as the global id */
     }
     qsort(tmp, (size_t)m, sizeof(xknn__pair), xknn__pair_cmp);
     for (c = 0; c < keep; c++) {
-        s->cand[c] = tmp[c].id - roff;
+        /* an upper bound of the squared distance from the canonical value: it is the
+         * double sum rounded once (relative error < 2^-23 with the sum's own error),
+         * squared back for euclidean; 2^-21 and an absolute term are generous */
+        const double cd = (double)tmp[c].d * (1.0 + 0x1p-21);
+        const double hi = (job->params.metric == XKNN_METRIC_EUCLIDEAN ? cd * cd : cd) + 0x1p-140;
+        float hf = (float)hi;
+        if ((double)hf < hi) hf = nextafterf(hf, INFINITY);
+        s->cand[c] = tmp[c].id;
         s->cand_c[c] = tmp[c].d;
+        s->cand_hi[c] = hf;
         s->cand_lo[c] = -INFINITY; /* exact now: never dropped by the bound */
     }
     s->count = keep;
     return keep;
 }
 
-/* Scan one row of the tile: C = -2 q.x for references r0 .. r0+rb-1. */
 /* Slow path of the scan: the references of [j0, je) that pass the fast filter. */
 static float xknn__scan_slow(const xknn__job *job, xknn__qstate *s, const float *crow, int64_t r0, int64_t j0,
                              int64_t je, const float *nx, float nqi, float eps, float absb, int64_t self_row,
@@ -319,17 +335,24 @@ static float xknn__scan_slow(const xknn__job *job, xknn__qstate *s, const float 
         sj = (double)nqi + (double)nx[r0 + j];
         e = sj + (double)crow[j];
         lo = e - (double)eps * sj - (double)absb;
+        if (lo > (double)s->tau) continue;
         hi = e + (double)eps * sj + (double)absb;
-        if (lo > (double)xknn__tau_adj(s, kk)) continue;
-        if (s->count == cap) xknn__rerank(job, s, q, kk, rows, vals, tmp, kk);
-        s->cand[s->count] = r0 + j;
-        s->cand_lo[s->count] = (float)lo; /* compared with tau' only loosely: tau' has 2^-19 slack */
-        s->cand_c[s->count] = NAN;
-        s->count++;
+        if (s->count >= s->trigger) {
+            xknn__prune(s, kk, vals);
+            /* next prune when the buffer has grown by half of what is left in it */
+            s->trigger = s->count + (s->count > kk ? s->count : kk) / 2 + 64;
+            if (s->trigger > cap) s->trigger = cap;
+            /* still crowded (ties): exact re-rank cuts the buffer to k */
+            if (s->count > cap / 2) xknn__rerank(job, s, q, kk, rows, vals, tmp, kk);
+            thr = s->tau - (nqi * one_m - 2.0f * absb);
+        }
         hf = (float)hi; /* the upper bound must round up */
         if ((double)hf < hi) hf = nextafterf(hf, INFINITY);
-        xknn__fheap_push(s->ub, &s->ub_size, kk, hf);
-        thr = xknn__tau_adj(s, kk) - (nqi * one_m - 2.0f * absb);
+        s->cand[s->count] = r0 + j;
+        s->cand_lo[s->count] = (float)lo; /* compared with tau' only loosely: tau' has 2^-19 slack */
+        s->cand_hi[s->count] = hf;
+        s->cand_c[s->count] = NAN;
+        s->count++;
     }
     return thr;
 }
@@ -349,7 +372,7 @@ static void scan_row_portable(XKNN__SCAN_ARGS)
 {
     const float one_m = 1.0f - 2.0f * eps;
     const float *nxr = nx + r0;
-    float thr = xknn__tau_adj(s, kk) - (nqi * one_m - 2.0f * absb);
+    float thr = s->tau - (nqi * one_m - 2.0f * absb);
     int64_t j0 = 0;
     for (; j0 + 16 <= rb; j0 += 16) {
         int any = 0, u;
@@ -366,7 +389,7 @@ XKNN__TARGET_FAST static void scan_row_fast(XKNN__SCAN_ARGS)
     const float one_m = 1.0f - 2.0f * eps;
     const float *nxr = nx + r0;
     const __m256 vone = _mm256_set1_ps(one_m);
-    float thr = xknn__tau_adj(s, kk) - (nqi * one_m - 2.0f * absb);
+    float thr = s->tau - (nqi * one_m - 2.0f * absb);
     __m256 vthr = _mm256_set1_ps(thr);
     int64_t j0 = 0;
     for (; j0 + 16 <= rb; j0 += 16) {
@@ -415,17 +438,16 @@ typedef struct {
     xknn__qstate *st; /* QB      */
     float *nqv;       /* QB      */
     double *dn;       /* QB      */
-    float *ub;        /* QB x kk */
     int64_t *cand;    /* QB x cap */
-    float *lo, *cc;   /* QB x cap */
+    float *lo, *hi, *cc; /* QB x cap */
 } xknn__thread_ws;
 
 static void xknn__ws_free(xknn__thread_ws *w)
 {
     free(w->cc);
     free(w->lo);
+    free(w->hi);
     free(w->cand);
-    free(w->ub);
     free(w->dn);
     free(w->nqv);
     free(w->st);
@@ -435,7 +457,7 @@ static void xknn__ws_free(xknn__thread_ws *w)
     free(w->rows);
 }
 
-static int xknn__ws_alloc(xknn__thread_ws *w, int64_t QB, int64_t RB, int64_t kk, int64_t cap)
+static int xknn__ws_alloc(xknn__thread_ws *w, int64_t QB, int64_t RB, int64_t cap)
 {
     memset(w, 0, sizeof *w);
     w->rows = (int64_t *)malloc((size_t)cap * sizeof(int64_t));
@@ -445,11 +467,11 @@ static int xknn__ws_alloc(xknn__thread_ws *w, int64_t QB, int64_t RB, int64_t kk
     w->st = (xknn__qstate *)calloc((size_t)QB, sizeof(xknn__qstate));
     w->nqv = (float *)malloc((size_t)QB * sizeof(float));
     w->dn = (double *)malloc((size_t)QB * sizeof(double));
-    w->ub = (float *)malloc((size_t)(QB * kk) * sizeof(float));
+    w->hi = (float *)malloc((size_t)(QB * cap) * sizeof(float));
     w->cand = (int64_t *)malloc((size_t)(QB * cap) * sizeof(int64_t));
     w->lo = (float *)malloc((size_t)(QB * cap) * sizeof(float));
     w->cc = (float *)malloc((size_t)(QB * cap) * sizeof(float));
-    return w->rows && w->vals && w->tmp && w->tile && w->st && w->nqv && w->dn && w->ub && w->cand && w->lo &&
+    return w->rows && w->vals && w->tmp && w->tile && w->st && w->nqv && w->dn && w->hi && w->cand && w->lo &&
            w->cc;
 }
 
@@ -464,8 +486,9 @@ static void xknn__blas_block(const xknn__job *job, xknn__thread_ws *w, int64_t q
     xknn__sqnorms(qblk, qb, job->ldq, d, w->dn);
     for (i = 0; i < qb; i++) {
         w->nqv[i] = (float)w->dn[i];
-        w->st[i].ub = w->ub + i * kk;
-        w->st[i].ub_size = 0;
+        w->st[i].cand_hi = w->hi + i * cap;
+        w->st[i].tau = INFINITY;
+        w->st[i].trigger = kk + kk / 2 + 64 < cap ? kk + kk / 2 + 64 : cap;
         w->st[i].cand = w->cand + i * cap;
         w->st[i].cand_lo = w->lo + i * cap;
         w->st[i].cand_c = w->cc + i * cap;
@@ -515,7 +538,7 @@ static xknn_status xknn__cpu_blas(const xknn__job *job)
     /* spread small query sets over the threads; bound candidate memory per thread */
     if (QB * nt > nq) QB = (nq + nt - 1) / nt;
     if (QB < 1) QB = 1;
-    while (QB > 16 && (double)QB * (double)(cap * 16 + kk * 4) > 128.0 * 1024 * 1024) QB /= 2;
+    while (QB > 16 && (double)QB * (double)(cap * 20) > 128.0 * 1024 * 1024) QB /= 2;
     nblocks = (nq + QB - 1) / QB;
 
     dn = (double *)malloc((size_t)n * sizeof(double));
@@ -542,7 +565,7 @@ static xknn_status xknn__cpu_blas(const xknn__job *job)
     {
         xknn__thread_ws w;
         int64_t b;
-        if (xknn__ws_alloc(&w, QB, RB, kk, cap)) {
+        if (xknn__ws_alloc(&w, QB, RB, cap)) {
 #pragma omp for schedule(dynamic, 1)
             for (b = 0; b < nblocks; b++) {
                 const int64_t q0 = b * QB, qb = nq - q0 < QB ? nq - q0 : QB;
