@@ -411,6 +411,21 @@ XKNN__TARGET_FAST static void scan_row_fast(XKNN__SCAN_ARGS)
 #define XKNN__SCAN_CALL job, s, crow, r0, rb, nx, nqi, eps, absb, self_row, kk, cap, q, rows, vals, tmp
 static void xknn__scan_row(XKNN__SCAN_ARGS)
 {
+    if (s->tau == INFINITY && s->count == 0 && rb > kk) {
+        /* First tile of this query: seed tau from the k smallest upper bounds of the
+         * whole row (self excluded), so the filter is tight from the start instead of
+         * admitting every early reference. vals holds at least rb floats. */
+        int64_t j, m = 0;
+        for (j = 0; j < rb; j++) {
+            const double sj = (double)nqi + (double)nx[r0 + j];
+            const double hi = sj + (double)crow[j] + (double)eps * sj + (double)absb;
+            float hf = (float)hi;
+            if (r0 + j == self_row) continue;
+            if ((double)hf < hi) hf = nextafterf(hf, INFINITY);
+            vals[m++] = hf;
+        }
+        if (m >= kk) s->tau = xknn__select_kth(vals, m, kk - 1) * (1.0f + 0x1p-19f) + 16.0f * FLT_MIN;
+    }
     if (xknn__cpu_has_fast())
         scan_row_fast(XKNN__SCAN_CALL);
     else
@@ -461,7 +476,7 @@ static int xknn__ws_alloc(xknn__thread_ws *w, int64_t QB, int64_t RB, int64_t ca
 {
     memset(w, 0, sizeof *w);
     w->rows = (int64_t *)malloc((size_t)cap * sizeof(int64_t));
-    w->vals = (float *)malloc((size_t)cap * sizeof(float));
+    w->vals = (float *)malloc((size_t)(cap > RB ? cap : RB) * sizeof(float));
     w->tmp = (xknn__pair *)malloc((size_t)cap * sizeof(xknn__pair));
     w->tile = (float *)malloc((size_t)(QB * RB) * sizeof(float));
     w->st = (xknn__qstate *)calloc((size_t)QB, sizeof(xknn__qstate));
