@@ -44,6 +44,8 @@ def main():
     ap.add_argument("--peers", default="faiss,sklearn")
     ap.add_argument("--json", help="write the rows as JSON here")
     ap.add_argument("--data", default=FMNIST)
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="runs of each implementation, interleaved; the median is reported")
     args = ap.parse_args()
 
     ref = read_idx(os.path.join(args.data, "train-images-idx3-ubyte.gz")).astype(np.float32)
@@ -57,18 +59,49 @@ def main():
     print(f"# xknn CPU peers benchmark: Fashion-MNIST n={n} nq={nq} d={d} k={k} threads={args.threads}")
     print(f"# machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores")
 
-    # xknn through the bench_cpu program: it writes ids/dist as .npy-free raw files
+    # xknn through the bench_cpu program (a plain C program timing one xknn_search call)
     import tempfile
     tmp = tempfile.mkdtemp()
     ref.tofile(os.path.join(tmp, "ref.f32"))
     qry.tofile(os.path.join(tmp, "qry.f32"))
-    out = subprocess.run([args.bench, os.path.join(tmp, "ref.f32"), os.path.join(tmp, "qry.f32"), str(n), str(nq),
-                          str(d), str(k), str(args.threads), os.path.join(tmp, "ids.i64"),
-                          os.path.join(tmp, "dist.f32")], capture_output=True, text=True)
-    if out.returncode != 0:
-        print(out.stdout, out.stderr)
-        sys.exit(1)
-    t_xknn = float(out.stdout.split("time_s=")[1].split()[0])
+
+    def run_xknn():
+        out = subprocess.run([args.bench, os.path.join(tmp, "ref.f32"), os.path.join(tmp, "qry.f32"), str(n),
+                              str(nq), str(d), str(k), str(args.threads), os.path.join(tmp, "ids.i64"),
+                              os.path.join(tmp, "dist.f32")], capture_output=True, text=True)
+        if out.returncode != 0:
+            print(out.stdout, out.stderr)
+            sys.exit(1)
+        return float(out.stdout.split("time_s=")[1].split()[0])
+
+    peers = {}
+    if "faiss" in args.peers:
+        import faiss
+        faiss.omp_set_num_threads(args.threads)
+        index = faiss.IndexFlatL2(d)
+        index.add(ref)
+        peers[f"faiss-cpu {faiss.__version__} IndexFlatL2"] = lambda: index.search(qry, k)[1]
+    if "sklearn" in args.peers:
+        import sklearn
+        from sklearn.neighbors import NearestNeighbors
+        nn = NearestNeighbors(n_neighbors=k, algorithm="brute", metric="euclidean", n_jobs=args.threads).fit(ref)
+        peers[f"scikit-learn {sklearn.__version__} brute"] = lambda: nn.kneighbors(qry)[1]
+
+    # interleaved repeats: xknn, peer 1, peer 2, xknn, ... so load changes hit all alike
+    times = {"xknn-cpu": []}
+    peer_ids = {}
+    for name in peers:
+        times[name] = []
+    for rep in range(args.repeats):
+        times["xknn-cpu"].append(run_xknn())
+        for name, fn in peers.items():
+            t0 = time.perf_counter()
+            peer_ids[name] = fn()
+            times[name].append(time.perf_counter() - t0)
+        print("# repeat %d: %s" % (rep + 1, ", ".join(f"{nm} {ts[-1]:.3f} s" for nm, ts in times.items())),
+              flush=True)
+    med = {nm: float(np.median(ts)) for nm, ts in times.items()}
+    t_xknn = med["xknn-cpu"]
     ids = np.fromfile(os.path.join(tmp, "ids.i64"), dtype=np.int64).reshape(nq, k)
     dist = np.fromfile(os.path.join(tmp, "dist.f32"), dtype=np.float32).reshape(nq, k)
 
@@ -82,33 +115,18 @@ def main():
         order = np.lexsort((np.arange(n), dd))[:k]
         if not (np.array_equal(order, ids[i]) and np.array_equal(dd[order], dist[i])):
             wrong += 1
-    rows.append(dict(name="xknn-cpu", time_s=t_xknn, wrong=wrong))
+    rows.append(dict(name="xknn-cpu", time_s=t_xknn, times=times["xknn-cpu"], wrong=wrong))
 
-    def agree(peer_ids):
-        """fraction of ranks where the peer's id is xknn's, or at an exactly equal distance"""
+    def agree(pids):
+        """entries of the sample where the peer's neighbour is not at xknn's exact distance"""
         bad = 0
         for i in sample:
-            dd = ((r64[peer_ids[i]] - qry[i].astype(np.float64)) ** 2).sum(axis=1).astype(np.float32)
+            dd = ((r64[pids[i]] - qry[i].astype(np.float64)) ** 2).sum(axis=1).astype(np.float32)
             bad += int(np.sum(dd != dist[i]))
         return bad
 
-    if "faiss" in args.peers:
-        import faiss
-        faiss.omp_set_num_threads(args.threads)
-        index = faiss.IndexFlatL2(d)
-        index.add(ref)
-        t0 = time.perf_counter()
-        _, fi = index.search(qry, k)
-        t = time.perf_counter() - t0
-        rows.append(dict(name=f"faiss-cpu {faiss.__version__} IndexFlatL2", time_s=t, wrong=agree(fi)))
-    if "sklearn" in args.peers:
-        import sklearn
-        from sklearn.neighbors import NearestNeighbors
-        nn = NearestNeighbors(n_neighbors=k, algorithm="brute", metric="euclidean", n_jobs=args.threads).fit(ref)
-        t0 = time.perf_counter()
-        _, si = nn.kneighbors(qry)
-        t = time.perf_counter() - t0
-        rows.append(dict(name=f"scikit-learn {sklearn.__version__} brute", time_s=t, wrong=agree(si)))
+    for name in peers:
+        rows.append(dict(name=name, time_s=med[name], times=times[name], wrong=agree(peer_ids[name])))
 
     print(f"{'impl':40s} {'time_s':>9s} {'queries/s':>10s} {'vs_xknn':>8s} {'#wrong':>7s}")
     for r in rows:

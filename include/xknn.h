@@ -141,10 +141,14 @@ typedef struct xknn_params {
     size_t device_memory_budget; /* bytes the CUDA backend may allocate; 0: free mem */
     int cuda_path;               /* CUDA candidate path; 0: automatic (see backend)  */
     int verbose;                 /* 1: backend prints its choices on stderr          */
+    void *cuda_context;          /* optional reusable CUDA context (an
+                                    xknn_cuda_context * from include/xknn/cuda.h); it
+                                    decides the device. NULL: the host call creates a
+                                    temporary one on `device`                         */
 } xknn_params;
 
 #define XKNN_PARAMS_INIT \
-    { XKNN_BACKEND_AUTO, XKNN_METRIC_L2, 0, 0, 0, 0, 0, 0, 0, XKNN_CPU_PATH_AUTO, -1, 0, 0, 0 }
+    { XKNN_BACKEND_AUTO, XKNN_METRIC_L2, 0, 0, 0, 0, 0, 0, 0, XKNN_CPU_PATH_AUTO, -1, 0, 0, 0, NULL }
 
 /* Error report filled by calls that take one (may be NULL). message is one line,
  * without a trailing newline, naming the argument, row and column at fault. */

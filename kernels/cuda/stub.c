@@ -1,5 +1,9 @@
 /* CUDA backend entry points when xknn is built without CUDA (-Dcuda=disabled or no
- * nvcc found): every call reports "not built". */
+ * nvcc found): every call reports "not built", including the embedding API of
+ * include/xknn/cuda.h, so programs using it link against either build. */
+#include <stdio.h>
+
+#include "xknn/cuda.h"
 #include "xknn/impl/backend.h"
 
 int xknn__cuda_built(void) { return 0; }
@@ -10,4 +14,59 @@ xknn_status xknn__cuda_search(const xknn__job *job)
 {
     (void)job;
     return XKNN_ERROR_NOT_BUILT;
+}
+
+static xknn_status xknn__cuda_not_built(xknn_error *err)
+{
+    if (err) {
+        err->status = XKNN_ERROR_NOT_BUILT;
+        snprintf(err->message, sizeof err->message,
+                 "backend cuda: this xknn was built without CUDA (reconfigure with -Dcuda=enabled)");
+    }
+    return XKNN_ERROR_NOT_BUILT;
+}
+
+xknn_status xknn_cuda_context_create(int device, xknn_cuda_context **ctx, xknn_error *err)
+{
+    (void)device;
+    if (ctx) *ctx = NULL;
+    return xknn__cuda_not_built(err);
+}
+
+void xknn_cuda_context_destroy(xknn_cuda_context *ctx) { (void)ctx; }
+
+int xknn_cuda_context_device(const xknn_cuda_context *ctx)
+{
+    (void)ctx;
+    return -1;
+}
+
+xknn_status xknn_cuda_workspace_size(xknn_cuda_context *ctx, const xknn_params *params, int64_t n, int64_t nq,
+                                     int64_t d, int64_t k, size_t *bytes, xknn_error *err)
+{
+    (void)ctx;
+    (void)params;
+    (void)n;
+    (void)nq;
+    (void)d;
+    (void)k;
+    if (bytes) *bytes = 0;
+    return xknn__cuda_not_built(err);
+}
+
+xknn_status xknn_cuda_search(xknn_cuda_context *ctx, const xknn_params *params, const xknn_matrix *ref,
+                             const xknn_matrix *query, int64_t k, int64_t *ids, float *dist, void *workspace,
+                             size_t workspace_bytes, xknn_error *err, struct CUstream_st *stream)
+{
+    (void)ctx;
+    (void)params;
+    (void)ref;
+    (void)query;
+    (void)k;
+    (void)ids;
+    (void)dist;
+    (void)workspace;
+    (void)workspace_bytes;
+    (void)stream;
+    return xknn__cuda_not_built(err);
 }

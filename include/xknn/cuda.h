@@ -1,0 +1,126 @@
+/*
+ * xknn/cuda.h -- embedding API of the CUDA backend: device pointers in and out, the
+ * caller's stream, the caller's workspace. C99; needs no CUDA header (a cudaStream_t is
+ * a `struct CUstream_st *`, which is what this API takes).
+ *
+ * WHAT IT DOES
+ *   The same exact k-NN as xknn_search (same ids, same distance bits, same order, same
+ *   exclude_self / id offsets / pad_missing semantics) on matrices already in device
+ *   memory. Work is only enqueued on `stream`: no host synchronisation, no device memory
+ *   allocation, no device-wide barrier happens inside xknn_cuda_search. Every decision
+ *   that depends on data (candidate buffer compaction) is taken on the device.
+ *
+ * WHAT IT DOES NOT DO
+ *   - It does not scan inputs for NaN/Inf (that would need a host synchronisation);
+ *     such inputs give unspecified neighbours (never a crash or a hang).
+ *   - No streaming from host memory: xknn_search (backend cuda) does that.
+ *   - A context is not thread-safe: use one context per host thread (or serialise).
+ *
+ * EXAMPLE
+ *     xknn_cuda_context *ctx;
+ *     xknn_cuda_context_create(0, &ctx, &err);
+ *     xknn_params p = XKNN_PARAMS_INIT;
+ *     size_t bytes;
+ *     xknn_cuda_workspace_size(ctx, &p, n, nq, d, k, &bytes, &err);
+ *     cudaMalloc(&ws, bytes);                              // 256-byte aligned
+ *     xknn_matrix ref = XKNN_MATRIX_F32(d_ref, n, d);       // device pointers
+ *     xknn_matrix qry = XKNN_MATRIX_F32(d_qry, nq, d);
+ *     xknn_cuda_search(ctx, &p, &ref, &qry, k, d_ids, d_dist, ws, bytes, &err, stream);
+ *     // ... later: cudaStreamSynchronize(stream); results in d_ids, d_dist
+ *     xknn_cuda_context_destroy(ctx);
+ *
+ * LIMITS
+ *   n <= 2^31 - 1 references per call (xknn_search splits larger sets itself).
+ *   Leading dimensions and d must fit in int (cuBLAS). Rows of ref and query should be
+ *   4-byte aligned (float); 16-byte alignment of ld*4 lets cuBLAS use its fast kernels.
+ *   Transient device memory other than the workspace: none (cuBLAS gets its workspace
+ *   from ours through cublasSetWorkspace).
+ */
+#ifndef XKNN_CUDA_H
+#define XKNN_CUDA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../xknn.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct CUstream_st; /* = cudaStream_t's pointee; NULL means the legacy default stream */
+
+/* Values of xknn_params.cuda_path: how the CUDA backend generates candidates. Results are
+ * identical for all values (the canonical distance decides). */
+#define XKNN_CUDA_PATH_AUTO 0 /* TF32 for large problems (d >= 32, n*nq*d >= 1e10), else FP32 */
+#define XKNN_CUDA_PATH_FP32 1 /* cuBLAS SGEMM, pedantic FP32 (no tensor cores)              */
+#define XKNN_CUDA_PATH_TF32 2 /* cuBLAS GEMM on TF32 tensor cores, wider certified margin   */
+
+/* Diagnostics: the workspace begins with XKNN_CUDA_STAT_COUNT unsigned 64-bit counters,
+ * zeroed by each xknn_cuda_search and valid once its work on the stream has completed
+ * (copy them out with cudaMemcpy). Bound compactions tighten the k-th upper bound and
+ * drop candidates; exact compactions happen when near-ties fill a candidate buffer (its
+ * canonical top k is kept); UNRESOLVED must always read 0. */
+#define XKNN_CUDA_STAT_BOUND_COMPACTIONS 0
+#define XKNN_CUDA_STAT_EXACT_COMPACTIONS 1
+#define XKNN_CUDA_STAT_CANDIDATES 2
+#define XKNN_CUDA_STAT_UNRESOLVED 3
+#define XKNN_CUDA_STAT_COUNT 8
+
+/* Opaque reusable context: device ordinal, cuBLAS handle, device properties. */
+typedef struct xknn_cuda_context xknn_cuda_context;
+
+/*
+ * Creates a context on `device` (-1: the calling thread's current device). Not
+ * collective. Errors: NOT_BUILT, NO_DEVICE, INVALID_ARGUMENT (bad ordinal), DEVICE.
+ * The calling thread's current device is unchanged on return.
+ */
+XKNN_API xknn_status xknn_cuda_context_create(int device, xknn_cuda_context **ctx, xknn_error *err);
+
+/* Destroys a context (NULL is fine). The caller must have finished all work using it. */
+XKNN_API void xknn_cuda_context_destroy(xknn_cuda_context *ctx);
+
+/* Device ordinal of a context (-1 for NULL). */
+XKNN_API int xknn_cuda_context_device(const xknn_cuda_context *ctx);
+
+/*
+ * Bytes of device workspace xknn_cuda_search needs for these sizes (host memory out
+ * parameter). Touches no device memory and enqueues nothing. params->device_memory_budget
+ * (0: 90% of the device's free memory now) bounds the result; the plan (query block,
+ * tile, candidate buffers) is the largest that fits. Passing a smaller workspace to
+ * xknn_cuda_search is allowed down to a minimum: it then picks a smaller plan.
+ * Errors: INVALID_ARGUMENT, OUT_OF_MEMORY (even the smallest plan does not fit the
+ * budget; the message gives both numbers), NOT_BUILT.
+ */
+XKNN_API xknn_status xknn_cuda_workspace_size(xknn_cuda_context *ctx, const xknn_params *params, int64_t n,
+                                              int64_t nq, int64_t d, int64_t k, size_t *bytes, xknn_error *err);
+
+/*
+ * Exact k-NN on device arrays. Not collective; asynchronous with respect to the host.
+ *   ref        n x d float matrix, DEVICE memory, row-major with leading dimension
+ *   query      nq x d, DEVICE memory; NULL: self-join of ref (exclude_self forced on,
+ *              query_id_offset = ref_id_offset), as in xknn_search
+ *   k          1 <= k <= n (n - 1 with exclude_self), larger only with pad_missing
+ *   ids        nq x k int64, DEVICE memory, row-major (ld = k); global ids
+ *   dist       nq x k float, DEVICE memory, or NULL
+ *   workspace  DEVICE memory, 256-byte aligned, at least the minimum for these sizes
+ *              (xknn_cuda_workspace_size gives the preferred size); must stay allocated
+ *              and untouched until the work on `stream` has completed
+ *   stream     the caller's stream (last argument); all work is enqueued on it
+ * params: metric, exclude_self, pad_missing, ref_id_offset, query_id_offset, query_block
+ * (queries per block), ref_block (tile width), cuda_path are honoured; backend, device,
+ * num_threads, cpu_path, cuda_context are ignored (the context decides the device).
+ * Host-side argument checks only (no synchronisation): errors INVALID_ARGUMENT,
+ * OUT_OF_MEMORY (workspace below the minimum), DEVICE (a launch or cuBLAS call failed;
+ * asynchronous faults surface at the caller's next synchronisation), NOT_BUILT.
+ */
+XKNN_API xknn_status xknn_cuda_search(xknn_cuda_context *ctx, const xknn_params *params, const xknn_matrix *ref,
+                                      const xknn_matrix *query, int64_t k, int64_t *ids, float *dist,
+                                      void *workspace, size_t workspace_bytes, xknn_error *err,
+                                      struct CUstream_st *stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* XKNN_CUDA_H */

@@ -1,0 +1,218 @@
+/*
+ * kernels/cuda/block_primitives.cuh -- block layer (kBlock threads). Each primitive takes
+ * the caller's shared-memory TempStorage (CUB style) so kernels can union them, and must
+ * be called by all threads of the block (they contain __syncthreads).
+ *
+ *   BlockScan           exclusive prefix sum of one int per thread, plus the total
+ *   BlockRadixSelect<K> r-th smallest of a distributed multiset of unsigned keys (K =
+ *                       32 or 64 bit), 8-bit digits, shared-memory histograms
+ *   compact_cands       in-order in-place compaction of a candidate buffer
+ *   block_bitonic_sort  ascending sort of a power-of-two array in shared memory
+ *   BlockResolve        canonical distances for the buffer entries that need one, each
+ *                       warp packing 32 of them per WarpCanonical batch
+ */
+#ifndef XKNN_CUDA_BLOCK_PRIMITIVES_CUH
+#define XKNN_CUDA_BLOCK_PRIMITIVES_CUH
+
+#include "common.cuh"
+#include "warp_primitives.cuh"
+
+namespace xknn_cuda {
+
+struct BlockScan {
+    struct TempStorage {
+        int warp_sums[kWarpsPerBlock];
+        int total;
+    };
+    /* Returns the exclusive prefix of v over threads 0..tid-1; *total gets the block sum.
+     * Ends with a barrier, so the storage may be reused at once and every read of shared
+     * or global memory made before the call is complete block-wide. */
+    __device__ __forceinline__ static int exclusive(TempStorage &ts, int v, int &total)
+    {
+        const int lane = lane_id(), warp = warp_id();
+        const int inc = warp_inclusive_sum(v);
+        if (lane == kWarp - 1) ts.warp_sums[warp] = inc;
+        __syncthreads();
+        if (warp == 0) {
+            const int w = lane < kWarpsPerBlock ? ts.warp_sums[lane] : 0;
+            const int wi = warp_inclusive_sum(w);
+            if (lane < kWarpsPerBlock) ts.warp_sums[lane] = wi - w;
+            if (lane == kWarpsPerBlock - 1) ts.total = wi;
+        }
+        __syncthreads();
+        const int r = ts.warp_sums[warp] + inc - v;
+        total = ts.total;
+        __syncthreads();
+        return r;
+    }
+};
+
+template <typename K>
+struct BlockRadixSelect {
+    struct TempStorage {
+        int hist[kRadixBins];
+        K prefix;
+        int rank;
+    };
+
+    /* r-th smallest key (1-based; the caller guarantees at least r keys). each(f) must call
+     * f(key) once for every key this thread contributes, identically on every call. */
+    template <class Each>
+    __device__ __forceinline__ static K select(TempStorage &ts, Each each, int r)
+    {
+        constexpr int kBits = (int)sizeof(K) * 8;
+        const int tid = (int)threadIdx.x, lane = lane_id(), warp = warp_id();
+        K prefix = 0;
+#pragma unroll 1
+        for (int shift = kBits - kRadixBits; shift >= 0; shift -= kRadixBits) {
+            for (int i = tid; i < kRadixBins; i += kBlock) ts.hist[i] = 0;
+            __syncthreads();
+            const K hi_mask = (shift + kRadixBits >= kBits) ? (K)0 : (K)(~(K)0 << (shift + kRadixBits));
+            each([&](K key) {
+                if ((key & hi_mask) == prefix) atomicAdd(&ts.hist[(int)((key >> shift) & (K)(kRadixBins - 1))], 1);
+            });
+            __syncthreads();
+            if (warp == 0) {
+                /* lane l owns bins 8l .. 8l+7 */
+                constexpr int kPer = kRadixBins / kWarp;
+                int c[kPer];
+                int sum = 0;
+#pragma unroll
+                for (int j = 0; j < kPer; ++j) {
+                    c[j] = ts.hist[lane * kPer + j];
+                    sum += c[j];
+                }
+                const int incl = warp_inclusive_sum(sum);
+                const int excl = incl - sum;
+                /* the lane whose range holds the r-th key; the last lane if none does
+                 * (cannot happen when the caller's guarantee holds) */
+                const unsigned hit = __ballot_sync(0xffffffffu, excl < r && r <= incl);
+                const int owner = hit ? __ffs(hit) - 1 : kWarp - 1;
+                if (lane == owner) {
+                    int rr = r - excl, bin = kPer - 1;
+                    bool found = false;
+#pragma unroll
+                    for (int j = 0; j < kPer; ++j) {
+                        if (!found) {
+                            if (rr <= c[j]) {
+                                bin = j;
+                                found = true;
+                            } else {
+                                rr -= c[j];
+                            }
+                        }
+                    }
+                    ts.prefix = prefix | ((K)(lane * kPer + bin) << shift);
+                    ts.rank = rr;
+                }
+            }
+            __syncthreads();
+            prefix = ts.prefix;
+            r = ts.rank;
+            __syncthreads();
+        }
+        return prefix;
+    }
+};
+
+/* Keeps the entries e of buf[0, count) for which keep(e) is true (keep may modify e, the
+ * modified value is stored), preserving their order; returns the new count. In place:
+ * each block step reads its entries before the barrier in BlockScan and writes only to
+ * positions below the next step's reads. */
+template <class Keep>
+__device__ __forceinline__ int compact_cands(BlockScan::TempStorage &ts, Cand *buf, int count, Keep keep)
+{
+    int out = 0;
+    for (int base = 0; base < count; base += kBlock) {
+        const int i = base + (int)threadIdx.x;
+        Cand e;
+        bool k = false;
+        if (i < count) {
+            e = buf[i];
+            k = keep(e);
+        }
+        int total;
+        const int pos = BlockScan::exclusive(ts, k ? 1 : 0, total);
+        if (k) buf[out + pos] = e;
+        out += total;
+    }
+    return out;
+}
+
+/* Ascending bitonic sort of s[0, P), P a power of two <= kBlockSortMax. The caller puts
+ * a barrier between filling s and the call; the call ends with one. */
+__device__ __forceinline__ void block_bitonic_sort(unsigned long long *s, int P)
+{
+    for (int size = 2; size <= P; size <<= 1) {
+        for (int stride = size >> 1; stride > 0; stride >>= 1) {
+            for (int t = (int)threadIdx.x; t < P / 2; t += kBlock) {
+                const int lo = 2 * stride * (t / stride) + (t % stride);
+                const int hi = lo + stride;
+                const bool asc = (lo & size) == 0;
+                const unsigned long long a = s[lo], b = s[hi];
+                if ((a > b) == asc) {
+                    s[lo] = b;
+                    s[hi] = a;
+                }
+            }
+            __syncthreads();
+        }
+    }
+}
+
+/* Canonical distances, written into buf[i].c, for the entries with c < 0 (unresolved)
+ * and lo <= tp. Entry idx is a local reference row; its vector is
+ * R + (idx - r_local0) * ldr, which must be on the device (the current chunk). */
+struct BlockResolve {
+    struct TempStorage {
+        WarpCanonical::TempStorage w[kWarpsPerBlock];
+        int pos[kWarpsPerBlock][kWarp];
+    };
+
+    __device__ __forceinline__ static void flush(WarpCanonical::TempStorage &wt, const int *pos, int n, Cand *buf,
+                                                 const float *q, int64_t d, int euclid)
+    {
+        __syncwarp();
+        const double acc = WarpCanonical::sqdist(wt, q, d, n);
+        if (lane_id() < n) buf[pos[lane_id()]].c = finish_metric(acc, euclid);
+        __syncwarp();
+    }
+
+    __device__ __forceinline__ static void run(TempStorage &ts, Cand *buf, int count, float tp,
+                                               const float *__restrict__ q, int64_t d, const float *__restrict__ R,
+                                               int64_t ldr, int64_t r_local0, int euclid)
+    {
+        const int lane = lane_id(), warp = warp_id();
+        WarpCanonical::TempStorage &wt = ts.w[warp];
+        int *pos = ts.pos[warp];
+        int pending = 0;
+        for (int base = warp * kWarp; base < count; base += kBlock) {
+            const int i = base + lane;
+            bool need = false;
+            int idx = 0;
+            if (i < count) {
+                const Cand e = buf[i];
+                need = e.c < 0.0f && e.lo <= tp;
+                idx = e.idx;
+            }
+            const unsigned m = __ballot_sync(0xffffffffu, need);
+            const int nm = __popc(m);
+            if (pending + nm > kWarp) {
+                flush(wt, pos, pending, buf, q, d, euclid);
+                pending = 0;
+            }
+            if (need) {
+                const int slot = pending + __popc(m & ((1u << lane) - 1u));
+                pos[slot] = i;
+                wt.rows[slot] = R + (int64_t)(idx - r_local0) * ldr;
+            }
+            pending += nm;
+            __syncwarp();
+        }
+        if (pending) flush(wt, pos, pending, buf, q, d, euclid);
+    }
+};
+
+} // namespace xknn_cuda
+
+#endif

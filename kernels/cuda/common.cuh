@@ -1,0 +1,107 @@
+/*
+ * kernels/cuda/common.cuh -- every limit of the CUDA backend in one place, the candidate
+ * record, key encodings, and the checked-call macros of the host code.
+ *
+ * Layering (CUB-like): warp_primitives.cuh (thread -> warp), block_primitives.cuh
+ * (warp -> block, each taking the caller's shared-memory TempStorage), kernels in
+ * filter.cu / final.cu (block -> device), host orchestration in engine.cu.
+ */
+#ifndef XKNN_CUDA_COMMON_CUH
+#define XKNN_CUDA_COMMON_CUH
+
+#include <cuda_runtime.h>
+#include <float.h>
+#include <stdint.h>
+
+namespace xknn_cuda {
+
+/* ---- limits ------------------------------------------------------------------------ */
+enum : int {
+    kWarp = 32,
+    /* Threads of every block-level kernel (filter, resolve, final block sort). 8 warps:
+     * enough independent loads in flight per block, small enough that 6-8 blocks share
+     * an SM (see the occupancy notes beside each kernel). */
+    kBlock = 256,
+    kWarpsPerBlock = kBlock / kWarp,
+    /* Filter kernel: items per thread per chunk (two float4 groups) and chunk width. */
+    kItems = 8,
+    kChunk = kBlock * kItems, /* 2048 tile columns per block step */
+    /* Final selection tiers, by the number M of surviving candidates of a query:
+     *   M <= kWarpSortMax      one warp, bitonic network in registers (2 keys per lane)
+     *   M <= kBlockSortMax     one block, bitonic network in shared memory (32 KiB)
+     *   M >  kBlockSortMax     one block: sorted runs of kBlockSortMax keys in shared
+     *                          memory, then merge passes in global memory, each run cut
+     *                          to its first k keys (only the first k are ever needed). */
+    kWarpSortMax = 64,
+    kBlockSortMax = 4096,
+    /* Radix select digit width (8 bits: 256 shared-memory bins). */
+    kRadixBits = 8,
+    kRadixBins = 1 << kRadixBits,
+    /* Norm kernel: one warp per row. */
+    kNormRowsPerBlock = kWarpsPerBlock,
+};
+
+/* Candidate slots per (query, split) beyond 2k: one filter chunk plus slack, so that
+ * after an exact compaction (k entries left) a whole chunk always fits. */
+static const int64_t kCapSlack = kChunk + 1024;
+/* Largest tile the planner makes: rows x columns of the -2 Q R^T tile. */
+static const int64_t kMaxTileRows = 2048;     /* also bounds gridDim.y of the filter  */
+static const int64_t kMaxStateQueries = 32768; /* bounds gridDim.y of the resolve kernel */
+static const int64_t kMaxRefsPerCall = 2147483647; /* local ids are int32 */
+/* cuBLAS workspace handed over through cublasSetWorkspace (recommended 32 MiB on Hopper;
+ * at least 16 KiB prevents CUBLAS_STATUS_ALLOC_FAILED). */
+static const size_t kCublasWsPreferred = (size_t)32 << 20;
+static const size_t kCublasWsMin = (size_t)64 << 10;
+static const size_t kAlign = 256;
+
+/* ---- candidate record ----------------------------------------------------------------
+ * One slot of a per-(query, split) candidate buffer, 16 bytes, loaded as one float4.
+ *   lo   lower bound of the squared distance; -inf marks an entry kept by an exact
+ *        compaction (never dropped by a bound again)
+ *   up   upper bound of the squared distance (> 0)
+ *   c    canonical distance in the metric (sqrt for euclidean); < 0: not computed yet
+ *   idx  local reference row (0 .. n-1 of this call)                                   */
+struct __align__(16) Cand {
+    float lo;
+    float up;
+    float c;
+    int idx;
+};
+
+#define XKNN_CUDA_UNRESOLVED (-1.0f)
+
+/* Sort key of a resolved candidate: canonical distance bits (non-negative float, so
+ * unsigned order = float order; NaN from invalid input sorts last) above the local id.
+ * (distance, id) ascending == key ascending, and keys are unique. */
+__host__ __device__ __forceinline__ unsigned long long make_key(float c, int idx)
+{
+#ifdef __CUDA_ARCH__
+    return ((unsigned long long)__float_as_uint(c) << 32) | (unsigned)idx;
+#else
+    union {
+        float f;
+        unsigned u;
+    } v;
+    v.f = c;
+    return ((unsigned long long)v.u << 32) | (unsigned)idx;
+#endif
+}
+__device__ __forceinline__ float key_dist(unsigned long long key) { return __uint_as_float((unsigned)(key >> 32)); }
+__device__ __forceinline__ int key_idx(unsigned long long key) { return (int)(unsigned)(key & 0xffffffffu); }
+
+/* tau' = tau (1 + 2^-19) + 16 FLT_MIN, the CPU backend's expression, with explicit
+ * roundings (no contraction); +inf stays +inf. */
+__device__ __forceinline__ float tau_prime(float tau)
+{
+    return __fadd_rn(__fmul_rn(tau, 1.0f + 0x1p-19f), 16.0f * FLT_MIN);
+}
+
+/* Canonical value from the double sum of squares (DESIGN.md section 2). */
+__device__ __forceinline__ float finish_metric(double acc, int euclidean)
+{
+    return euclidean ? __double2float_rn(__dsqrt_rn(acc)) : __double2float_rn(acc);
+}
+
+} // namespace xknn_cuda
+
+#endif

@@ -1,0 +1,996 @@
+/*
+ * kernels/cuda/engine.cu -- host side of the CUDA backend: contexts, the planner and
+ * workspace layout, the device-level pipeline, the embedding API (include/xknn/cuda.h)
+ * and the host-array entry point xknn__cuda_search (include/xknn/impl/backend.h).
+ *
+ * PIPELINE (one state block of QS queries; all on one stream, no host synchronisation)
+ *   begin    tau = +inf, buffer counts = 0, query norms |q|^2 (double, stored as float)
+ *   pass     over the references on the device (all of them, or one streamed chunk):
+ *              reference norms (once per pass; per tile if the workspace is too small)
+ *              for each tile of RC references, for each group of QB queries:
+ *                cuBLAS T = -2 Q R^T (QB x RC, fp32 pedantic or TF32), immediately
+ *                filtered (filter.cu) while T is still in L2
+ *            then resolve: canonical distances of the survivors (needs this chunk)
+ *   finish   gather + sort + write the first k per query (final.cu)
+ * Device API: one pass over all references per state block. Host path: references
+ * resident (one pass) or streamed from host memory in chunks through two pinned buffers
+ * and two device buffers, copies on a second stream overlapping the passes.
+ *
+ * WORKSPACE (one layout function, used by the size query and by the search)
+ *   stats 64 B | qn QS*4 | tau QS*4 | cnt QS*S*4 | mcount QS*8 | cand QS*S*cap*16 |
+ *   rn RN*4 | tile QB*RC*4 | cuBLAS workspace (32 MiB preferred, 64 KiB minimum)
+ *   RN = rows of a pass (norms computed once per pass) when that fits, else RC.
+ *   each 256-byte aligned; cap = 2*min(k,n) + 2048 + 1024; S = splits of a tile row.
+ *
+ * THE BOUND (see filter.cu for its use). For float inputs q, x with exact squared
+ * distance D, s = |q|^2 + |x|^2, and T the GEMM's value of -2 q.x:
+ *   FP32 (cuBLAS pedantic, any summation order, with or without FMA): as in the CPU
+ *     backend, |nq + nx + T - D| <= eps s + abs, eps = 1.25 (d+16) u / (1 - (d+16) u),
+ *     u = 2^-24 (gamma_d on sum|q_t x_t| <= s/2, times 2, plus the float rounding of
+ *     both norms and their double accumulation, d 2^-53 each).
+ *   TF32 tensor cores: each input is rounded OR truncated to 10 mantissa bits (relative
+ *     error < 2^-10), so each product q't x't = q_t x_t (1 + r), |r| <= 2^-9 + 2^-20; the
+ *     products of two TF32 values are exact in fp32; accumulation is fp32 in an unknown
+ *     order and may truncate and align addends with few guard bits (Fasi et al. 2021
+ *     measured such behaviour on NVIDIA tensor cores): we allow 2u per addition relative
+ *     to the running sum of magnitudes, i.e. gamma'_d with u' = 2u. With
+ *     g = 2^-9 + 2^-18 + (d+16) 2^-23 and 2 sum|q_t x_t| <= s,
+ *     |T + 2 q.x| <= [2^-9 + 2^-20 + gamma'_d (1 + 2^-8)] s <= g (1 + 2^-8)(1 + 2g) s,
+ *     and eps_tf32 = 1.25 g / (1 - g) exceeds that plus the norm terms (2u + d 2^-52)
+ *     by at least 0.15 g for every g < 1/4.
+ *   Both: inputs or products flushed to zero (FTZ in tensor cores or cuBLAS kernels)
+ *     lose at most FLT_MIN |other factor| <= FLT_MIN (1 + s)/2 per term; with underflow
+ *     of partial results abs = (3d + 8) FLT_MIN and a relative d 2^-126, negligible.
+ *   The filter evaluates s, e, m, e -/+ m in float: |float error| <= ~5.2 u s, so
+ *     m = mrel s + mabs with mrel = eps (1 + 2^-20) + 8u, mabs = 2 abs (both rounded up)
+ *     gives L <= D <= U rigorously. For d so large that g >= 1/4, mrel = 0 and
+ *     mabs = +inf: every pair is a candidate and compactions make it exact.
+ */
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <float.h>
+#include <limits.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels.cuh"
+#include "xknn/cuda.h"
+#include "xknn/impl/backend.h"
+
+using namespace xknn_cuda;
+
+static_assert(kStatUnion == XKNN_CUDA_STAT_BOUND_COMPACTIONS && kStatExact == XKNN_CUDA_STAT_EXACT_COMPACTIONS &&
+                  kStatAppended == XKNN_CUDA_STAT_CANDIDATES && kStatUnresolved == XKNN_CUDA_STAT_UNRESOLVED &&
+                  kStatCount == XKNN_CUDA_STAT_COUNT,
+              "workspace counters and their public names disagree");
+
+struct xknn_cuda_context {
+    int device;
+    cublasHandle_t blas;
+    int sms;
+    int cc_major, cc_minor;
+    size_t l2;
+    size_t smem_optin;
+    size_t global_mem;
+    char name[256];
+};
+
+namespace {
+
+/* ---- errors ----------------------------------------------------------------------- */
+struct Err {
+    char *msg;
+    size_t size;
+};
+
+#if defined(__GNUC__)
+__attribute__((format(printf, 3, 4)))
+#endif
+xknn_status failf(Err er, xknn_status st, const char *fmt, ...)
+{
+    if (er.msg && er.size) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(er.msg, er.size, fmt, ap);
+        va_end(ap);
+    }
+    return st;
+}
+
+Err err_of(xknn_error *err)
+{
+    Err e;
+    e.msg = err ? err->message : NULL;
+    e.size = err ? sizeof err->message : 0;
+    if (err) {
+        err->status = XKNN_SUCCESS;
+        err->message[0] = '\0';
+    }
+    return e;
+}
+
+xknn_status finish_err(xknn_error *err, xknn_status st)
+{
+    if (err) err->status = st;
+    return st;
+}
+
+/* Checked calls: map to a status, say which call failed and why, jump to cleanup. They
+ * need `xknn_status st`, `Err er` and a `cleanup:` label in the enclosing function. */
+#define XKNN__CUDA_CHECK(call)                                                                                  \
+    do {                                                                                                        \
+        const cudaError_t e_ = (call);                                                                          \
+        if (e_ != cudaSuccess) {                                                                                \
+            (void)cudaGetLastError();                                                                           \
+            st = failf(er, e_ == cudaErrorMemoryAllocation ? XKNN_ERROR_OUT_OF_MEMORY : XKNN_ERROR_DEVICE,      \
+                       "cuda backend: %s: %s (%s, %s:%d)", cudaGetErrorName(e_), cudaGetErrorString(e_), #call, \
+                       __FILE__, __LINE__);                                                                     \
+            goto cleanup;                                                                                       \
+        }                                                                                                       \
+    } while (0)
+
+#define XKNN__CUBLAS_CHECK(call)                                                                             \
+    do {                                                                                                     \
+        const cublasStatus_t s_ = (call);                                                                    \
+        if (s_ != CUBLAS_STATUS_SUCCESS) {                                                                   \
+            st = failf(er, s_ == CUBLAS_STATUS_ALLOC_FAILED ? XKNN_ERROR_OUT_OF_MEMORY : XKNN_ERROR_DEVICE,  \
+                       "cuda backend: cuBLAS %s (%s, %s:%d)", cublasGetStatusName(s_), #call, __FILE__,      \
+                       __LINE__);                                                                            \
+            goto cleanup;                                                                                    \
+        }                                                                                                    \
+    } while (0)
+
+#define XKNN__TRY(expr)                                \
+    do {                                               \
+        st = (expr);                                   \
+        if (st != XKNN_SUCCESS) goto cleanup;          \
+    } while (0)
+
+/* ---- small helpers ------------------------------------------------------------------ */
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+int64_t round_up(int64_t a, int64_t m) { return ceil_div(a, m) * m; }
+size_t align_up(size_t a) { return (a + kAlign - 1) / kAlign * kAlign; }
+int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
+
+float round_up_float(double x)
+{
+    float f = (float)x;
+    if ((double)f < x) f = nextafterf(f, INFINITY);
+    return f;
+}
+
+/* Makes ctx->device current for the duration of a call; restores the previous one. */
+struct DeviceScope {
+    int prev = -1;
+    bool changed = false;
+    cudaError_t enter(int device)
+    {
+        cudaError_t e = cudaGetDevice(&prev);
+        if (e != cudaSuccess) return e;
+        if (prev != device) {
+            e = cudaSetDevice(device);
+            if (e != cudaSuccess) return e;
+            changed = true;
+        }
+        return cudaSuccess;
+    }
+    ~DeviceScope()
+    {
+        if (changed) (void)cudaSetDevice(prev);
+    }
+};
+
+/* ---- plan and workspace layout ------------------------------------------------------ */
+struct Plan {
+    int64_t n, nq, d, k, kk;
+    int euclid, tf32;
+    int64_t QS, QB, RC, RCs, cap;
+    int64_t RN; /* reference norms held: the rows of a whole pass, or one tile (RC) */
+    int S;
+    size_t cublas_ws;
+    size_t off_stats, off_qn, off_tau, off_cnt, off_mcount, off_cand, off_rn, off_tile, off_cublas, bytes;
+    float mrel, mabs;
+};
+
+void plan_bounds(Plan &p)
+{
+    const double u = 0x1p-24, dd = (double)p.d;
+    const double g = p.tf32 ? 0x1p-9 + 0x1p-18 + (dd + 16.0) * 0x1p-23 : (dd + 16.0) * u;
+    if (g < 0.25) {
+        const double eps = 1.25 * g / (1.0 - g);
+        p.mrel = round_up_float(eps * (1.0 + 0x1p-20) + 8.0 * u);
+        p.mabs = round_up_float(2.0 * (3.0 * dd + 8.0) * (double)FLT_MIN);
+    } else {
+        p.mrel = 0.0f;
+        p.mabs = INFINITY;
+    }
+}
+
+void plan_layout(Plan &p)
+{
+    size_t o = 0;
+    auto take = [&o](size_t b) {
+        const size_t r = o;
+        o = align_up(o + b);
+        return r;
+    };
+    p.off_stats = take(sizeof(unsigned long long) * kStatCount);
+    p.off_qn = take((size_t)p.QS * sizeof(float));
+    p.off_tau = take((size_t)p.QS * sizeof(float));
+    p.off_cnt = take((size_t)p.QS * p.S * sizeof(int));
+    p.off_mcount = take((size_t)p.QS * sizeof(long long));
+    p.off_cand = take((size_t)p.QS * p.S * p.cap * sizeof(Cand));
+    p.off_rn = take((size_t)p.RN * sizeof(float));
+    p.off_tile = take((size_t)p.QB * p.RC * sizeof(float));
+    p.off_cublas = take(p.cublas_ws);
+    p.bytes = o;
+}
+
+void plan_shape(Plan &p, const xknn_cuda_context *ctx, int64_t QS, int64_t QB, int64_t RC, int64_t RN,
+                size_t cublas_ws)
+{
+    p.RN = RN < RC ? RC : RN;
+    p.QS = QS;
+    p.QB = QB;
+    p.RC = RC;
+    p.cublas_ws = cublas_ws;
+    /* splits: enough blocks to fill the GPU when the tile has few rows, at least one
+     * chunk of columns each */
+    const int64_t want = ceil_div(4 * (int64_t)ctx->sms, QB);
+    int64_t S = min64(max64(want, 1), ceil_div(RC, kChunk));
+    p.RCs = round_up(ceil_div(RC, S), 4);
+    p.S = (int)ceil_div(RC, p.RCs);
+    plan_layout(p);
+}
+
+int choose_tf32(const xknn_params *prm, int64_t n, int64_t nq, int64_t d)
+{
+    if (prm->cuda_path == XKNN_CUDA_PATH_TF32) return 1;
+    if (prm->cuda_path == XKNN_CUDA_PATH_FP32) return 0;
+    return d >= 32 && (double)n * (double)nq * (double)d >= 1e10;
+}
+
+/* The largest plan whose workspace plus QS * per_query_extra fits in `limit` bytes.
+ * Resident: QS = QB. Streaming: QS (queries with live state, amortising each reference
+ * pass) as large as fits, QB <= QS. Returns 0 and the minimum in *min_needed if none. */
+int plan_fit(const xknn_cuda_context *ctx, const xknn_params *prm, int64_t n, int64_t nq, int64_t d, int64_t k,
+             int64_t pass_rows, size_t limit, size_t per_query_extra, int streaming, Plan *out, size_t *min_needed)
+{
+    Plan p;
+    memset(&p, 0, sizeof p);
+    p.n = n;
+    p.nq = nq;
+    p.d = d;
+    p.k = k;
+    p.kk = min64(k, n);
+    p.euclid = prm->metric == XKNN_METRIC_EUCLIDEAN;
+    p.tf32 = choose_tf32(prm, n, nq, d);
+    p.cap = 2 * p.kk + kCapSlack;
+    plan_bounds(p);
+
+    const int64_t tile_elems = max64((int64_t)1 << 16, (int64_t)(ctx->l2 / 2 / sizeof(float)));
+    const int64_t nround = round_up(n, 4);
+    int64_t QB0 = prm->query_block > 0 ? prm->query_block : 1024;
+    QB0 = min64(min64(QB0, nq), kMaxTileRows);
+    const int64_t rc_user = prm->ref_block > 0 ? round_up(prm->ref_block, 4) : 0;
+    const size_t cublas_pref = ctx->cc_major >= 9 ? kCublasWsPreferred : ((size_t)4 << 20);
+    const size_t cublas_opts[2] = {cublas_pref, kCublasWsMin};
+
+    for (int64_t QB = QB0;; QB = (QB + 1) / 2) {
+        /* whole filter chunks per tile row when the row is at least one chunk wide */
+        const int64_t auto_rc = tile_elems / QB >= kChunk ? tile_elems / QB / kChunk * kChunk
+                                                           : max64(128, tile_elems / QB / 128 * 128);
+        int64_t RC0 = rc_user ? rc_user : auto_rc;
+        RC0 = min64(RC0, nround);
+        for (int64_t RC = RC0;; RC = round_up(RC / 2, 4)) {
+            for (int c = 0; c < 4; ++c) {
+                /* norms of a whole pass first (one launch per pass), else per tile */
+                const int64_t RN = c < 2 ? round_up(pass_rows, 4) : RC;
+                int64_t QS = streaming ? min64(nq, kMaxStateQueries) : QB;
+                for (;;) {
+                    plan_shape(p, ctx, QS, QB, RC, RN, cublas_opts[c & 1]);
+                    if (p.bytes + (size_t)QS * per_query_extra <= limit) {
+                        *out = p;
+                        return 1;
+                    }
+                    if (!streaming || QS <= QB) break;
+                    QS = max64(QB, QS / 2);
+                }
+            }
+            if (RC <= 4) break;
+        }
+        if (QB == 1) break;
+    }
+    plan_shape(p, ctx, 1, 1, 4, 4, kCublasWsMin);
+    *min_needed = p.bytes + per_query_extra;
+    return 0;
+}
+
+/* ---- validation shared by the entry points ----------------------------------------- */
+xknn_status check_sizes(Err er, const xknn_params *prm, int64_t n, int64_t nq, int64_t d, int64_t k, int64_t ldr,
+                        int64_t ldq)
+{
+    if (n < 1 || nq < 1 || d < 1)
+        return failf(er, XKNN_ERROR_INVALID_ARGUMENT, "cuda backend: n=%lld nq=%lld d=%lld: all must be >= 1",
+                     (long long)n, (long long)nq, (long long)d);
+    if (k < 1) return failf(er, XKNN_ERROR_INVALID_ARGUMENT, "k=%lld: need k >= 1", (long long)k);
+    if (n > kMaxRefsPerCall)
+        return failf(er, XKNN_ERROR_INVALID_ARGUMENT,
+                     "cuda backend: n=%lld references in one device call (at most %lld; xknn_search splits)",
+                     (long long)n, (long long)kMaxRefsPerCall);
+    if (d > INT_MAX || ldr > INT_MAX || ldq > INT_MAX)
+        return failf(er, XKNN_ERROR_INVALID_ARGUMENT,
+                     "cuda backend: d=%lld or a leading dimension (%lld, %lld) exceeds INT_MAX (cuBLAS)",
+                     (long long)d, (long long)ldr, (long long)ldq);
+    if (2 * min64(k, n) + kCapSlack > INT_MAX / 2)
+        return failf(er, XKNN_ERROR_INVALID_ARGUMENT, "cuda backend: k=%lld is too large (at most %lld)",
+                     (long long)k, (long long)((INT_MAX / 2 - kCapSlack) / 2));
+    if (prm->cuda_path < XKNN_CUDA_PATH_AUTO || prm->cuda_path > XKNN_CUDA_PATH_TF32)
+        return failf(er, XKNN_ERROR_INVALID_ARGUMENT, "cuda backend: unknown cuda_path %d", prm->cuda_path);
+    if ((int)prm->metric < 0 || prm->metric >= XKNN_METRIC_COUNT)
+        return failf(er, XKNN_ERROR_INVALID_ARGUMENT, "unknown metric %d", (int)prm->metric);
+    return XKNN_SUCCESS;
+}
+
+/* ---- the device-level pipeline ------------------------------------------------------ */
+struct Run {
+    xknn_cuda_context *ctx;
+    const Plan *p;
+    cudaStream_t st;
+    unsigned long long *stats;
+    float *qn, *tau, *rn, *tile;
+    int *cnt;
+    long long *mcount;
+    Cand *cand;
+    void *cublas_ws;
+};
+
+Run run_bind(xknn_cuda_context *ctx, const Plan *p, void *ws, cudaStream_t st)
+{
+    char *b = (char *)ws;
+    Run r;
+    r.ctx = ctx;
+    r.p = p;
+    r.st = st;
+    r.stats = (unsigned long long *)(b + p->off_stats);
+    r.qn = (float *)(b + p->off_qn);
+    r.tau = (float *)(b + p->off_tau);
+    r.cnt = (int *)(b + p->off_cnt);
+    r.mcount = (long long *)(b + p->off_mcount);
+    r.cand = (Cand *)(b + p->off_cand);
+    r.rn = (float *)(b + p->off_rn);
+    r.tile = (float *)(b + p->off_tile);
+    r.cublas_ws = b + p->off_cublas;
+    return r;
+}
+
+/* Binds cuBLAS to the stream and to our workspace (cublasSetStream resets the workspace
+ * to cuBLAS's default pool, so the order matters), and zeroes the statistics. */
+xknn_status run_start(const Run &r, Err er)
+{
+    xknn_status st = XKNN_SUCCESS;
+    XKNN__CUBLAS_CHECK(cublasSetStream(r.ctx->blas, r.st));
+    XKNN__CUBLAS_CHECK(cublasSetWorkspace(r.ctx->blas, r.cublas_ws, r.p->cublas_ws));
+    XKNN__CUBLAS_CHECK(cublasSetPointerMode(r.ctx->blas, CUBLAS_POINTER_MODE_HOST));
+    XKNN__CUBLAS_CHECK(
+        cublasSetMathMode(r.ctx->blas, r.p->tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_PEDANTIC_MATH));
+    XKNN__CUDA_CHECK(cudaMemsetAsync(r.stats, 0, sizeof(unsigned long long) * kStatCount, r.st));
+cleanup:
+    return st;
+}
+
+xknn_status block_begin(const Run &r, const float *Q, int64_t ldq, int64_t qs, Err er)
+{
+    xknn_status st = XKNN_SUCCESS;
+    XKNN__CUDA_CHECK(launch_init_state(r.tau, r.cnt, (int)qs, r.p->S, r.st));
+    XKNN__CUDA_CHECK(launch_sqnorms(Q, ldq, qs, r.p->d, r.qn, r.st));
+cleanup:
+    return st;
+}
+
+/* One pass of the state block's qs queries over references R[0, nr) whose local ids
+ * start at r_local0. self_local0: local id of state query 0 itself (exclude_self). */
+xknn_status block_pass(const Run &r, const float *Q, int64_t ldq, int64_t qs, int exclude, int64_t self_local0,
+                       const float *R, int64_t ldr, int64_t nr, int64_t r_local0, Err er)
+{
+    const Plan &p = *r.p;
+    xknn_status st = XKNN_SUCCESS;
+    const float alpha = -2.0f, beta = 0.0f;
+    const cublasComputeType_t ct = p.tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F_PEDANTIC;
+    FilterParams fp;
+    ResolveParams rp;
+    memset(&fp, 0, sizeof fp);
+    memset(&rp, 0, sizeof rp);
+    fp.tile = r.tile;
+    fp.ldt = p.RC;
+    fp.rn = r.rn;
+    fp.qn = r.qn;
+    fp.tau = r.tau;
+    fp.cnt = r.cnt;
+    fp.cand = r.cand;
+    fp.rcs = p.RCs;
+    fp.self_local0 = self_local0;
+    fp.Q = Q;
+    fp.ldq = ldq;
+    fp.R = R;
+    fp.ldr = ldr;
+    fp.r_local0 = r_local0;
+    fp.d = p.d;
+    fp.stats = r.stats;
+    fp.mrel = p.mrel;
+    fp.mabs = p.mabs;
+    fp.S = p.S;
+    fp.cap = (int)p.cap;
+    fp.kk = (int)p.kk;
+    fp.exclude = exclude;
+    fp.euclid = p.euclid;
+    const bool norms_once = p.RN >= nr;
+    if (norms_once) XKNN__CUDA_CHECK(launch_sqnorms(R, ldr, nr, p.d, r.rn, r.st));
+    for (int64_t t0 = 0; t0 < nr; t0 += p.RC) {
+        const int64_t rc = min64(p.RC, nr - t0);
+        const float *Rt = R + t0 * ldr;
+        if (!norms_once) XKNN__CUDA_CHECK(launch_sqnorms(Rt, ldr, rc, p.d, r.rn, r.st));
+        fp.rn = norms_once ? r.rn + t0 : r.rn; /* t0 is a multiple of RC, so of 4 */
+        fp.rc = rc;
+        fp.col_local0 = r_local0 + t0;
+        for (int64_t q0 = 0; q0 < qs; q0 += p.QB) {
+            const int64_t qb = min64(p.QB, qs - q0);
+            /* column-major view: T^T (rc x qb, ld RC) = -2 * R_t (d x rc)^T * Q (d x qb) */
+            XKNN__CUBLAS_CHECK(cublasGemmEx(r.ctx->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)rc, (int)qb, (int)p.d,
+                                            &alpha, Rt, CUDA_R_32F, (int)ldr, Q + q0 * ldq, CUDA_R_32F, (int)ldq,
+                                            &beta, r.tile, CUDA_R_32F, (int)p.RC, ct, CUBLAS_GEMM_DEFAULT));
+            fp.qrow0 = (int)q0;
+            XKNN__CUDA_CHECK(launch_filter(fp, (int)qb, r.st));
+        }
+    }
+    rp.tau = r.tau;
+    rp.cnt = r.cnt;
+    rp.cand = r.cand;
+    rp.Q = Q;
+    rp.ldq = ldq;
+    rp.R = R;
+    rp.ldr = ldr;
+    rp.r_local0 = r_local0;
+    rp.d = p.d;
+    rp.S = p.S;
+    rp.cap = (int)p.cap;
+    rp.euclid = p.euclid;
+    XKNN__CUDA_CHECK(launch_resolve(rp, (int)qs, r.st));
+cleanup:
+    return st;
+}
+
+xknn_status block_finish(const Run &r, int64_t qs, int64_t *ids, float *dist, int64_t id_offset, Err er)
+{
+    const Plan &p = *r.p;
+    xknn_status st = XKNN_SUCCESS;
+    FinalParams fp;
+    memset(&fp, 0, sizeof fp);
+    fp.tau = r.tau;
+    fp.cnt = r.cnt;
+    fp.cand = r.cand;
+    fp.mcount = r.mcount;
+    fp.ids = ids;
+    fp.dist = dist;
+    fp.k = p.k;
+    fp.id_offset = id_offset;
+    fp.stats = r.stats;
+    fp.S = p.S;
+    fp.cap = (int)p.cap;
+    fp.kk = (int)p.kk;
+    XKNN__CUDA_CHECK(launch_final(fp, (int)qs, r.st));
+cleanup:
+    return st;
+}
+
+void print_plan(const xknn_cuda_context *ctx, const Plan &p, const char *mode, size_t budget, int64_t chunk)
+{
+    fprintf(stderr,
+            "xknn: cuda: device %d (%s, %d SMs, L2 %zu MiB): %s, path %s, n=%lld nq=%lld d=%lld k=%lld; "
+            "state block %lld, tile %lld x %lld, %d split(s), %lld slots/buffer, workspace %.1f MiB, "
+            "budget %.1f MiB, chunk %lld rows\n",
+            ctx->device, ctx->name, ctx->sms, ctx->l2 >> 20, mode, p.tf32 ? "tf32" : "fp32", (long long)p.n,
+            (long long)p.nq, (long long)p.d, (long long)p.k, (long long)p.QS, (long long)p.QB, (long long)p.RC,
+            p.S, (long long)p.cap, (double)p.bytes / 1048576.0, (double)budget / 1048576.0, (long long)chunk);
+}
+
+/* ---- host path ---------------------------------------------------------------------- */
+struct HostBuffers {
+    float *dR = nullptr, *dQ = nullptr, *dDist = nullptr;
+    float *dChunk[2] = {nullptr, nullptr};
+    float *pinned[2] = {nullptr, nullptr};
+    int64_t *dIds = nullptr;
+    void *dWs = nullptr;
+    void release()
+    {
+        /* reverse order of allocation */
+        cudaFree(dWs);
+        cudaFree(dDist);
+        cudaFree(dIds);
+        cudaFree(dQ);
+        cudaFree(dChunk[1]);
+        cudaFree(dChunk[0]);
+        cudaFree(dR);
+        cudaFreeHost(pinned[1]);
+        cudaFreeHost(pinned[0]);
+        *this = HostBuffers();
+    }
+};
+
+size_t budget_of(const xknn_params *prm, Err er, xknn_status *st)
+{
+    size_t free_b = 0, total_b = 0;
+    *st = XKNN_SUCCESS;
+    if (prm->device_memory_budget) return prm->device_memory_budget;
+    const cudaError_t e = cudaMemGetInfo(&free_b, &total_b);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        *st = failf(er, XKNN_ERROR_DEVICE, "cuda backend: cudaMemGetInfo: %s", cudaGetErrorString(e));
+        return 0;
+    }
+    return (size_t)((double)free_b * 0.9);
+}
+
+xknn_status host_search(const xknn__job *job, Err er)
+{
+    const xknn_params *prm = &job->params;
+    const int64_t n = job->n, nq = job->nq, d = job->d, k = job->k;
+    const int self_res = job->query == job->ref && job->ldq == job->ldr && nq == n;
+    const size_t row_bytes = (size_t)d * sizeof(float);
+    const size_t per_q_out = (size_t)k * sizeof(int64_t) + (job->dist ? (size_t)k * sizeof(float) : 0);
+    xknn_status st = XKNN_SUCCESS;
+    xknn_cuda_context *ctx = (xknn_cuda_context *)prm->cuda_context;
+    xknn_cuda_context *own_ctx = NULL;
+    DeviceScope scope;
+    HostBuffers hb;
+    cudaStream_t sc = NULL, sx = NULL;
+    cudaEvent_t h2d_done[2] = {NULL, NULL}, use_done[2] = {NULL, NULL};
+    Plan plan;
+    Run run;
+    size_t budget = 0, min_needed = 0;
+    int resident = 0, have_plan = 0;
+    int64_t chunk = 0;
+    unsigned long long stats[kStatCount];
+    xknn_error tmp_err;
+
+    memset(&plan, 0, sizeof plan);
+    XKNN__TRY(check_sizes(er, prm, n, nq, d, k, job->ldr, job->ldq));
+    if (!ctx) {
+        const xknn_status cs = xknn_cuda_context_create(prm->device, &own_ctx, &tmp_err);
+        if (cs != XKNN_SUCCESS) {
+            st = failf(er, cs, "%s", tmp_err.message);
+            goto cleanup;
+        }
+        ctx = own_ctx;
+    }
+    XKNN__CUDA_CHECK(scope.enter(ctx->device));
+    budget = budget_of(prm, er, &st);
+    if (st != XKNN_SUCCESS) goto cleanup;
+
+    /* Plan and allocate; an allocation failure shrinks the budget and plans again. */
+    for (int attempt = 0; attempt < 6 && !have_plan; ++attempt) {
+        const size_t B = (size_t)((double)budget * pow(0.75, attempt));
+        const size_t ref_bytes = (size_t)n * row_bytes;
+        cudaError_t e = cudaSuccess;
+        resident = 0;
+        if (B > ref_bytes &&
+            plan_fit(ctx, prm, n, nq, d, k, n, B - ref_bytes, per_q_out + (self_res ? 0 : row_bytes), 0, &plan,
+                     &min_needed)) {
+            resident = 1;
+        } else {
+            int found = 0;
+            size_t min_stream = 0;
+            for (chunk = min64(n, max64(1, (int64_t)(B / 3 / (2 * row_bytes)))); chunk >= 1; chunk /= 2) {
+                const size_t cbytes = 2 * (size_t)chunk * row_bytes;
+                if (cbytes < B && plan_fit(ctx, prm, n, nq, d, k, chunk, B - cbytes, per_q_out + row_bytes, 1, &plan,
+                                           &min_stream)) {
+                    found = 1;
+                    break;
+                }
+                if (chunk == 1) break;
+            }
+            if (!found) {
+                plan_fit(ctx, prm, n, nq, d, k, 1, 0, per_q_out + row_bytes, 1, &plan, &min_stream);
+                st = failf(er, XKNN_ERROR_OUT_OF_MEMORY,
+                           "cuda backend: device memory budget of %zu bytes is below the minimum of %zu bytes "
+                           "(n=%lld, d=%lld, k=%lld: one query, a 4-reference tile, %lld candidate slots, "
+                           "two 1-row reference chunks)%s",
+                           B, min_stream + 2 * row_bytes, (long long)n, (long long)d, (long long)k,
+                           (long long)(2 * min64(k, n) + kCapSlack),
+                           attempt ? " after allocation failures shrank it" : "");
+                goto cleanup;
+            }
+        }
+        if (resident) {
+            e = cudaMalloc((void **)&hb.dR, (size_t)n * row_bytes);
+        } else {
+            e = cudaMalloc((void **)&hb.dChunk[0], (size_t)chunk * row_bytes);
+            if (e == cudaSuccess) e = cudaMalloc((void **)&hb.dChunk[1], (size_t)chunk * row_bytes);
+        }
+        if (e == cudaSuccess && !(resident && self_res)) e = cudaMalloc((void **)&hb.dQ, (size_t)plan.QS * row_bytes);
+        if (e == cudaSuccess) e = cudaMalloc((void **)&hb.dIds, (size_t)plan.QS * k * sizeof(int64_t));
+        if (e == cudaSuccess && job->dist) e = cudaMalloc((void **)&hb.dDist, (size_t)plan.QS * k * sizeof(float));
+        if (e == cudaSuccess) e = cudaMalloc(&hb.dWs, plan.bytes);
+        if (e == cudaSuccess) {
+            have_plan = 1;
+        } else {
+            (void)cudaGetLastError();
+            hb.release();
+            if (e != cudaErrorMemoryAllocation) {
+                st = failf(er, XKNN_ERROR_DEVICE, "cuda backend: cudaMalloc: %s", cudaGetErrorString(e));
+                goto cleanup;
+            }
+        }
+    }
+    if (!have_plan) {
+        st = failf(er, XKNN_ERROR_OUT_OF_MEMORY,
+                   "cuda backend: device allocations of the planned sizes kept failing (budget %zu bytes, "
+                   "last workspace %zu bytes)",
+                   budget, plan.bytes);
+        goto cleanup;
+    }
+    if (prm->verbose) print_plan(ctx, plan, resident ? "resident references" : "streamed references", budget, chunk);
+
+    XKNN__CUDA_CHECK(cudaStreamCreateWithFlags(&sc, cudaStreamNonBlocking));
+    if (!resident) {
+        XKNN__CUDA_CHECK(cudaStreamCreateWithFlags(&sx, cudaStreamNonBlocking));
+        for (int b = 0; b < 2; ++b) {
+            XKNN__CUDA_CHECK(cudaEventCreateWithFlags(&h2d_done[b], cudaEventDisableTiming));
+            XKNN__CUDA_CHECK(cudaEventCreateWithFlags(&use_done[b], cudaEventDisableTiming));
+            XKNN__CUDA_CHECK(cudaHostAlloc((void **)&hb.pinned[b], (size_t)chunk * row_bytes, cudaHostAllocDefault));
+        }
+    }
+    run = run_bind(ctx, &plan, hb.dWs, sc);
+    XKNN__TRY(run_start(run, er));
+    if (resident)
+        XKNN__CUDA_CHECK(cudaMemcpy2DAsync(hb.dR, row_bytes, job->ref, (size_t)job->ldr * sizeof(float), row_bytes,
+                                           (size_t)n, cudaMemcpyHostToDevice, sc));
+
+    for (int64_t q0 = 0; q0 < nq; q0 += plan.QS) {
+        const int64_t qs = min64(plan.QS, nq - q0);
+        const float *Q;
+        int64_t ldq;
+        const int64_t self_local0 = prm->query_id_offset + q0 - prm->ref_id_offset;
+        if (resident && self_res) {
+            Q = hb.dR + q0 * d;
+            ldq = d;
+        } else {
+            XKNN__CUDA_CHECK(cudaMemcpy2DAsync(hb.dQ, row_bytes, job->query + q0 * job->ldq,
+                                               (size_t)job->ldq * sizeof(float), row_bytes, (size_t)qs,
+                                               cudaMemcpyHostToDevice, sc));
+            Q = hb.dQ;
+            ldq = d;
+        }
+        XKNN__TRY(block_begin(run, Q, ldq, qs, er));
+        if (resident) {
+            XKNN__TRY(block_pass(run, Q, ldq, qs, prm->exclude_self, self_local0, hb.dR, d, n, 0, er));
+        } else {
+            int64_t c = 0;
+            for (int64_t r0 = 0; r0 < n; r0 += chunk, ++c) {
+                const int b = (int)(c & 1);
+                const int64_t rows = min64(chunk, n - r0);
+                /* the previous copy out of pinned[b] is complete: refill it on the host */
+                XKNN__CUDA_CHECK(cudaEventSynchronize(h2d_done[b]));
+                for (int64_t i = 0; i < rows; ++i)
+                    memcpy(hb.pinned[b] + i * d, job->ref + (r0 + i) * job->ldr, row_bytes);
+                /* device buffer b is free once the pass that used it is done */
+                XKNN__CUDA_CHECK(cudaStreamWaitEvent(sx, use_done[b], 0));
+                XKNN__CUDA_CHECK(cudaMemcpyAsync(hb.dChunk[b], hb.pinned[b], (size_t)rows * row_bytes,
+                                                 cudaMemcpyHostToDevice, sx));
+                XKNN__CUDA_CHECK(cudaEventRecord(h2d_done[b], sx));
+                XKNN__CUDA_CHECK(cudaStreamWaitEvent(sc, h2d_done[b], 0));
+                XKNN__TRY(block_pass(run, Q, ldq, qs, prm->exclude_self, self_local0, hb.dChunk[b], d, rows, r0, er));
+                XKNN__CUDA_CHECK(cudaEventRecord(use_done[b], sc));
+            }
+        }
+        XKNN__TRY(block_finish(run, qs, hb.dIds, hb.dDist, prm->ref_id_offset, er));
+        XKNN__CUDA_CHECK(cudaMemcpyAsync(job->ids + q0 * k, hb.dIds, (size_t)qs * k * sizeof(int64_t),
+                                         cudaMemcpyDeviceToHost, sc));
+        if (job->dist)
+            XKNN__CUDA_CHECK(cudaMemcpyAsync(job->dist + q0 * k, hb.dDist, (size_t)qs * k * sizeof(float),
+                                             cudaMemcpyDeviceToHost, sc));
+        XKNN__CUDA_CHECK(cudaStreamSynchronize(sc));
+    }
+    XKNN__CUDA_CHECK(cudaMemcpyAsync(stats, run.stats, sizeof stats, cudaMemcpyDeviceToHost, sc));
+    XKNN__CUDA_CHECK(cudaStreamSynchronize(sc));
+    if (prm->verbose)
+        fprintf(stderr, "xknn: cuda: %llu candidates appended, %llu bound compactions, %llu exact compactions\n",
+                stats[kStatAppended], stats[kStatUnion], stats[kStatExact]);
+    if (stats[kStatUnresolved])
+        st = failf(er, XKNN_ERROR_INTERNAL, "cuda backend: %llu final candidates had no canonical distance",
+                   stats[kStatUnresolved]);
+
+cleanup:
+    if (sc) (void)cudaStreamSynchronize(sc);
+    if (sx) (void)cudaStreamSynchronize(sx);
+    for (int b = 1; b >= 0; --b) {
+        if (use_done[b]) cudaEventDestroy(use_done[b]);
+        if (h2d_done[b]) cudaEventDestroy(h2d_done[b]);
+    }
+    if (sx) cudaStreamDestroy(sx);
+    if (sc) cudaStreamDestroy(sc);
+    hb.release();
+    if (own_ctx) {
+        /* a temporary context's cuBLAS handle must not keep pointing at freed memory */
+        xknn_cuda_context_destroy(own_ctx);
+    } else if (ctx && ctx->blas) {
+        (void)cublasSetStream(ctx->blas, NULL); /* drops our workspace from the handle */
+    }
+    return st;
+}
+
+/* References split into slices of at most `slice` rows (ids are int32 on the device):
+ * each slice is searched with pad_missing, and the sorted lists are merged on the host
+ * by (distance, id), missing entries last. Canonical distances are identical whatever
+ * the slicing, so the merge is exact. */
+xknn_status host_search_sliced(const xknn__job *job, int64_t slice, Err er)
+{
+    const int64_t nq = job->nq, k = job->k;
+    const size_t nk = (size_t)nq * (size_t)k;
+    int64_t *tid = (int64_t *)malloc(nk * sizeof(int64_t)), *mid = (int64_t *)malloc((size_t)k * sizeof(int64_t));
+    float *td = (float *)malloc(nk * sizeof(float)), *cd = (float *)malloc(nk * sizeof(float));
+    float *md = (float *)malloc((size_t)k * sizeof(float));
+    xknn_status st = XKNN_SUCCESS;
+    if (!tid || !mid || !td || !cd || !md) {
+        st = failf(er, XKNN_ERROR_OUT_OF_MEMORY, "cuda backend: out of host memory for %lld x %lld slice results",
+                   (long long)nq, (long long)k);
+        goto cleanup;
+    }
+    for (size_t i = 0; i < nk; ++i) {
+        job->ids[i] = -1;
+        cd[i] = INFINITY;
+    }
+    for (int64_t r0 = 0; r0 < job->n; r0 += slice) {
+        xknn__job sub = *job;
+        sub.ref = job->ref + r0 * job->ldr;
+        sub.n = min64(slice, job->n - r0);
+        sub.params.ref_id_offset += r0;
+        sub.params.pad_missing = 1;
+        sub.ids = tid;
+        sub.dist = td;
+        XKNN__TRY(host_search(&sub, er));
+        for (int64_t q = 0; q < nq; ++q) {
+            const int64_t *ai = job->ids + q * k, *bi = tid + q * k;
+            const float *ad = cd + q * k, *bd = td + q * k;
+            int64_t a = 0, b = 0;
+            for (int64_t j = 0; j < k; ++j) {
+                /* missing (-1) sorts after everything */
+                const int take_a = bi[b] < 0 || (ai[a] >= 0 && xknn__result_less(ad[a], ai[a], bd[b], bi[b]));
+                if (take_a) {
+                    mid[j] = ai[a];
+                    md[j] = ad[a];
+                    ++a;
+                } else {
+                    mid[j] = bi[b];
+                    md[j] = bd[b];
+                    ++b;
+                }
+            }
+            memcpy(job->ids + q * k, mid, (size_t)k * sizeof(int64_t));
+            memcpy(cd + q * k, md, (size_t)k * sizeof(float));
+        }
+    }
+    if (job->dist) memcpy(job->dist, cd, nk * sizeof(float));
+cleanup:
+    free(md);
+    free(cd);
+    free(td);
+    free(mid);
+    free(tid);
+    return st;
+}
+
+} // namespace
+
+/* ---- public and backend entry points ------------------------------------------------ */
+extern "C" {
+
+int xknn__cuda_built(void) { return 1; }
+
+int xknn__cuda_device_count(void)
+{
+    int c = 0;
+    const cudaError_t e = cudaGetDeviceCount(&c);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    return c;
+}
+
+xknn_status xknn__cuda_search(const xknn__job *job)
+{
+    Err er;
+    er.msg = job->msg;
+    er.size = job->msg_size;
+    int64_t slice = kMaxRefsPerCall;
+    /* testing knob: a smaller slice exercises the multi-slice merge on small data */
+    const char *env = getenv("XKNN_CUDA_REF_SLICE");
+    if (env && *env) {
+        const long long v = strtoll(env, NULL, 10);
+        if (v > 0 && v < slice) slice = v;
+    }
+    if (job->n > slice) return host_search_sliced(job, slice, er);
+    return host_search(job, er);
+}
+
+xknn_status xknn_cuda_context_create(int device, xknn_cuda_context **out, xknn_error *err)
+{
+    Err er = err_of(err);
+    xknn_status st = XKNN_SUCCESS;
+    xknn_cuda_context *c = NULL;
+    DeviceScope scope;
+    cudaDeviceProp prop;
+    int count = 0, l2 = 0, optin = 0;
+    if (!out) return finish_err(err, failf(er, XKNN_ERROR_INVALID_ARGUMENT, "xknn_cuda_context_create: ctx is NULL"));
+    *out = NULL;
+    count = xknn__cuda_device_count();
+    if (count <= 0)
+        return finish_err(err, failf(er, XKNN_ERROR_NO_DEVICE, "cuda backend: no CUDA device is available"));
+    if (device == -1) XKNN__CUDA_CHECK(cudaGetDevice(&device));
+    if (device < 0 || device >= count) {
+        st = failf(er, XKNN_ERROR_INVALID_ARGUMENT,
+                   "cuda backend: device ordinal %d is out of range (%d CUDA device%s: 0..%d)", device, count,
+                   count == 1 ? "" : "s", count - 1);
+        goto cleanup;
+    }
+    c = (xknn_cuda_context *)calloc(1, sizeof *c);
+    if (!c) {
+        st = failf(er, XKNN_ERROR_OUT_OF_MEMORY, "cuda backend: out of host memory for a context");
+        goto cleanup;
+    }
+    c->device = device;
+    XKNN__CUDA_CHECK(scope.enter(device));
+    XKNN__CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+    XKNN__CUDA_CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, device));
+    XKNN__CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    c->sms = prop.multiProcessorCount;
+    c->cc_major = prop.major;
+    c->cc_minor = prop.minor;
+    c->l2 = (size_t)l2;
+    c->smem_optin = (size_t)optin;
+    c->global_mem = prop.totalGlobalMem;
+    snprintf(c->name, sizeof c->name, "%s", prop.name);
+    XKNN__CUBLAS_CHECK(cublasCreate(&c->blas));
+    *out = c;
+    c = NULL;
+cleanup:
+    if (c) {
+        if (c->blas) cublasDestroy(c->blas);
+        free(c);
+    }
+    return finish_err(err, st);
+}
+
+void xknn_cuda_context_destroy(xknn_cuda_context *ctx)
+{
+    if (!ctx) return;
+    DeviceScope scope;
+    if (scope.enter(ctx->device) == cudaSuccess && ctx->blas) cublasDestroy(ctx->blas);
+    free(ctx);
+}
+
+int xknn_cuda_context_device(const xknn_cuda_context *ctx) { return ctx ? ctx->device : -1; }
+
+xknn_status xknn_cuda_workspace_size(xknn_cuda_context *ctx, const xknn_params *params, int64_t n, int64_t nq,
+                                     int64_t d, int64_t k, size_t *bytes, xknn_error *err)
+{
+    Err er = err_of(err);
+    xknn_params prm = params ? *params : xknn_params_default();
+    xknn_status st = XKNN_SUCCESS;
+    DeviceScope scope;
+    Plan plan;
+    size_t budget = 0, min_needed = 0;
+    if (!ctx || !bytes)
+        return finish_err(err, failf(er, XKNN_ERROR_INVALID_ARGUMENT, "xknn_cuda_workspace_size: ctx or bytes is NULL"));
+    *bytes = 0;
+    XKNN__TRY(check_sizes(er, &prm, n, nq, d, k, d, d));
+    if (!prm.device_memory_budget) XKNN__CUDA_CHECK(scope.enter(ctx->device));
+    budget = budget_of(&prm, er, &st);
+    if (st != XKNN_SUCCESS) goto cleanup;
+    if (!plan_fit(ctx, &prm, n, nq, d, k, n, budget, 0, 0, &plan, &min_needed)) {
+        st = failf(er, XKNN_ERROR_OUT_OF_MEMORY,
+                   "cuda backend: device memory budget of %zu bytes is below the minimum workspace of %zu bytes "
+                   "(n=%lld, d=%lld, k=%lld)",
+                   budget, min_needed, (long long)n, (long long)d, (long long)k);
+        goto cleanup;
+    }
+    *bytes = plan.bytes;
+cleanup:
+    return finish_err(err, st);
+}
+
+xknn_status xknn_cuda_search(xknn_cuda_context *ctx, const xknn_params *params, const xknn_matrix *ref,
+                             const xknn_matrix *query, int64_t k, int64_t *ids, float *dist, void *workspace,
+                             size_t workspace_bytes, xknn_error *err, struct CUstream_st *stream)
+{
+    Err er = err_of(err);
+    xknn_params prm = params ? *params : xknn_params_default();
+    xknn_status st = XKNN_SUCCESS;
+    DeviceScope scope;
+    Plan plan;
+    Run run;
+    size_t min_needed = 0;
+    int64_t n, nq, d, ldr, ldq, avail;
+    const float *R, *Q;
+    cudaStream_t cs = (cudaStream_t)stream;
+
+    if (!ctx || !ref || !ref->data || !ids || !workspace) {
+        st = failf(er, XKNN_ERROR_INVALID_ARGUMENT, "xknn_cuda_search: ctx, ref, ref->data, ids and workspace must not be NULL");
+        goto cleanup;
+    }
+    if (ref->dtype != XKNN_DTYPE_F32 || (query && query->dtype != XKNN_DTYPE_F32)) {
+        st = failf(er, XKNN_ERROR_INVALID_ARGUMENT, "xknn_cuda_search: float32 matrices only");
+        goto cleanup;
+    }
+    if (query && !query->data) {
+        st = failf(er, XKNN_ERROR_INVALID_ARGUMENT, "xknn_cuda_search: query->data is NULL");
+        goto cleanup;
+    }
+    n = ref->rows;
+    d = ref->cols;
+    ldr = ref->ld ? ref->ld : ref->cols;
+    R = (const float *)ref->data;
+    if (query) {
+        if (query->cols != d) {
+            st = failf(er, XKNN_ERROR_INVALID_ARGUMENT,
+                       "dimension mismatch: reference has d=%lld, query has d=%lld", (long long)d,
+                       (long long)query->cols);
+            goto cleanup;
+        }
+        nq = query->rows;
+        ldq = query->ld ? query->ld : query->cols;
+        Q = (const float *)query->data;
+    } else {
+        nq = n;
+        ldq = ldr;
+        Q = R;
+        prm.exclude_self = 1;
+        prm.query_id_offset = prm.ref_id_offset;
+    }
+    if (ldr < d || ldq < d) {
+        st = failf(er, XKNN_ERROR_INVALID_ARGUMENT, "leading dimension (%lld, %lld) is smaller than d=%lld",
+                   (long long)ldr, (long long)ldq, (long long)d);
+        goto cleanup;
+    }
+    XKNN__TRY(check_sizes(er, &prm, n, nq, d, k, ldr, ldq));
+    avail = n;
+    if (prm.exclude_self) {
+        const int64_t q0 = prm.query_id_offset, q1 = q0 + nq, r0 = prm.ref_id_offset, r1 = r0 + n;
+        if (q0 < r1 && r0 < q1) avail = n - 1;
+    }
+    if (k > avail && !prm.pad_missing) {
+        st = failf(er, XKNN_ERROR_INVALID_ARGUMENT, "k=%lld is larger than the %lld available references",
+                   (long long)k, (long long)avail);
+        goto cleanup;
+    }
+    if (((uintptr_t)workspace) % kAlign) {
+        st = failf(er, XKNN_ERROR_INVALID_ARGUMENT, "xknn_cuda_search: workspace must be 256-byte aligned");
+        goto cleanup;
+    }
+    if (!plan_fit(ctx, &prm, n, nq, d, k, n, workspace_bytes, 0, 0, &plan, &min_needed)) {
+        st = failf(er, XKNN_ERROR_OUT_OF_MEMORY,
+                   "cuda backend: workspace of %zu bytes is below the minimum of %zu bytes (n=%lld, d=%lld, k=%lld)",
+                   workspace_bytes, min_needed, (long long)n, (long long)d, (long long)k);
+        goto cleanup;
+    }
+    XKNN__CUDA_CHECK(scope.enter(ctx->device));
+    run = run_bind(ctx, &plan, workspace, cs);
+    XKNN__TRY(run_start(run, er));
+    for (int64_t q0 = 0; q0 < nq; q0 += plan.QS) {
+        const int64_t qs = min64(plan.QS, nq - q0);
+        const float *Qb = Q + q0 * ldq;
+        XKNN__TRY(block_begin(run, Qb, ldq, qs, er));
+        XKNN__TRY(block_pass(run, Qb, ldq, qs, prm.exclude_self, prm.query_id_offset + q0 - prm.ref_id_offset, R,
+                             ldr, n, 0, er));
+        XKNN__TRY(block_finish(run, qs, ids + q0 * k, dist ? dist + q0 * k : NULL, prm.ref_id_offset, er));
+    }
+cleanup:
+    return finish_err(err, st);
+}
+
+} /* extern "C" */

@@ -1,0 +1,326 @@
+/*
+ * kernels/cuda/filter.cu -- norms, state initialisation, the candidate filter of each
+ * distance tile, and the end-of-pass resolution.
+ *
+ * THE FILTER (the CPU backend's certificate, kernels/cpu/cpu_search.c, on the GPU)
+ * For query i and reference j the tile holds T = -2 q.x from cuBLAS; with s = |q|^2 +
+ * |x|^2 (norms rounded to float) and D the exact squared distance,
+ *     L = e - m <= D <= U = e + m,   e = s + T,   m = mrel * s + mabs,
+ * evaluated in float with explicit roundings. engine.cu derives mrel and mabs: they hold
+ * the GEMM's error bound (fp32 or TF32) plus the float rounding of these four operations.
+ * Per query tau = the k-th smallest U seen so far (only decreases; shared by the splits
+ * of a query through atomicMin on its bits: U > 0, so integer order = float order).
+ * Every reference with L <= tau' = tau (1 + 2^-19) + 16 FLT_MIN goes into the query's
+ * candidate buffer; any other one has D > tau', so its canonical float is strictly
+ * greater than that of k references with D <= tau, whatever its id: it cannot be in the
+ * top k. Pairs whose s or e leave the float range get L = -inf, U = +inf (always kept,
+ * never tightening tau): huge values stay exact, only slower.
+ *
+ * BUFFER FULL -> EXACT COMPACTION, NEVER A RE-RUN
+ * DESIGN.md's "certificate fails -> re-run" becomes: when the buffer cannot take the
+ * next chunk's candidates, (1) tau is tightened to the k-th smallest U over buffer and
+ * chunk, and entries with L > tau' are dropped; (2) if it is still too full (many
+ * near-ties), canonical distances of the buffer are computed and only its exact top k by
+ * (canonical, id) stays, marked exact (lo = -inf: never dropped by a bound again). Both
+ * steps only drop references that k others provably beat, so nothing that could be in
+ * the top k is ever lost and no query is ever searched twice. The capacity is
+ * 2k + kChunk + 1024, so after (2) a whole chunk always fits.
+ */
+#include "block_primitives.cuh"
+#include "kernels.cuh"
+
+namespace xknn_cuda {
+
+/* ---- norms ------------------------------------------------------------------------ */
+/* One warp per row; lanes stride the dimensions, double accumulation, shuffle tree.
+ * Any order is fine here: the norms only enter the bound, whose derivation allows a
+ * relative error of u + d 2^-53. Launch: 256 threads = 8 rows per block, grid rows/8;
+ * no shared memory, ~30 registers: full occupancy; memory-bound, coalesced. */
+__global__ __launch_bounds__(kBlock) void sqnorm_kernel(const float *__restrict__ X, int64_t ld, int64_t rows,
+                                                        int64_t d, float *__restrict__ out)
+{
+    const int64_t row = (int64_t)blockIdx.x * kNormRowsPerBlock + warp_id();
+    if (row >= rows) return;
+    const float *x = X + row * ld;
+    double acc = 0.0;
+    for (int64_t t = lane_id(); t < d; t += kWarp) {
+        const double v = (double)__ldg(x + t);
+        acc = __fma_rn(v, v, acc);
+    }
+#pragma unroll
+    for (int o = kWarp / 2; o > 0; o >>= 1) acc = __dadd_rn(acc, __shfl_down_sync(0xffffffffu, acc, o));
+    if (lane_id() == 0) out[row] = __double2float_rn(acc);
+}
+
+cudaError_t launch_sqnorms(const float *X, int64_t ld, int64_t rows, int64_t d, float *out, cudaStream_t st)
+{
+    if (rows <= 0) return cudaSuccess;
+    const int64_t blocks = (rows + kNormRowsPerBlock - 1) / kNormRowsPerBlock;
+    sqnorm_kernel<<<(unsigned)blocks, kBlock, 0, st>>>(X, ld, rows, d, out);
+    return cudaGetLastError();
+}
+
+/* ---- state ------------------------------------------------------------------------ */
+/* tau = +inf, buffer counts = 0. Grid-stride, 256 threads. */
+__global__ __launch_bounds__(kBlock) void init_state_kernel(float *tau, int *cnt, int qs, int S)
+{
+    const int64_t total = (int64_t)qs * S;
+    for (int64_t i = (int64_t)blockIdx.x * kBlock + threadIdx.x; i < total; i += (int64_t)gridDim.x * kBlock) {
+        cnt[i] = 0;
+        if (i < qs) tau[i] = __int_as_float(0x7f800000);
+    }
+}
+
+cudaError_t launch_init_state(float *tau, int *cnt, int qs, int S, cudaStream_t st)
+{
+    const int64_t total = (int64_t)qs * S;
+    int64_t blocks = (total + kBlock - 1) / kBlock;
+    if (blocks > 4096) blocks = 4096;
+    init_state_kernel<<<(unsigned)blocks, kBlock, 0, st>>>(tau, cnt, qs, S);
+    return cudaGetLastError();
+}
+
+/* ---- filter ----------------------------------------------------------------------- */
+/* e = s + T and the margin m of one pair (L = e - m, U = e + m), explicit roundings. When
+ * s leaves the float range (huge or NaN inputs), e = 0 and m = +inf: L = -inf, U = +inf.
+ * For s <= 1e37 every partial sum of the GEMM is below s/2 (1 + 2^-8), so T is finite. */
+__device__ __forceinline__ void pair_em(float nq, float nx, float t, float mrel, float mabs, float &e, float &m)
+{
+    const float s = __fadd_rn(nq, nx);
+    e = __fadd_rn(s, t);
+    m = __fadd_rn(__fmul_rn(mrel, s), mabs);
+    if (!(s <= 1e37f)) {
+        e = 0.0f;
+        m = INFINITY;
+    }
+}
+
+__device__ __forceinline__ float load_tau(const float *p) { return *(const volatile float *)p; }
+
+/* Raw tile values and reference norms of one chunk for this thread: two groups of four
+ * consecutive columns (float4, 16-byte aligned: ldt and chunk starts are multiples of 4),
+ * scalar loads at the ragged end; columns >= c1 read as 0 (and are masked later). */
+__device__ __forceinline__ void load_chunk(const float *__restrict__ trow, const float *__restrict__ rn, int base,
+                                           int c1, int tid, float (&tv)[kItems], float (&nv)[kItems])
+{
+#pragma unroll
+    for (int g = 0; g < 2; ++g) {
+        const int col = base + g * (kChunk / 2) + 4 * tid;
+        if (col + 3 < c1) {
+            const float4 t = *reinterpret_cast<const float4 *>(trow + col);
+            const float4 n = *reinterpret_cast<const float4 *>(rn + col);
+            tv[g * 4 + 0] = t.x;
+            tv[g * 4 + 1] = t.y;
+            tv[g * 4 + 2] = t.z;
+            tv[g * 4 + 3] = t.w;
+            nv[g * 4 + 0] = n.x;
+            nv[g * 4 + 1] = n.y;
+            nv[g * 4 + 2] = n.z;
+            nv[g * 4 + 3] = n.w;
+        } else {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                tv[g * 4 + e] = col + e < c1 ? trow[col + e] : 0.0f;
+                nv[g * 4 + e] = col + e < c1 ? rn[col + e] : 0.0f;
+            }
+        }
+    }
+}
+
+union FilterSmem {
+    BlockScan::TempStorage scan;
+    BlockRadixSelect<unsigned>::TempStorage sel32;
+    BlockRadixSelect<unsigned long long>::TempStorage sel64;
+    BlockResolve::TempStorage res;
+};
+
+/* Lowers tau[qi] to the kk-th smallest U among the buffer's entries and (optionally) the
+ * thread's flagged items, drops buffer entries with L > tau'; returns the new tau' (the
+ * same in every thread) and updates bc. */
+template <class EachItem>
+__device__ __forceinline__ float tighten(FilterSmem &sm, float *bcast, const FilterParams &p, int qi, Cand *seg,
+                                         int &bc, EachItem each_item)
+{
+    const unsigned K = BlockRadixSelect<unsigned>::select(
+        sm.sel32,
+        [&](auto f) {
+            for (int j = (int)threadIdx.x; j < bc; j += kBlock) f(__float_as_uint(seg[j].up));
+            each_item(f);
+        },
+        p.kk);
+    if (threadIdx.x == 0) {
+        const int old = atomicMin((int *)(p.tau + qi), (int)K);
+        const float t = __int_as_float(old < (int)K ? old : (int)K);
+        *bcast = tau_prime(t);
+        atomicAdd(p.stats + kStatUnion, 1ull);
+    }
+    __syncthreads();
+    const float tp = *bcast;
+    bc = compact_cands(sm.scan, seg, bc, [&](Cand &e) { return e.lo <= tp; });
+    return tp;
+}
+
+/*
+ * One block per (split s = blockIdx.x, tile row = blockIdx.y): walks its columns of the
+ * row in chunks of kChunk = 2048 (8 per thread as two float4 loads of the tile and of the
+ * norms, coalesced, 16-byte aligned: ldt and split starts are multiples of 4), computes
+ * L and U in registers (fixed indices only), and appends the flagged ones to the buffer
+ * at positions from a block scan (one block owns a buffer: no atomics on it).
+ * Launch: 256 threads, grid (S, qb) with S * qb >= 4 * SMs when the planner can; static
+ * shared memory ~38 KB (union; BlockResolve's per-warp staging dominates: 5 blocks per
+ * SM); __launch_bounds__(256, 3) caps registers at 80 (uncapped, the rare compaction
+ * paths push it to 128; the cap spills 4 bytes) so 3 blocks = 24 warps per SM. The hot
+ * path per item is 5 FP operations and a compare in 32-bit index arithmetic; a chunk
+ * without candidates costs one __syncthreads_or. The tile was written by the preceding
+ * GEMM and is still in L2 (the planner keeps it <= L2/2), so this pass reads L2.
+ */
+__global__ __launch_bounds__(kBlock, 3) void filter_kernel(const FilterParams p)
+{
+    __shared__ FilterSmem sm;
+    __shared__ float bcast;
+    const int s = (int)blockIdx.x, row = (int)blockIdx.y, tid = (int)threadIdx.x;
+    /* 32-bit column arithmetic inside the tile (RC < 2^31); int64 only for addresses */
+    const int rc = (int)p.rc;
+    const int c0 = s * (int)p.rcs;
+    if (c0 >= rc) return;
+    const int c1 = c0 + (int)p.rcs < rc ? c0 + (int)p.rcs : rc;
+    const int qi = p.qrow0 + row;
+    Cand *seg = p.cand + ((int64_t)qi * p.S + s) * p.cap;
+    int *cntp = p.cnt + (int64_t)qi * p.S + s;
+    const float *trow = p.tile + (int64_t)row * p.ldt;
+    const float nq = p.qn[qi];
+    int self_col = -1; /* the tile column of the query itself, if in [c0, c1) */
+    if (p.exclude) {
+        const int64_t sc = p.self_local0 + qi - p.col_local0;
+        if (sc >= c0 && sc < c1) self_col = (int)sc;
+    }
+    int bc = *cntp;
+    if (tid == 0) bcast = tau_prime(load_tau(p.tau + qi));
+    __syncthreads();
+    float tp = bcast;
+    const bool tau_was_inf = tp == INFINITY;
+    const float qnan = __int_as_float(0x7fffffff);
+
+    for (int base = c0; base < c1; base += kChunk) {
+        float E[kItems], M[kItems]; /* L = E - M, U = E + M */
+        {
+            float tv[kItems], nv[kItems];
+            load_chunk(trow, p.rn, base, c1, tid, tv, nv);
+#pragma unroll
+            for (int e = 0; e < kItems; ++e) pair_em(nq, nv[e], tv[e], p.mrel, p.mabs, E[e], M[e]);
+        }
+        /* block-uniform: only the last chunk and the one holding the query itself need
+         * per-item masks (NaN e: never flagged) */
+        if (base + kChunk > c1 || (self_col >= base && self_col < base + kChunk)) {
+#pragma unroll
+            for (int e = 0; e < kItems; ++e) {
+                const int col = base + (e / 4) * (kChunk / 2) + 4 * tid + (e % 4);
+                if (col >= c1 || col == self_col) E[e] = qnan;
+            }
+        }
+        int nflag = 0;
+#pragma unroll
+        for (int e = 0; e < kItems; ++e) nflag += __fsub_rn(E[e], M[e]) <= tp;
+        /* steady state: once tau is tight almost no chunk has a candidate; one barrier
+         * then decides for the whole block and the scan is skipped */
+        if (!__syncthreads_or(nflag)) continue;
+        int total;
+        int off = BlockScan::exclusive(sm.scan, nflag, total);
+        if (bc + total > p.cap) {
+            /* (1) bound compaction over buffer + this chunk */
+            tp = tighten(sm, &bcast, p, qi, seg, bc, [&](auto f) {
+#pragma unroll
+                for (int e = 0; e < kItems; ++e)
+                    if (__fsub_rn(E[e], M[e]) <= tp) f(__float_as_uint(__fadd_rn(E[e], M[e])));
+            });
+            nflag = 0;
+#pragma unroll
+            for (int e = 0; e < kItems; ++e) nflag += __fsub_rn(E[e], M[e]) <= tp;
+            off = BlockScan::exclusive(sm.scan, nflag, total);
+            if (bc + total > p.cap) {
+                /* (2) exact compaction of the buffer to its canonical top kk */
+                __syncthreads();
+                BlockResolve::run(sm.res, seg, bc, INFINITY, p.Q + (int64_t)qi * p.ldq, p.d, p.R, p.ldr,
+                                  p.r_local0, p.euclid);
+                __syncthreads();
+                const unsigned long long K = BlockRadixSelect<unsigned long long>::select(
+                    sm.sel64,
+                    [&](auto f) {
+                        for (int j = tid; j < bc; j += kBlock) f(make_key(seg[j].c, seg[j].idx));
+                    },
+                    p.kk);
+                bc = compact_cands(sm.scan, seg, bc, [&](Cand &c) {
+                    const bool keep = make_key(c.c, c.idx) <= K;
+                    if (keep) c.lo = -INFINITY;
+                    return keep;
+                });
+                if (tid == 0) atomicAdd(p.stats + kStatExact, 1ull);
+            }
+        }
+        /* append this chunk's flagged items */
+        int pos = bc + off;
+#pragma unroll
+        for (int e = 0; e < kItems; ++e) {
+            const float lo = __fsub_rn(E[e], M[e]);
+            if (lo <= tp) {
+                const int col = base + (e / 4) * (kChunk / 2) + 4 * tid + (e % 4);
+                Cand c;
+                c.lo = lo;
+                c.up = __fadd_rn(E[e], M[e]);
+                c.c = XKNN_CUDA_UNRESOLVED;
+                c.idx = (int)(p.col_local0 + col);
+                seg[pos++] = c;
+            }
+        }
+        bc += total;
+        if (tid == 0) atomicAdd(p.stats + kStatAppended, (unsigned long long)total);
+    }
+
+    /* End of the row: a loose buffer (tau still +inf, or well over 2k entries) is
+     * tightened now, so that the splits of a query publish a finite tau early. */
+    if (bc >= p.kk && (tau_was_inf || bc > 2 * p.kk + 256)) {
+        __syncthreads();
+        tighten(sm, &bcast, p, qi, seg, bc, [&](auto) {});
+    }
+    if (tid == 0) *cntp = bc;
+}
+
+cudaError_t launch_filter(const FilterParams &p, int qb, cudaStream_t st)
+{
+    const dim3 grid((unsigned)p.S, (unsigned)qb);
+    filter_kernel<<<grid, kBlock, 0, st>>>(p);
+    return cudaGetLastError();
+}
+
+/* ---- resolve ---------------------------------------------------------------------- */
+/* One block per (split, state query): drops entries with L > tau', then computes the
+ * canonical distance of every unresolved survivor while its reference chunk is still on
+ * the device (streamed chunks are overwritten after the pass). Launch: 256 threads, grid
+ * (S, qs); ~38 KB static shared memory (WarpCanonical staging), 5 blocks per SM; the
+ * work is FP64 FMAs on staged rows, coalesced 128-byte row loads. */
+__global__ __launch_bounds__(kBlock) void resolve_kernel(const ResolveParams p)
+{
+    __shared__ union {
+        BlockScan::TempStorage scan;
+        BlockResolve::TempStorage res;
+    } sm;
+    const int s = (int)blockIdx.x, qi = (int)blockIdx.y;
+    Cand *seg = p.cand + ((int64_t)qi * p.S + s) * p.cap;
+    int *cntp = p.cnt + (int64_t)qi * p.S + s;
+    const float tp = tau_prime(load_tau(p.tau + qi));
+    int bc = *cntp;
+    if (bc == 0) return;
+    bc = compact_cands(sm.scan, seg, bc, [&](Cand &e) { return e.lo <= tp; });
+    __syncthreads();
+    BlockResolve::run(sm.res, seg, bc, tp, p.Q + (int64_t)qi * p.ldq, p.d, p.R, p.ldr, p.r_local0, p.euclid);
+    if (threadIdx.x == 0) *cntp = bc;
+}
+
+cudaError_t launch_resolve(const ResolveParams &p, int qs, cudaStream_t st)
+{
+    const dim3 grid((unsigned)p.S, (unsigned)qs);
+    resolve_kernel<<<grid, kBlock, 0, st>>>(p);
+    return cudaGetLastError();
+}
+
+} // namespace xknn_cuda

@@ -1,0 +1,170 @@
+/*
+ * kernels/cuda/final.cu -- final selection of a state block.
+ *
+ * After the last pass every candidate with L <= tau' has its canonical value. Per query:
+ *   gather   (one warp) keep L <= tau', turn entries into 64-bit keys (canonical bits,
+ *            local id) packed at the start of the query's buffer region: M keys
+ *   sort     M <= 64:    the same warp, bitonic network in registers
+ *            M <= 4096:  one block, bitonic network in shared memory
+ *            otherwise:  one block, 4096-key runs sorted in shared memory, then merge
+ *                        passes in global memory (the region's second half is the other
+ *                        buffer), every run cut to its first kk keys
+ *   write    the first min(M, kk) as (ref_id_offset + id, distance), then id -1 / +inf
+ *            up to k (pad_missing; M < kk only when fewer references are available).
+ * Keys are unique (ids), so the order is total and the result is the exact top k.
+ */
+#include "block_primitives.cuh"
+#include "kernels.cuh"
+
+namespace xknn_cuda {
+
+__device__ __forceinline__ void write_result(const FinalParams &p, int qi, int64_t j, unsigned long long key)
+{
+    const int64_t o = (int64_t)qi * p.k + j;
+    p.ids[o] = p.id_offset + (int64_t)key_idx(key);
+    if (p.dist) p.dist[o] = key_dist(key);
+}
+
+__device__ __forceinline__ void write_pad(const FinalParams &p, int qi, int64_t j)
+{
+    const int64_t o = (int64_t)qi * p.k + j;
+    p.ids[o] = -1;
+    if (p.dist) p.dist[o] = INFINITY;
+}
+
+__device__ __forceinline__ unsigned long long *region_keys(const FinalParams &p, int qi)
+{
+    return reinterpret_cast<unsigned long long *>(p.cand + (int64_t)qi * p.S * p.cap);
+}
+
+/*
+ * Gather (+ warp sort for M <= 64). One warp per query, 8 queries per 256-thread block,
+ * grid ceil(qs / 8); no shared memory, few registers: full occupancy. Keys are written
+ * in place over the entries already read: key j occupies bytes [8j, 8j+8) and is only
+ * written after every entry up to j has been read (reads of a step precede its writes
+ * via __syncwarp; later steps read higher entries).
+ */
+__global__ __launch_bounds__(kBlock) void gather_kernel(const FinalParams p, int qs)
+{
+    const int qi = (int)blockIdx.x * kWarpsPerBlock + warp_id();
+    if (qi >= qs) return;
+    const int lane = lane_id();
+    const float tp = tau_prime(*(const volatile float *)(p.tau + qi));
+    unsigned long long *keys = region_keys(p, qi);
+    int64_t M = 0;
+    unsigned long long unresolved = 0;
+    for (int s = 0; s < p.S; ++s) {
+        const Cand *seg = p.cand + ((int64_t)qi * p.S + s) * p.cap;
+        const int bc = p.cnt[(int64_t)qi * p.S + s];
+        for (int base = 0; base < bc; base += kWarp) {
+            const int i = base + lane;
+            bool keep = false;
+            unsigned long long key = 0;
+            if (i < bc) {
+                const Cand e = seg[i];
+                keep = e.lo <= tp;
+                key = make_key(e.c, e.idx);
+                unresolved += (keep && e.c < 0.0f);
+            }
+            const unsigned m = __ballot_sync(0xffffffffu, keep);
+            __syncwarp();
+            if (keep) keys[M + __popc(m & ((1u << lane) - 1u))] = key;
+            M += __popc(m);
+        }
+    }
+    if (unresolved) atomicAdd(p.stats + kStatUnresolved, unresolved);
+    if (lane == 0) p.mcount[qi] = M;
+    if (M > kWarpSortMax) return;
+    __syncwarp();
+    unsigned long long v0 = lane < M ? keys[lane] : ~0ull;
+    unsigned long long v1 = lane + kWarp < M ? keys[lane + kWarp] : ~0ull;
+    WarpBitonic64::sort(v0, v1);
+    const int64_t have = M < p.kk ? M : p.kk;
+    if (lane < have) write_result(p, qi, lane, v0);
+    if (lane + kWarp < have) write_result(p, qi, lane + kWarp, v1);
+    for (int64_t j = have + lane; j < p.k; j += kWarp) write_pad(p, qi, j);
+}
+
+__device__ __forceinline__ int64_t run_valid(int64_t W, int64_t r, int64_t M, int64_t kk)
+{
+    int64_t span = M - r * W;
+    if (span < 0) span = 0;
+    if (span > W) span = W;
+    return span < kk ? span : kk;
+}
+
+/*
+ * Block sort of the queries with M > 64. One block per state query (grid qs; blocks of
+ * queries the gather kernel finished exit at once). Launch: 256 threads, 32 KB static
+ * shared memory (4096 keys): 7 blocks per SM. The merge step is rank-based: every valid
+ * key of run A finds its rank in run B by binary search (keys are unique, so there are
+ * no ties) and lands at pos + rank if that is below the output run's kk cut.
+ */
+__global__ __launch_bounds__(kBlock) void block_sort_kernel(const FinalParams p)
+{
+    __shared__ unsigned long long sk[kBlockSortMax];
+    const int qi = (int)blockIdx.x, tid = (int)threadIdx.x;
+    const int64_t M = p.mcount[qi];
+    if (M <= kWarpSortMax) return;
+    const int64_t kk = p.kk;
+    const int64_t have = M < kk ? M : kk;
+    unsigned long long *keys = region_keys(p, qi);
+    unsigned long long *src = keys;
+    if (M <= kBlockSortMax) {
+        int P = kWarpSortMax;
+        while (P < M) P <<= 1;
+        for (int i = tid; i < P; i += kBlock) sk[i] = i < M ? keys[i] : ~0ull;
+        __syncthreads();
+        block_bitonic_sort(sk, P);
+        for (int64_t j = tid; j < have; j += kBlock) write_result(p, qi, j, sk[j]);
+    } else {
+        unsigned long long *dst = keys + (int64_t)p.S * p.cap;
+        for (int64_t r0 = 0; r0 < M; r0 += kBlockSortMax) {
+            const int64_t len = M - r0 < kBlockSortMax ? M - r0 : kBlockSortMax;
+            for (int i = tid; i < kBlockSortMax; i += kBlock) sk[i] = i < len ? keys[r0 + i] : ~0ull;
+            __syncthreads();
+            block_bitonic_sort(sk, kBlockSortMax);
+            const int64_t keep = len < kk ? len : kk;
+            for (int64_t i = tid; i < keep; i += kBlock) keys[r0 + i] = sk[i];
+            __syncthreads();
+        }
+        for (int64_t W = kBlockSortMax; W < M; W *= 2) {
+            for (int64_t x = tid; x < M; x += kBlock) {
+                const int64_t run = x / W, pos = x - run * W;
+                if (pos >= run_valid(W, run, M, kk)) continue;
+                const int64_t other = run ^ 1, pair = run >> 1;
+                const int64_t ovl = run_valid(W, other, M, kk);
+                const unsigned long long key = src[x];
+                const unsigned long long *o = src + other * W;
+                int64_t lo = 0, hi = ovl; /* number of keys in o below key */
+                while (lo < hi) {
+                    const int64_t mid = (lo + hi) >> 1;
+                    if (o[mid] < key)
+                        lo = mid + 1;
+                    else
+                        hi = mid;
+                }
+                const int64_t out = pos + lo;
+                if (out < run_valid(2 * W, pair, M, kk)) dst[pair * 2 * W + out] = key;
+            }
+            __syncthreads();
+            unsigned long long *t = src;
+            src = dst;
+            dst = t;
+        }
+        for (int64_t j = tid; j < have; j += kBlock) write_result(p, qi, j, src[j]);
+    }
+    for (int64_t j = have + tid; j < p.k; j += kBlock) write_pad(p, qi, j);
+}
+
+cudaError_t launch_final(const FinalParams &p, int qs, cudaStream_t st)
+{
+    const unsigned gblocks = (unsigned)((qs + kWarpsPerBlock - 1) / kWarpsPerBlock);
+    gather_kernel<<<gblocks, kBlock, 0, st>>>(p, qs);
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return e;
+    block_sort_kernel<<<(unsigned)qs, kBlock, 0, st>>>(p);
+    return cudaGetLastError();
+}
+
+} // namespace xknn_cuda

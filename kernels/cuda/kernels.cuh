@@ -1,0 +1,89 @@
+/*
+ * kernels/cuda/kernels.cuh -- device-level layer: kernel parameter blocks and the host
+ * launchers (filter.cu, final.cu). Every launcher only enqueues on the given stream and
+ * returns the launch status (cudaGetLastError); none synchronises.
+ */
+#ifndef XKNN_CUDA_KERNELS_CUH
+#define XKNN_CUDA_KERNELS_CUH
+
+#include "common.cuh"
+
+namespace xknn_cuda {
+
+/* Statistics counters at the start of the workspace (unsigned long long each); the
+ * public names are XKNN_CUDA_STAT_* in include/xknn/cuda.h (same values, checked in
+ * engine.cu). */
+enum {
+    kStatUnion = 0,     /* bound compactions (k-th smallest upper bound, drop by lower bound) */
+    kStatExact = 1,     /* exact compactions (canonical top k of a full buffer)               */
+    kStatAppended = 2,  /* candidates appended                                                */
+    kStatUnresolved = 3, /* final candidates without a canonical value: must stay 0 (a bug)  */
+    kStatCount = 8
+};
+
+/* Candidate filter of one tile (see filter.cu). */
+struct FilterParams {
+    const float *tile;  /* qb x ldt, row r = query qrow0 + r of the state block      */
+    int64_t ldt;
+    const float *rn;    /* squared norms of the tile's references (float)            */
+    const float *qn;    /* squared norms of the state block's queries                */
+    float *tau;         /* per state query: k-th smallest upper bound seen (+inf)     */
+    int *cnt;           /* per (state query, split): entries in the buffer           */
+    Cand *cand;         /* per (state query, split): buffer of cap entries           */
+    int64_t rc;         /* valid columns of the tile                                 */
+    int64_t rcs;        /* columns per split (multiple of 4)                         */
+    int64_t col_local0; /* local reference index of tile column 0                    */
+    int64_t self_local0;/* local reference index equal to state query 0's global id  */
+    const float *Q;     /* state block queries, row stride ldq (exact compaction)    */
+    int64_t ldq;
+    const float *R;     /* current reference chunk, row stride ldr                   */
+    int64_t ldr;
+    int64_t r_local0;   /* local index of R's row 0                                  */
+    int64_t d;
+    unsigned long long *stats;
+    float mrel, mabs;   /* margin m = mrel * s + mabs (see engine.cu)                */
+    int qrow0;          /* state index of tile row 0                                 */
+    int S;              /* splits per query                                          */
+    int cap;            /* entries per buffer                                        */
+    int kk;             /* min(k, n)                                                 */
+    int exclude;        /* skip the reference whose global id is the query's         */
+    int euclid;
+};
+
+/* End-of-pass resolution: canonical values for every surviving candidate. */
+struct ResolveParams {
+    const float *tau;
+    int *cnt;
+    Cand *cand;
+    const float *Q;
+    int64_t ldq;
+    const float *R;
+    int64_t ldr;
+    int64_t r_local0;
+    int64_t d;
+    int S, cap, euclid;
+};
+
+/* Final selection: per query, the sorted first kk of its candidates, written with pad. */
+struct FinalParams {
+    const float *tau;
+    const int *cnt;
+    Cand *cand;          /* per-query region of S*cap entries reused as 2 key arrays */
+    long long *mcount;   /* per query: surviving candidates M                        */
+    int64_t *ids;        /* output rows of the block, ld = k                         */
+    float *dist;         /* or NULL                                                  */
+    int64_t k;
+    int64_t id_offset;   /* global id of local reference 0                           */
+    unsigned long long *stats;
+    int S, cap, kk;
+};
+
+cudaError_t launch_sqnorms(const float *X, int64_t ld, int64_t rows, int64_t d, float *out, cudaStream_t st);
+cudaError_t launch_init_state(float *tau, int *cnt, int qs, int S, cudaStream_t st);
+cudaError_t launch_filter(const FilterParams &p, int qb, cudaStream_t st);
+cudaError_t launch_resolve(const ResolveParams &p, int qs, cudaStream_t st);
+cudaError_t launch_final(const FinalParams &p, int qs, cudaStream_t st);
+
+} // namespace xknn_cuda
+
+#endif

@@ -1,0 +1,118 @@
+/*
+ * kernels/cuda/warp_primitives.cuh -- thread and warp layer.
+ *
+ *   warp_inclusive_sum      shuffle scan of one int per lane
+ *   WarpBitonic64           sort of up to 64 unique 64-bit keys, 2 per lane, registers
+ *                           only (every register index is a compile-time constant)
+ *   WarpCanonical           canonical squared distances of one query to up to 32
+ *                           reference rows, one row per lane, dimension order, double
+ *
+ * All functions must be called by the 32 lanes of a warp together (full mask).
+ */
+#ifndef XKNN_CUDA_WARP_PRIMITIVES_CUH
+#define XKNN_CUDA_WARP_PRIMITIVES_CUH
+
+#include "common.cuh"
+
+namespace xknn_cuda {
+
+__device__ __forceinline__ int lane_id() { return (int)(threadIdx.x & (kWarp - 1)); }
+__device__ __forceinline__ int warp_id() { return (int)(threadIdx.x / kWarp); }
+
+__device__ __forceinline__ int warp_inclusive_sum(int v)
+{
+    const int lane = lane_id();
+#pragma unroll
+    for (int o = 1; o < kWarp; o <<= 1) {
+        const int t = __shfl_up_sync(0xffffffffu, v, o);
+        if (lane >= o) v += t;
+    }
+    return v;
+}
+
+/* Bitonic sort of 64 keys held striped: lane l holds elements l (v0) and 32 + l (v1).
+ * Ascending; pad unused slots with ~0ull. Fully unrolled: 21 compare-exchange steps. */
+struct WarpBitonic64 {
+    __device__ __forceinline__ static unsigned long long cmpx(unsigned long long mine, int partner_mask_bit,
+                                                             bool ascending)
+    {
+        const unsigned long long other = __shfl_xor_sync(0xffffffffu, mine, partner_mask_bit);
+        const bool lower = (lane_id() & partner_mask_bit) == 0;
+        const bool take_min = (lower == ascending);
+        return take_min ? (mine < other ? mine : other) : (mine > other ? mine : other);
+    }
+
+    __device__ __forceinline__ static void sort(unsigned long long &v0, unsigned long long &v1)
+    {
+        const int lane = lane_id();
+        /* sizes 2..32: within each striped half (element e = lane or 32 + lane) */
+#pragma unroll
+        for (int size = 2; size <= 32; size <<= 1) {
+#pragma unroll
+            for (int stride = size >> 1; stride > 0; stride >>= 1) {
+                /* element e = lane (v0) and 32 + lane (v1); (e & size) for size <= 32
+                 * equals (lane & size) for v0, and for v1 only when size < 32 */
+                const bool asc0 = (lane & size) == 0;
+                const bool asc1 = size == 32 ? false : ((lane & size) == 0);
+                v0 = cmpx(v0, stride, asc0);
+                v1 = cmpx(v1, stride, asc1);
+            }
+        }
+        /* size 64: first stride 32 (v0 against v1 in the same lane), then 16..1 */
+        {
+            const unsigned long long lo = v0 < v1 ? v0 : v1, hi = v0 < v1 ? v1 : v0;
+            v0 = lo;
+            v1 = hi;
+        }
+#pragma unroll
+        for (int stride = 16; stride > 0; stride >>= 1) {
+            v0 = cmpx(v0, stride, true);
+            v1 = cmpx(v1, stride, true);
+        }
+    }
+};
+
+/* Canonical squared distance of query q to up to 32 rows, lane r taking row r:
+ *   acc = 0; for t in 0..d-1: diff = (double)q[t] - (double)x[t]; acc = fma(diff, diff, acc)
+ * exactly the CPU's value (same operations, same order; explicit _rn intrinsics so that
+ * no contraction or reassociation can change them). Rows are staged through shared
+ * memory 32 dimensions at a time: lane l loads dimension t0 + l of every row (one
+ * coalesced 128-byte line per row), then each lane walks its own row sequentially. The
+ * row pitch of 33 words makes both the stores and the per-lane reads conflict-free. */
+struct WarpCanonical {
+    struct TempStorage {
+        float xs[kWarp][kWarp + 1];
+        float qs[kWarp];
+        const float *rows[kWarp];
+    };
+
+    /* rows[0..nrows) must be set in ts.rows before the call (any lanes), followed by
+     * __syncwarp(). Returns the double sum for lane < nrows (0 for the others). */
+    __device__ __forceinline__ static double sqdist(TempStorage &ts, const float *__restrict__ q, int64_t d,
+                                                    int nrows)
+    {
+        const int lane = lane_id();
+        double acc = 0.0;
+        for (int64_t t0 = 0; t0 < d; t0 += kWarp) {
+            const int64_t t = t0 + lane;
+            const bool in = t < d;
+            ts.qs[lane] = in ? __ldg(q + t) : 0.0f;
+#pragma unroll 8
+            for (int r = 0; r < nrows; ++r) ts.xs[r][lane] = in ? __ldg(ts.rows[r] + t) : 0.0f;
+            __syncwarp();
+            const int lim = (d - t0) < kWarp ? (int)(d - t0) : kWarp;
+            if (lane < nrows) {
+                for (int tt = 0; tt < lim; ++tt) {
+                    const double diff = __dsub_rn((double)ts.qs[tt], (double)ts.xs[lane][tt]);
+                    acc = __fma_rn(diff, diff, acc);
+                }
+            }
+            __syncwarp();
+        }
+        return acc;
+    }
+};
+
+} // namespace xknn_cuda
+
+#endif

@@ -1,0 +1,485 @@
+/* cuda-t: the CUDA backend against the oracle and the CPU backend, byte for byte (ids
+ * and distance bits), the embedding API on device buffers, and the error paths.
+ *
+ * Skips everything (1..0 # SKIP) when the CUDA backend is not built or no device is
+ * present. XKNN_CUDA_TEST_QUICK=1 (memcheck, synccheck) or 2 (racecheck) keeps the plan
+ * but skips cases, see skipped_by_quick (used under compute-sanitizer by
+ * tests/device-run.sh). */
+#define _POSIX_C_SOURCE 200809L
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ref/ref.h"
+#include "tap/tap.h"
+#include "xknn.h"
+#include "xknn/cuda.h"
+
+#ifdef XKNN_TEST_HAVE_CUDA_RT
+#include <cuda_runtime_api.h>
+#endif
+
+enum { CMP_ORACLE = 0, CMP_CPU_ONLY = 1 };
+
+typedef struct {
+    const char *what;
+    data_kind kind;
+    int64_t n, nq, d, k; /* k <= 0: n - 1 (self-join) or n */
+    int self;            /* query == NULL */
+    int metric;
+    int path;            /* XKNN_CUDA_PATH_* */
+    size_t budget;       /* device_memory_budget, 0 = default */
+    int64_t qblock, rblock;
+    int64_t ldpad;       /* extra floats per row (leading dimension > d) */
+    int64_t roff, qoff;
+    int exclude, pad;
+    int cmp;             /* CMP_CPU_ONLY: too big for the oracle; second test = other path */
+    int heavy;           /* skipped with XKNN_CUDA_TEST_QUICK */
+} tcase;
+
+#define L2 XKNN_METRIC_L2
+#define EU XKNN_METRIC_EUCLIDEAN
+#define FP XKNN_CUDA_PATH_FP32
+#define TF XKNN_CUDA_PATH_TF32
+#define AU XKNN_CUDA_PATH_AUTO
+
+static const tcase cases[] = {
+    /* what                    kind             n      nq    d    k     self met path budget qb rb ldp roff qoff ex pad cmp heavy */
+    {"d=1 k=1", DATA_UNIFORM, 1237, 101, 1, 1, 0, L2, FP, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"d=3 k=16", DATA_UNIFORM, 1237, 101, 3, 16, 0, EU, TF, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"d=32 k=100 fp32", DATA_GAUSSIAN, 2001, 77, 32, 100, 0, L2, FP, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"d=32 k=100 tf32", DATA_GAUSSIAN, 2001, 77, 32, 100, 0, L2, TF, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"d=100 k=16", DATA_GAUSSIAN, 3001, 53, 100, 16, 0, EU, TF, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"d=128 k=1024", DATA_UNIFORM, 2500, 65, 128, 1024, 0, L2, FP, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"d=128 k=1024 tf32", DATA_UNIFORM, 2500, 65, 128, 1024, 0, EU, TF, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"ties d=32", DATA_INTEGER, 1500, 40, 32, 100, 0, L2, FP, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"ties d=32 tf32", DATA_INTEGER, 1500, 40, 32, 100, 0, EU, TF, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"dups d=3", DATA_DUPLICATES, 600, 50, 3, 100, 0, L2, FP, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"dups exact compaction", DATA_DUPLICATES, 20000, 20, 8, 16, 0, L2, FP, 0, 0, 2048, 0, 0, 0, 0, 0, 0, 0},
+    {"dups exact compaction tf32", DATA_DUPLICATES, 20000, 20, 8, 16, 0, EU, TF, 0, 0, 2048, 0, 0, 0, 0, 0, 0, 0},
+    {"int d=1 exact compaction", DATA_INTEGER, 30001, 10, 1, 1, 0, L2, FP, 0, 0, 2048, 0, 0, 0, 0, 0, 0, 0},
+    {"int d=1 k=100", DATA_INTEGER, 30001, 10, 1, 100, 0, EU, TF, 0, 0, 1000, 0, 0, 0, 0, 0, 0, 0},
+    {"clustered d=784", DATA_CLUSTERED, 3000, 40, 784, 100, 0, L2, FP, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"clustered d=784 tf32", DATA_CLUSTERED, 3000, 40, 784, 16, 0, EU, TF, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"d=960 k=1024", DATA_GAUSSIAN, 3000, 20, 960, 1024, 0, L2, TF, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1},
+    {"d=100 k=4096", DATA_GAUSSIAN, 5003, 20, 100, 4096, 0, L2, FP, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"d=100 k=4096 tf32", DATA_UNIFORM, 5003, 20, 100, 4096, 0, EU, TF, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1},
+    {"k=40000", DATA_GAUSSIAN, 50021, 6, 32, 40000, 0, L2, FP, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1},
+    {"blocks 7 x 129", DATA_GAUSSIAN, 2001, 77, 32, 100, 0, L2, FP, 0, 7, 129, 0, 0, 0, 0, 0, 0, 0},
+    {"blocks 3 x 5000 ld+3", DATA_UNIFORM, 9000, 11, 17, 33, 0, EU, TF, 0, 3, 5000, 3, 0, 0, 0, 0, 0, 0},
+    {"self k=n-1", DATA_DUPLICATES, 400, 0, 3, 0, 1, L2, FP, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"self k=n-1 tf32", DATA_UNIFORM, 300, 0, 32, 0, 1, EU, TF, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"self d=784 k=1", DATA_UNIFORM, 350, 0, 784, 1, 1, L2, FP, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"self ties k=100", DATA_INTEGER, 350, 0, 127, 100, 1, L2, TF, 0, 16, 40, 0, 0, 0, 0, 0, 0, 0},
+    {"offsets exclude", DATA_INTEGER, 800, 300, 5, 20, 0, L2, FP, 0, 0, 0, 0, 1000, 1100, 1, 0, 0, 0},
+    {"pad_missing", DATA_GAUSSIAN, 50, 9, 7, 60, 0, L2, FP, 0, 0, 0, 0, 7, 0, 0, 1, 0, 0},
+    {"pad_missing self", DATA_INTEGER, 40, 0, 2, 45, 1, EU, FP, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0},
+    {"n=1", DATA_GAUSSIAN, 1, 3, 5, 1, 0, L2, FP, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"self n=2", DATA_UNIFORM, 2, 0, 1, 0, 1, L2, TF, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"stream 2 MB", DATA_GAUSSIAN, 20000, 100, 32, 16, 0, L2, FP, (size_t)2 << 20, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"stream 1 MB ties", DATA_DUPLICATES, 20000, 10, 8, 16, 0, EU, TF, (size_t)1 << 20, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"stream self", DATA_UNIFORM, 5000, 0, 16, 10, 1, L2, FP, (size_t)400 << 10, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"stream k=1024", DATA_GAUSSIAN, 6000, 30, 24, 1024, 0, L2, TF, (size_t)3 << 20, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"big d=128 auto", DATA_GAUSSIAN, 200000, 1000, 128, 100, 0, L2, AU, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1},
+    {"big d=960", DATA_UNIFORM, 50000, 500, 960, 10, 0, EU, TF, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1},
+    {"big n=1M nq=37", DATA_GAUSSIAN, 1000003, 37, 32, 10, 0, L2, FP, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1},
+    {"big clustered", DATA_CLUSTERED, 100000, 200, 128, 64, 0, L2, TF, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1},
+};
+#define NCASES (int)(sizeof cases / sizeof cases[0])
+
+/* XKNN_CUDA_TEST_QUICK=1: heavy cases skipped (memcheck, synccheck).
+ * XKNN_CUDA_TEST_QUICK=2: only these cases, which still reach every kernel path (warp,
+ * block and merge sorts, splits, exact compaction, streaming, self-join, padding), for
+ * racecheck, which is two orders of magnitude slower. */
+static int quick;
+static const char *const tiny_cases[] = {
+    "d=3 k=16", "d=32 k=100 fp32", "dups exact compaction", "d=100 k=4096", "blocks 7 x 129",
+    "self k=n-1", "pad_missing self", "stream 1 MB ties",
+};
+
+static int skipped_by_quick(const tcase *c)
+{
+    size_t i;
+    if (quick == 1) return c->heavy;
+    if (quick >= 2) {
+        for (i = 0; i < sizeof tiny_cases / sizeof tiny_cases[0]; i++)
+            if (!strcmp(c->what, tiny_cases[i])) return 0;
+        return 1;
+    }
+    return 0;
+}
+
+static void *xmalloc(size_t n)
+{
+    void *p = malloc(n ? n : 1);
+    if (!p) bail("out of host memory (%zu bytes)", n);
+    return p;
+}
+
+/* rows x d data with row stride ld (extra columns filled with junk that must be ignored) */
+static float *make_matrix(data_kind kind, int64_t rows, int64_t d, int64_t ld, uint64_t seed)
+{
+    float *tight = (float *)xmalloc((size_t)(rows * d) * sizeof(float));
+    float *m = (float *)xmalloc((size_t)(rows * ld) * sizeof(float));
+    int64_t i, t;
+    ref_make_data(kind, tight, rows, d, seed);
+    for (i = 0; i < rows; i++)
+        for (t = 0; t < ld; t++) m[i * ld + t] = t < d ? tight[i * d + t] : 1e30f;
+    free(tight);
+    return m;
+}
+
+static xknn_status search(const tcase *c, xknn_backend backend, int path, const float *ref, const float *qry,
+                          int64_t nq, int64_t k, int64_t *ids, float *dist, xknn_error *err)
+{
+    xknn_params p = XKNN_PARAMS_INIT;
+    const int64_t ld = c->d + c->ldpad;
+    xknn_matrix r = XKNN_MATRIX_F32(ref, c->n, c->d), q = XKNN_MATRIX_F32(qry, nq, c->d);
+    r.ld = ld;
+    q.ld = ld;
+    p.backend = backend;
+    p.metric = (xknn_metric)c->metric;
+    p.cuda_path = path;
+    p.device_memory_budget = backend == XKNN_BACKEND_CUDA ? c->budget : 0;
+    p.query_block = c->qblock;
+    p.ref_block = c->rblock;
+    p.ref_id_offset = c->roff;
+    p.query_id_offset = c->qoff;
+    p.exclude_self = c->exclude;
+    p.pad_missing = c->pad;
+    p.verbose = getenv("XKNN_CUDA_TEST_VERBOSE") != NULL && backend == XKNN_BACKEND_CUDA;
+    memset(ids, 0xab, (size_t)(nq * k) * sizeof(int64_t));
+    memset(dist, 0xab, (size_t)(nq * k) * sizeof(float));
+    return xknn_search(&p, &r, c->self ? NULL : &q, k, ids, dist, err);
+}
+
+/* Two TAP lines per case. */
+static void run_case(const tcase *c)
+{
+    const int64_t nq = c->self ? c->n : c->nq;
+    const int64_t k = c->k > 0 ? c->k : (c->self ? c->n - 1 : c->n);
+    const int64_t ld = c->d + c->ldpad;
+    char name[256];
+    float *ref, *qry = NULL, *dist, *wd;
+    int64_t *ids, *wid;
+    xknn_error err;
+    xknn_status st;
+
+    snprintf(name, sizeof name, "%s: %s n=%lld nq=%lld d=%lld k=%lld %s%s path=%s%s", c->what, ref_data_name(c->kind),
+             (long long)c->n, (long long)nq, (long long)c->d, (long long)k, xknn_metric_name((xknn_metric)c->metric),
+             c->self ? " self" : "", c->path == TF ? "tf32" : c->path == FP ? "fp32" : "auto",
+             c->budget ? " (streamed)" : "");
+    if (skipped_by_quick(c)) {
+        skip(2, "%s: not in the XKNN_CUDA_TEST_QUICK=%d list", name, quick);
+        return;
+    }
+    ref = make_matrix(c->kind, c->n, c->d, ld, 1);
+    if (!c->self) qry = make_matrix(c->kind, nq, c->d, ld, 2);
+    ids = (int64_t *)xmalloc((size_t)(nq * k) * sizeof(int64_t));
+    wid = (int64_t *)xmalloc((size_t)(nq * k) * sizeof(int64_t));
+    dist = (float *)xmalloc((size_t)(nq * k) * sizeof(float));
+    wd = (float *)xmalloc((size_t)(nq * k) * sizeof(float));
+
+    st = search(c, XKNN_BACKEND_CUDA, c->path, ref, qry, nq, k, ids, dist, &err);
+    if (c->cmp == CMP_ORACLE) {
+        if (ref_knn(c->metric == EU ? REF_EUCLIDEAN : REF_L2, ref, c->n, ld, qry, nq, ld, c->d, k,
+                    c->self || c->exclude, c->roff, c->self ? c->roff : c->qoff, wid, wd) != 0)
+            bail("oracle out of memory");
+        if (st != XKNN_SUCCESS)
+            ok(0, "%s vs oracle: %s", name, err.message);
+        else
+            is_knn_equal(ids, dist, wid, wd, nq, k, "%s vs oracle", name);
+        st = search(c, XKNN_BACKEND_CPU, 0, ref, qry, nq, k, wid, wd, &err);
+        if (st != XKNN_SUCCESS) bail("cpu backend failed: %s", err.message);
+        st = search(c, XKNN_BACKEND_CUDA, c->path, ref, qry, nq, k, ids, dist, &err);
+        if (st != XKNN_SUCCESS)
+            ok(0, "%s vs cpu backend: %s", name, err.message);
+        else
+            is_knn_equal(ids, dist, wid, wd, nq, k, "%s vs cpu backend (second run)", name);
+    } else {
+        const int other = c->path == TF ? FP : TF;
+        xknn_error cerr;
+        const xknn_status cst = search(c, XKNN_BACKEND_CPU, 0, ref, qry, nq, k, wid, wd, &cerr);
+        if (cst != XKNN_SUCCESS) bail("cpu backend failed: %s", cerr.message);
+        if (st != XKNN_SUCCESS)
+            ok(0, "%s vs cpu backend: %s", name, err.message);
+        else
+            is_knn_equal(ids, dist, wid, wd, nq, k, "%s vs cpu backend", name);
+        st = search(c, XKNN_BACKEND_CUDA, other, ref, qry, nq, k, ids, dist, &err);
+        if (st != XKNN_SUCCESS)
+            ok(0, "%s, path %s, vs cpu backend: %s", name, other == TF ? "tf32" : "fp32", err.message);
+        else
+            is_knn_equal(ids, dist, wid, wd, nq, k, "%s, path %s, vs cpu backend", name, other == TF ? "tf32" : "fp32");
+    }
+    free(ref);
+    free(qry);
+    free(ids);
+    free(wid);
+    free(dist);
+    free(wd);
+}
+
+/* ---- errors and the host path's knobs (7 tests) ----------------------------------- */
+static void run_errors(void)
+{
+    const int64_t n = 3000, nq = 20, d = 9, k = 5;
+    float *ref = make_matrix(DATA_GAUSSIAN, n, d, d, 5), *qry = make_matrix(DATA_GAUSSIAN, nq, d, d, 6);
+    int64_t *ids = (int64_t *)xmalloc((size_t)(nq * k) * sizeof(int64_t)), *wid = (int64_t *)xmalloc((size_t)(nq * k) * sizeof(int64_t));
+    float *dist = (float *)xmalloc((size_t)(nq * k) * sizeof(float)), *wd = (float *)xmalloc((size_t)(nq * k) * sizeof(float));
+    xknn_matrix r = XKNN_MATRIX_F32(ref, n, d), q = XKNN_MATRIX_F32(qry, nq, d);
+    xknn_params p = XKNN_PARAMS_INIT;
+    xknn_error err;
+    xknn_status st;
+
+    p.backend = XKNN_BACKEND_CUDA;
+    p.device_memory_budget = 1000;
+    st = xknn_search(&p, &r, &q, k, ids, dist, &err);
+    is_int(st, XKNN_ERROR_OUT_OF_MEMORY, "budget of 1000 bytes: out of memory (%s)", err.message);
+    ok(strstr(err.message, "budget") != NULL && strstr(err.message, "minimum") != NULL,
+       "out-of-memory message names the budget and the minimum");
+
+    p = xknn_params_default();
+    p.backend = XKNN_BACKEND_CUDA;
+    p.device = 9999;
+    st = xknn_search(&p, &r, &q, k, ids, dist, &err);
+    is_int(st, XKNN_ERROR_INVALID_ARGUMENT, "device ordinal 9999: invalid argument (%s)", err.message);
+    ok(strstr(err.message, "9999") != NULL, "bad-ordinal message names the ordinal");
+
+    p = xknn_params_default();
+    p.backend = XKNN_BACKEND_CUDA;
+    p.cuda_path = 7;
+    st = xknn_search(&p, &r, &q, k, ids, dist, &err);
+    is_int(st, XKNN_ERROR_INVALID_ARGUMENT, "cuda_path 7: invalid argument (%s)", err.message);
+
+    /* reference slices (the > 2^31 rows path) merged on the host */
+    if (ref_knn(REF_L2, ref, n, d, qry, nq, d, d, k, 0, 0, 0, wid, wd) != 0) bail("oracle out of memory");
+    setenv("XKNN_CUDA_REF_SLICE", "777", 1);
+    p = xknn_params_default();
+    p.backend = XKNN_BACKEND_CUDA;
+    st = xknn_search(&p, &r, &q, k, ids, dist, &err);
+    unsetenv("XKNN_CUDA_REF_SLICE");
+    if (st != XKNN_SUCCESS)
+        ok(0, "reference slices of 777 rows: %s", err.message);
+    else
+        is_knn_equal(ids, dist, wid, wd, nq, k, "reference slices of 777 rows, merged");
+
+    /* self-join in slices: exclusion by global id across slices */
+    {
+        int64_t *sid = (int64_t *)xmalloc((size_t)(n * k) * sizeof(int64_t)), *swid = (int64_t *)xmalloc((size_t)(n * k) * sizeof(int64_t));
+        float *sd = (float *)xmalloc((size_t)(n * k) * sizeof(float)), *swd = (float *)xmalloc((size_t)(n * k) * sizeof(float));
+        if (ref_knn(REF_EUCLIDEAN, ref, n, d, NULL, n, d, d, k, 1, 0, 0, swid, swd) != 0) bail("oracle out of memory");
+        setenv("XKNN_CUDA_REF_SLICE", "1001", 1);
+        p = xknn_params_default();
+        p.backend = XKNN_BACKEND_CUDA;
+        p.metric = XKNN_METRIC_EUCLIDEAN;
+        st = xknn_search(&p, &r, NULL, k, sid, sd, &err);
+        unsetenv("XKNN_CUDA_REF_SLICE");
+        if (st != XKNN_SUCCESS)
+            ok(0, "self-join in slices of 1001 rows: %s", err.message);
+        else
+            is_knn_equal(sid, sd, swid, swd, n, k, "self-join in slices of 1001 rows, merged");
+        free(sid);
+        free(swid);
+        free(sd);
+        free(swd);
+    }
+    free(ref);
+    free(qry);
+    free(ids);
+    free(wid);
+    free(dist);
+    free(wd);
+}
+#define NERRORS 7
+
+/* ---- the embedding API on device buffers (12 tests) --------------------------------- */
+#define NDEVICE 12
+#ifdef XKNN_TEST_HAVE_CUDA_RT
+#define CK(call)                                                                                       \
+    do {                                                                                               \
+        cudaError_t e_ = (call);                                                                       \
+        if (e_ != cudaSuccess) bail("%s failed: %s (line %d)", #call, cudaGetErrorString(e_), __LINE__); \
+    } while (0)
+
+typedef struct {
+    float *ref, *qry, *dist;
+    int64_t *ids;
+    void *ws;
+} dbufs;
+
+/* One device-API search; results copied back into host ids/dist; returns the status and
+ * fills stats (may be NULL) from the workspace head. */
+static xknn_status dsearch(xknn_cuda_context *ctx, const xknn_params *p, const float *ref, int64_t n, const float *qry,
+                           int64_t nq, int64_t d, int64_t k, int64_t *ids, float *dist, size_t ws_bytes,
+                           size_t ws_offset, unsigned long long *stats, xknn_error *err)
+{
+    dbufs b;
+    cudaStream_t s;
+    xknn_matrix r = XKNN_MATRIX_F32(NULL, n, d), q = XKNN_MATRIX_F32(NULL, nq, d);
+    xknn_status st;
+    memset(&b, 0, sizeof b);
+    CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    CK(cudaMalloc((void **)&b.ref, (size_t)(n * d) * sizeof(float)));
+    CK(cudaMemcpy(b.ref, ref, (size_t)(n * d) * sizeof(float), cudaMemcpyHostToDevice));
+    if (qry) {
+        CK(cudaMalloc((void **)&b.qry, (size_t)(nq * d) * sizeof(float)));
+        CK(cudaMemcpy(b.qry, qry, (size_t)(nq * d) * sizeof(float), cudaMemcpyHostToDevice));
+    }
+    CK(cudaMalloc((void **)&b.ids, (size_t)(nq * k) * sizeof(int64_t)));
+    CK(cudaMemset(b.ids, 0xab, (size_t)(nq * k) * sizeof(int64_t)));
+    if (dist) {
+        CK(cudaMalloc((void **)&b.dist, (size_t)(nq * k) * sizeof(float)));
+        CK(cudaMemset(b.dist, 0xab, (size_t)(nq * k) * sizeof(float)));
+    }
+    CK(cudaMalloc(&b.ws, ws_bytes + ws_offset));
+    r.data = b.ref;
+    q.data = b.qry;
+    st = xknn_cuda_search(ctx, p, &r, qry ? &q : NULL, k, b.ids, b.dist, (char *)b.ws + ws_offset, ws_bytes, err, s);
+    CK(cudaStreamSynchronize(s));
+    if (st == XKNN_SUCCESS) {
+        CK(cudaMemcpy(ids, b.ids, (size_t)(nq * k) * sizeof(int64_t), cudaMemcpyDeviceToHost));
+        if (dist) CK(cudaMemcpy(dist, b.dist, (size_t)(nq * k) * sizeof(float), cudaMemcpyDeviceToHost));
+        if (stats)
+            CK(cudaMemcpy(stats, b.ws, XKNN_CUDA_STAT_COUNT * sizeof(unsigned long long), cudaMemcpyDeviceToHost));
+    }
+    CK(cudaFree(b.ws));
+    CK(cudaFree(b.dist));
+    CK(cudaFree(b.ids));
+    CK(cudaFree(b.qry));
+    CK(cudaFree(b.ref));
+    CK(cudaStreamDestroy(s));
+    return st;
+}
+
+static void run_device_api(void)
+{
+    xknn_cuda_context *ctx = NULL;
+    xknn_error err;
+    xknn_status st;
+    xknn_params p = XKNN_PARAMS_INIT;
+    const int64_t n = 3001, nq = 203, d = 64, k = 32;
+    float *ref = make_matrix(DATA_GAUSSIAN, n, d, d, 11), *qry = make_matrix(DATA_GAUSSIAN, nq, d, d, 12);
+    const int64_t ns = 1000; /* self-join on the first ns rows, k = ns - 1 */
+    int64_t *ids = (int64_t *)xmalloc((size_t)(ns * ns) * sizeof(int64_t)), *wid = (int64_t *)xmalloc((size_t)(ns * ns) * sizeof(int64_t));
+    float *dist = (float *)xmalloc((size_t)(ns * ns) * sizeof(float)), *wd = (float *)xmalloc((size_t)(ns * ns) * sizeof(float));
+    size_t bytes = 0, small = 0;
+    unsigned long long stats[XKNN_CUDA_STAT_COUNT];
+
+    st = xknn_cuda_context_create(-1, &ctx, &err);
+    is_int(st, XKNN_SUCCESS, "context on the current device (%s)", err.message);
+    if (st != XKNN_SUCCESS) bail("no context: %s", err.message);
+
+    st = xknn_cuda_workspace_size(ctx, &p, n, nq, d, k, &bytes, &err);
+    ok(st == XKNN_SUCCESS && bytes > 0, "workspace size %zu bytes (%s)", bytes, err.message);
+
+    ref_knn(REF_L2, ref, n, d, qry, nq, d, d, k, 0, 0, 0, wid, wd);
+    st = dsearch(ctx, &p, ref, n, qry, nq, d, k, ids, dist, bytes, 0, stats, &err);
+    if (st != XKNN_SUCCESS)
+        ok(0, "device API, user stream, preferred workspace: %s", err.message);
+    else
+        is_knn_equal(ids, dist, wid, wd, nq, k, "device API, user stream, preferred workspace");
+    ok(st == XKNN_SUCCESS && stats[XKNN_CUDA_STAT_UNRESOLVED] == 0 && stats[XKNN_CUDA_STAT_CANDIDATES] >= (unsigned long long)(nq * k),
+       "workspace counters: %llu candidates, %llu bound and %llu exact compactions", stats[XKNN_CUDA_STAT_CANDIDATES],
+       stats[XKNN_CUDA_STAT_BOUND_COMPACTIONS], stats[XKNN_CUDA_STAT_EXACT_COMPACTIONS]);
+
+    /* a smaller workspace: the plan shrinks (query blocks, tiles), results do not change */
+    p.device_memory_budget = (size_t)3 << 20;
+    p.cuda_path = XKNN_CUDA_PATH_TF32;
+    p.metric = XKNN_METRIC_EUCLIDEAN;
+    st = xknn_cuda_workspace_size(ctx, &p, n, nq, d, k, &small, &err);
+    if (st == XKNN_SUCCESS) st = dsearch(ctx, &p, ref, n, qry, nq, d, k, ids, dist, small, 0, NULL, &err);
+    ref_knn(REF_EUCLIDEAN, ref, n, d, qry, nq, d, d, k, 0, 0, 0, wid, wd);
+    if (st != XKNN_SUCCESS)
+        ok(0, "device API, %zu-byte workspace, tf32, euclidean: %s", small, err.message);
+    else
+        is_knn_equal(ids, dist, wid, wd, nq, k, "device API, %zu-byte workspace, tf32, euclidean", small);
+
+    /* self-join on the device, k = n - 1, ids only */
+    p = xknn_params_default();
+    st = xknn_cuda_workspace_size(ctx, &p, ns, ns, d, ns - 1, &bytes, &err);
+    if (st == XKNN_SUCCESS) st = dsearch(ctx, &p, ref, ns, NULL, ns, d, ns - 1, ids, NULL, bytes, 0, NULL, &err);
+    ref_knn(REF_L2, ref, ns, d, NULL, ns, d, d, ns - 1, 1, 0, 0, wid, wd);
+    if (st != XKNN_SUCCESS)
+        ok(0, "device API self-join k=n-1, dist NULL: %s", err.message);
+    else
+        is_knn_equal(ids, NULL, wid, NULL, ns, ns - 1, "device API self-join n=%lld k=n-1, dist NULL", (long long)ns);
+
+    /* heavy ties: the buffer fills and exact compaction must keep the result exact */
+    {
+        const int64_t hn = 20000, hq = 16, hd = 8, hk = 16;
+        float *href = make_matrix(DATA_DUPLICATES, hn, hd, hd, 21), *hqry = make_matrix(DATA_DUPLICATES, hq, hd, hd, 22);
+        p = xknn_params_default();
+        p.ref_id_offset = 5;
+        p.ref_block = 2048; /* one split per query: ~4000 ties per value reach one buffer */
+        st = xknn_cuda_workspace_size(ctx, &p, hn, hq, hd, hk, &bytes, &err);
+        if (st == XKNN_SUCCESS) st = dsearch(ctx, &p, href, hn, hqry, hq, hd, hk, ids, dist, bytes, 0, stats, &err);
+        ref_knn(REF_L2, href, hn, hd, hqry, hq, hd, hd, hk, 0, 5, 0, wid, wd);
+        if (st != XKNN_SUCCESS)
+            ok(0, "device API, 20000 rows of 5 distinct values: %s", err.message);
+        else
+            is_knn_equal(ids, dist, wid, wd, hq, hk, "device API, 20000 rows of 5 distinct values");
+        ok(st == XKNN_SUCCESS && stats[XKNN_CUDA_STAT_EXACT_COMPACTIONS] > 0,
+           "heavy ties forced exact compactions (%llu)", stats[XKNN_CUDA_STAT_EXACT_COMPACTIONS]);
+        free(href);
+        free(hqry);
+    }
+
+    /* offsets + exclude_self through the device API */
+    p = xknn_params_default();
+    p.ref_id_offset = 100;
+    p.query_id_offset = 150;
+    p.exclude_self = 1;
+    st = xknn_cuda_workspace_size(ctx, &p, n, nq, d, k, &bytes, &err);
+    if (st == XKNN_SUCCESS) st = dsearch(ctx, &p, ref, n, ref + 50 * d, nq, d, k, ids, dist, bytes, 0, NULL, &err);
+    ref_knn(REF_L2, ref, n, d, ref + 50 * d, nq, d, d, k, 1, 100, 150, wid, wd);
+    if (st != XKNN_SUCCESS)
+        ok(0, "device API, id offsets and exclude_self: %s", err.message);
+    else
+        is_knn_equal(ids, dist, wid, wd, nq, k, "device API, id offsets and exclude_self");
+
+    /* errors: workspace below the minimum, misaligned workspace */
+    p = xknn_params_default();
+    st = dsearch(ctx, &p, ref, n, qry, nq, d, k, ids, dist, 1024, 0, NULL, &err);
+    is_int(st, XKNN_ERROR_OUT_OF_MEMORY, "1 KiB workspace: out of memory (%s)", err.message);
+    st = xknn_cuda_workspace_size(ctx, &p, n, nq, d, k, &bytes, &err);
+    st = dsearch(ctx, &p, ref, n, qry, nq, d, k, ids, dist, bytes, 8, NULL, &err);
+    is_int(st, XKNN_ERROR_INVALID_ARGUMENT, "misaligned workspace: invalid argument (%s)", err.message);
+
+    /* the host path reusing the context */
+    {
+        xknn_matrix r = XKNN_MATRIX_F32(ref, n, d), q = XKNN_MATRIX_F32(qry, nq, d);
+        p = xknn_params_default();
+        p.backend = XKNN_BACKEND_CUDA;
+        p.cuda_context = ctx;
+        ref_knn(REF_L2, ref, n, d, qry, nq, d, d, k, 0, 0, 0, wid, wd);
+        st = xknn_search(&p, &r, &q, k, ids, dist, &err);
+        if (st != XKNN_SUCCESS)
+            ok(0, "host path with params.cuda_context: %s", err.message);
+        else
+            is_knn_equal(ids, dist, wid, wd, nq, k, "host path with params.cuda_context");
+    }
+    xknn_cuda_context_destroy(ctx);
+    free(ref);
+    free(qry);
+    free(ids);
+    free(wid);
+    free(dist);
+    free(wd);
+}
+#else
+static void run_device_api(void) { skip(NDEVICE, "test built without the CUDA runtime headers"); }
+#endif
+
+int main(void)
+{
+    int i;
+    if (!xknn_backend_built(XKNN_BACKEND_CUDA) || xknn_cuda_device_count() == 0) skip_all("no CUDA device");
+    quick = getenv("XKNN_CUDA_TEST_QUICK") ? atoi(getenv("XKNN_CUDA_TEST_QUICK")) : 0;
+    plan(2 * NCASES + NERRORS + NDEVICE);
+    for (i = 0; i < NCASES; i++) run_case(&cases[i]);
+    run_errors();
+    run_device_api();
+    return tap_done();
+}
