@@ -445,6 +445,9 @@ extern void openblas_set_num_threads(int) __attribute__((weak));
 #define XKNN__HAVE_WEAK 1
 #endif
 
+/* private status: values out of the BLAS path's range, use the loop path */
+#define XKNN__FALLBACK ((xknn_status)-1)
+
 typedef struct {
     int64_t *rows;    /* re-rank scratch, cap each */
     float *vals;
@@ -498,9 +501,8 @@ static void xknn__blas_block(const xknn__job *job, xknn__thread_ws *w, int64_t q
     const int64_t roff = job->params.ref_id_offset, qoff = job->params.query_id_offset;
     const float *qblk = job->query + q0 * job->ldq;
     int64_t i, r0;
-    xknn__sqnorms(qblk, qb, job->ldq, d, w->dn);
     for (i = 0; i < qb; i++) {
-        w->nqv[i] = (float)w->dn[i];
+        w->nqv[i] = nx[job->n + q0 + i]; /* query norms follow the reference norms */
         w->st[i].cand_hi = w->hi + i * cap;
         w->st[i].tau = INFINITY;
         w->st[i].trigger = kk + kk / 2 + 64 < cap ? kk + kk / 2 + 64 : cap;
@@ -556,17 +558,37 @@ static xknn_status xknn__cpu_blas(const xknn__job *job)
     while (QB > 16 && (double)QB * (double)(cap * 20) > 128.0 * 1024 * 1024) QB /= 2;
     nblocks = (nq + QB - 1) / QB;
 
-    dn = (double *)malloc((size_t)n * sizeof(double));
-    nx = (float *)malloc((size_t)n * sizeof(float));
-    if (!dn || !nx) {
-        free(dn);
-        free(nx);
+    /* Norms of every reference and query (double, rounded to float), in parallel. The
+     * bound needs s = |q|^2 + |x|^2 far below FLT_MAX (then no float product or sum in
+     * sgemm overflows, |q_t x_t| <= s/2); otherwise the exact loop path takes over. */
+    nx = (float *)malloc((size_t)(n + nq) * sizeof(float));
+    if (!nx)
         return xknn__cpu_fail(job, XKNN_ERROR_OUT_OF_MEMORY, "cpu backend: out of memory for %lld norms",
-                              (long long)n);
+                              (long long)(n + nq));
+    {
+        double mref = 0.0, mqry = 0.0;
+        int64_t r;
+#pragma omp parallel for num_threads(nt) schedule(static, 256) reduction(max : mref)
+        for (r = 0; r < n; r++) {
+            double v;
+            xknn__sqnorms(job->ref + r * job->ldr, 1, job->ldr, d, &v);
+            nx[r] = (float)v;
+            if (v > mref) mref = v;
+        }
+#pragma omp parallel for num_threads(nt) schedule(static, 256) reduction(max : mqry)
+        for (r = 0; r < nq; r++) {
+            double v;
+            xknn__sqnorms(job->query + r * job->ldq, 1, job->ldq, d, &v);
+            nx[n + r] = (float)v;
+            if (v > mqry) mqry = v;
+        }
+        if (!(mref + mqry < 1e35)) {
+            free(nx);
+            return XKNN__FALLBACK;
+        }
     }
-    xknn__sqnorms(job->ref, n, job->ldr, d, dn);
-    for (i = 0; i < n; i++) nx[i] = (float)dn[i];
-    free(dn);
+    (void)dn;
+    (void)i;
 
 #ifdef XKNN__HAVE_WEAK
     if (nt > 1 && openblas_get_parallel && openblas_get_num_threads && openblas_set_num_threads &&
@@ -612,24 +634,10 @@ xknn_status xknn__cpu_search(const xknn__job *job)
     if (path != XKNN_CPU_PATH_LOOP) {
         /* The bound needs float products that neither overflow nor lose all meaning,
          * and BLAS takes int sizes. Otherwise the loop path gives the same result. */
-        int ok = job->d < (1 << 20) && job->ldr <= INT_MAX && job->ldq <= INT_MAX;
-        if (ok) {
-            double mx = 0.0;
-            int64_t i, t;
-            for (i = 0; i < job->n && ok; i++)
-                for (t = 0; t < job->d; t++) {
-                    double v = fabs((double)job->ref[i * job->ldr + t]);
-                    if (v > mx) mx = v;
-                }
-            for (i = 0; i < job->nq && ok; i++)
-                for (t = 0; t < job->d; t++) {
-                    double v = fabs((double)job->query[i * job->ldq + t]);
-                    if (v > mx) mx = v;
-                }
-            /* |s| <= 2 d mx^2 must stay far below FLT_MAX */
-            ok = 2.0 * (double)job->d * mx * mx < 1e36;
+        if (job->d < (1 << 20) && job->ldr <= INT_MAX && job->ldq <= INT_MAX) {
+            xknn_status st = xknn__cpu_blas(job);
+            if (st != XKNN__FALLBACK) return st;
         }
-        if (ok) return xknn__cpu_blas(job);
         if (job->params.verbose)
             fprintf(stderr, "xknn: cpu backend: values or sizes out of the BLAS path's range; exact loop\n");
     }
