@@ -570,6 +570,26 @@ static xknn_status knn__read(knn_run *r, xknn_error *err)
 #ifdef XKNN_HAVE_MPI
 /* ---- MPI: temporary output, written block by block with MPI-IO --------------------- */
 
+/* Writes bytes at off; MPI_SUCCESS, an MPI error code, or KNN__SHORT_WRITE when MPI
+ * reports success but wrote fewer bytes (some MPI-IO layers do on ENOSPC / EFBIG). */
+#define KNN__SHORT_WRITE (-1)
+static int knn__write_at(MPI_File fh, int64_t off, const unsigned char *p, int64_t bytes)
+{
+    int rc = MPI_SUCCESS;
+    while (rc == MPI_SUCCESS && bytes > 0) {
+        int64_t c = bytes < ((int64_t)1 << 30) ? bytes : ((int64_t)1 << 30);
+        MPI_Status status;
+        int done = 0;
+        rc = MPI_File_write_at(fh, (MPI_Offset)off, (void *)p, (int)c, MPI_BYTE, &status);
+        if (rc == MPI_SUCCESS && (MPI_Get_count(&status, MPI_BYTE, &done) != MPI_SUCCESS || done != (int)c))
+            return KNN__SHORT_WRITE;
+        off += c;
+        p += c;
+        bytes -= c;
+    }
+    return rc;
+}
+
 /* Collective. Rank 0 creates a unique temporary next to the output; all open it. */
 static xknn_status knn__open_output(knn_run *r, xknn_error *err)
 {
@@ -579,8 +599,12 @@ static xknn_status knn__open_output(knn_run *r, xknn_error *err)
     if (r->rank == 0) {
         int fd;
         mode_t um;
+        struct stat sb;
         if (strlen(r->output) + 16 > sizeof r->tmp) {
             st = knn__fail(err, XKNN_ERROR_INVALID_ARGUMENT, "output name %s is too long", r->output);
+        } else if (stat(r->output, &sb) == 0 && !S_ISREG(sb.st_mode)) {
+            /* a device, directory or FIFO would be replaced by the final rename */
+            st = knn__fail(err, XKNN_ERROR_IO, "output %s exists and is not a regular file", r->output);
         } else {
             snprintf(r->tmp, sizeof r->tmp, "%s.tmp.XXXXXX", r->output);
             fd = mkstemp(r->tmp);
@@ -621,23 +645,14 @@ static xknn_status knn__open_output(knn_run *r, xknn_error *err)
     if (st == XKNN_SUCCESS && r->rank == 0 && r->lay.header_bytes > 0) {
         unsigned char hdr[8];
         xknn_result_header(r->fmt, r->nq, r->o.k, hdr);
-        rc = MPI_File_write_at(r->fh, 0, hdr, (int)r->lay.header_bytes, MPI_BYTE, MPI_STATUS_IGNORE);
-        if (rc != MPI_SUCCESS) st = knn__mpi_error(r, err, rc, "MPI_File_write_at (header)");
+        rc = knn__write_at(r->fh, 0, hdr, r->lay.header_bytes);
+        if (rc == KNN__SHORT_WRITE)
+            st = knn__fail(err, XKNN_ERROR_IO, "writing the header of %s: short write (disk full or file too large?)",
+                           r->tmp);
+        else if (rc != MPI_SUCCESS)
+            st = knn__mpi_error(r, err, rc, "MPI_File_write_at (header)");
     }
     return knn__agree(r, st, err);
-}
-
-static int knn__write_at(MPI_File fh, int64_t off, const unsigned char *p, int64_t bytes)
-{
-    int rc = MPI_SUCCESS;
-    while (rc == MPI_SUCCESS && bytes > 0) {
-        int64_t c = bytes < ((int64_t)1 << 30) ? bytes : ((int64_t)1 << 30);
-        rc = MPI_File_write_at(fh, (MPI_Offset)off, (void *)p, (int)c, MPI_BYTE, MPI_STATUS_IGNORE);
-        off += c;
-        p += c;
-        bytes -= c;
-    }
-    return rc;
 }
 
 /* Sink: on the block's owner, encode its rows and write them at their offsets. */
@@ -660,6 +675,9 @@ static xknn_status knn__sink(void *user, int64_t q0, int64_t rows, int64_t k, co
     if (st != XKNN_SUCCESS) return st;
     rc = knn__write_at(r->fh, r->lay.ids_offset + q0 * r->lay.ids_row_bytes, r->wbuf, ib);
     if (rc == MPI_SUCCESS && db > 0) rc = knn__write_at(r->fh, r->lay.dist_offset + q0 * r->lay.dist_row_bytes, r->wbuf + ib, db);
+    if (rc == KNN__SHORT_WRITE)
+        return knn__fail(err, XKNN_ERROR_IO, "writing rows %lld..%lld of %s: short write (disk full or file too large?)",
+                         (long long)q0, (long long)(q0 + rows - 1), r->tmp);
     if (rc != MPI_SUCCESS) {
         char text[MPI_MAX_ERROR_STRING];
         int len = 0;
@@ -714,7 +732,13 @@ static xknn_status knn__search_and_write(knn_run *r, xknn_error *err)
     }
     st = knn__agree(r, st, err);
     if (st == XKNN_SUCCESS && r->rank == 0) {
-        if (rename(r->tmp, r->output) != 0)
+        /* the file must be complete before it takes the output's name */
+        struct stat sb;
+        if (stat(r->tmp, &sb) != 0 || (int64_t)sb.st_size != r->lay.total_bytes)
+            st = knn__fail(err, XKNN_ERROR_IO, "output %s is incomplete (%lld of %lld bytes written): disk full?",
+                           r->tmp, stat(r->tmp, &sb) == 0 ? (long long)sb.st_size : -1LL,
+                           (long long)r->lay.total_bytes);
+        else if (rename(r->tmp, r->output) != 0)
             st = knn__fail(err, XKNN_ERROR_IO, "cannot rename %s to %s: %s", r->tmp, r->output, strerror(errno));
         else
             r->tmp_exists = 0;

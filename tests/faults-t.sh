@@ -1,0 +1,365 @@
+#!/bin/sh
+# faults-t.sh KNN_MPI MKDATA MPIRUN|none -- the fault catalogue of knn_mpi (TAP).
+#
+# Every bad input, bad option and resource fault below runs twice: as one plain process
+# and under `mpirun -np 4`. Each run must end, within 60 s, with the documented exit
+# code, exactly one "knn_mpi: " line on stderr that names the file or option at fault
+# (lines from mpirun itself are ignored), and nothing in the output directory: no result
+# file, no temporary. cli-t.sh covers the happy paths and a first set of errors; this
+# file widens the errors to every reader, to faults seen by one rank only, and to the
+# environment (unwritable output, full disk, no GPU, a rank killed mid-run).
+#
+# A case that exposes a known knn_mpi bug is reported as "not ok ... # TODO <bug>" while
+# the bug lasts (TAP: it does not fail the suite) and as a plain "ok" once fixed.
+# POSIX sh: runs under dash.
+
+KNN=$1
+MK=$2
+MPIRUN=${3:-none}
+T=$(mktemp -d "${TMPDIR:-/tmp}/faults-t.XXXXXX") || exit 1
+trap 'chmod -R u+rwx "$T" 2>/dev/null; rm -rf "$T"' EXIT
+trap 'exit 1' INT TERM
+O=$T/outdir       # the output directory of every case: must stay empty
+D=$T/data
+mkdir "$O" "$D" || exit 1
+
+PLAN=117
+NUM=0
+FAILED=0
+echo "1..$PLAN"
+
+diag() { echo "# $*"; }
+mk() { "$MK" "$@" >/dev/null || { echo "Bail out! mkdata $*"; exit 1; }; }
+
+# ---- bytes (dash's printf has no \x: octal escapes) -------------------------------------
+byte() { printf "\\$(printf %03o "$1")"; }
+le32() { byte $(($1 & 255)); byte $((($1 >> 8) & 255)); byte $((($1 >> 16) & 255)); byte $((($1 >> 24) & 255)); }
+be32() { byte $((($1 >> 24) & 255)); byte $((($1 >> 16) & 255)); byte $((($1 >> 8) & 255)); byte $(($1 & 255)); }
+f32nan() { byte 0; byte 0; byte 192; byte 127; }
+f32inf() { byte 0; byte 0; byte 128; byte 127; }
+f32ninf() { byte 0; byte 0; byte 128; byte 255; }
+patch() { # patch FILE OFFSET < BYTES: overwrite in place
+    dd of="$1" bs=1 seek="$2" conv=notrunc 2>/dev/null || { echo "Bail out! patch $1"; exit 1; }
+}
+chop() { # chop FILE BYTES: drop the last BYTES bytes
+    sz=$(wc -c <"$1")
+    head -c $((sz - $2)) "$1" >"$1.chop" && mv "$1.chop" "$1"
+}
+npy_header() { # npy_header DESCR SHAPE [FORTRAN]: a v1 header padded to 64 bytes
+    h="{'descr': '$1', 'fortran_order': ${3:-False}, 'shape': ($2), }"
+    pad=$(((64 - (10 + ${#h} + 1) % 64) % 64))
+    hl=$((${#h} + pad + 1))
+    byte 147; printf 'NUMPY'; byte 1; byte 0; byte $((hl & 255)); byte $((hl >> 8))
+    printf '%s%*s\n' "$h" "$pad" ""
+}
+idx_header() { # idx_header TYPE DIM...: big-endian IDX header
+    t=$1; shift
+    byte 0; byte 0; byte "$t"; byte $#
+    for dim in "$@"; do be32 "$dim"; done
+}
+
+# ---- data: n = 400 references, d = 8; on 4 ranks rank 2 owns rows 200..299 ---------------
+mk data integer 400 8 1 "$D/ref.fbin"
+mk data integer 30 8 2 "$D/q.fbin"
+mk data integer 400 8 1 "$D/ref.fvecs"
+mk data integer 400 8 1 "$D/ref.u8bin" u8
+mk data integer 1 8 3 "$D/one.fbin"
+cp "$D/ref.fbin" "$D/trunc.fbin"; chop "$D/trunc.fbin" 5
+cp "$D/q.fbin" "$D/qtrunc.fbin"; chop "$D/qtrunc.fbin" 1
+cp "$D/ref.fvecs" "$D/trunc.fvecs"; chop "$D/trunc.fvecs" 7
+{ npy_header '<f4' '400, 8'; tail -c +9 "$D/ref.fbin"; } >"$D/ref.npy"
+cp "$D/ref.npy" "$D/trunc.npy"; chop "$D/trunc.npy" 6
+{ npy_header '<f4' '900, 8'; tail -c +9 "$D/ref.fbin"; } >"$D/more.npy"
+{ npy_header '<f4' '1099511627776, 1099511627776'; tail -c +9 "$D/ref.fbin"; } >"$D/ovf.npy"
+{ npy_header '<f4' '400, 8' True; tail -c +9 "$D/ref.fbin"; } >"$D/fortran.npy"
+{ npy_header '<c8' '400, 8'; tail -c +9 "$D/ref.fbin"; tail -c +9 "$D/ref.fbin"; } >"$D/c8.npy"
+{ npy_header '<f4' '30, 9'; head -c $((30 * 9 * 4)) "$D/ref.fbin"; } >"$D/q9.npy"
+{ npy_header '<f4' '30, 8'; tail -c +9 "$D/q.fbin"; } >"$D/qnan.npy"
+printf '' | f32nan | patch "$D/qnan.npy" $((128 + (17 * 8 + 3) * 4))
+{ idx_header 8 400 8; tail -c +9 "$D/ref.u8bin"; } >"$D/ref-idx2-ubyte"
+cp "$D/ref-idx2-ubyte" "$D/trunc-idx2-ubyte"; chop "$D/trunc-idx2-ubyte" 9
+{ idx_header 8 500 8; tail -c +9 "$D/ref.u8bin"; } >"$D/more-idx2-ubyte"
+{ idx_header 8 400 4294967295 4294967295; tail -c +9 "$D/ref.u8bin"; } >"$D/ovf-idx3-ubyte"
+{ byte 1; byte 0; byte 8; byte 2; be32 400; be32 8; tail -c +9 "$D/ref.u8bin"; } >"$D/magic-idx2-ubyte"
+{ idx_header 10 400 8; tail -c +9 "$D/ref.u8bin"; } >"$D/type-idx2-ubyte"
+HAVE_GZIP=0
+if command -v gzip >/dev/null 2>&1; then
+    HAVE_GZIP=1
+    gzip -c "$D/ref-idx2-ubyte" >"$D/gz-idx2-ubyte.gz"
+    chop "$D/gz-idx2-ubyte.gz" 40
+    gzip -c "$D/ref.fvecs" >"$D/crc.fvecs.gz"         # deflate data damaged: CRC or stream error
+    printf 'XXXXXXXXXXXXXXXX' | patch "$D/crc.fvecs.gz" $(($(wc -c <"$D/crc.fvecs.gz") / 2))
+fi
+{ le32 1000; le32 8; tail -c +9 "$D/ref.fbin"; } >"$D/more.fbin"
+{ le32 4294967295; le32 4294967295; tail -c +9 "$D/ref.fbin"; } >"$D/ovf.fbin"
+{ le32 10; le32 0; } >"$D/d0.fbin"
+le32 0 >"$D/d0.fvecs"
+printf 'abcde' >"$D/hdr.fbin"
+: >"$D/empty.fbin"
+: >"$D/empty.fvecs"
+cp "$D/ref.fvecs" "$D/mixlast.fvecs"; le32 7 | patch "$D/mixlast.fvecs" $((399 * 36))
+cp "$D/ref.fvecs" "$D/mixmid.fvecs"; le32 9 | patch "$D/mixmid.fvecs" $((250 * 36))
+cp "$D/ref.fbin" "$D/inf2.fbin"; f32inf | patch "$D/inf2.fbin" $((8 + (250 * 8 + 6) * 4))
+cp "$D/ref.fbin" "$D/nan0.fbin"; f32nan | patch "$D/nan0.fbin" $((8 + (0 * 8 + 0) * 4))
+cp "$D/ref.fvecs" "$D/nan3.fvecs"; f32nan | patch "$D/nan3.fvecs" $((333 * 36 + 4 + 1 * 4))
+cp "$D/q.fbin" "$D/qninf.fbin"; f32ninf | patch "$D/qninf.fbin" $((8 + (29 * 8 + 7) * 4))
+cp "$D/ref.fbin" "$D/ref.txt"
+mkdir "$D/dir.fbin"
+cp "$D/ref.fbin" "$D/noperm.fbin"; chmod 000 "$D/noperm.fbin"
+mkdir "$T/ro"; chmod 555 "$T/ro"
+mkdir "$T/isfile"; : >"$T/isfile/f"
+
+# ---- running one case on 1 and on 4 ranks ----------------------------------------------------
+# case_ WANT KEYS DESCRIPTION ARGS...: WANT is the exit code (or "A|B"), KEYS a list of
+# "|"-separated fixed strings that the one knn_mpi line must all contain. TODO, when set,
+# names the known bug that a failure of this case shows (cleared after each case).
+TODO=
+ONLY_NP1=
+ok_() { # ok_ STATUS DESCRIPTION [TODO]
+    NUM=$((NUM + 1))
+    if [ "$1" -eq 0 ]; then
+        echo "ok $NUM - $2"
+        [ -n "$3" ] && diag "known bug not reproduced any more: $3"
+    elif [ -n "$3" ]; then
+        echo "not ok $NUM - $2 # TODO $3"
+        diag "$WHY"
+        sed 's/^/#   stderr: /' "$T/err" 2>/dev/null | head -n 6
+    else
+        echo "not ok $NUM - $2"
+        FAILED=$((FAILED + 1))
+        diag "$WHY"
+        diag "exit status $RC; stderr:"
+        sed 's/^/#   /' "$T/err" 2>/dev/null | head -n 15
+    fi
+}
+skip_() { NUM=$((NUM + 1)); echo "ok $NUM # SKIP $1"; }
+run_() { # run_ NP ARGS...
+    np=$1; shift
+    if [ "$np" -eq 1 ]; then
+        timeout -k 5 60 "$KNN" "$@" >"$T/out" 2>"$T/err"
+    else
+        timeout -k 5 60 "$MPIRUN" --allow-run-as-root --oversubscribe -np "$np" "$KNN" "$@" >"$T/out" 2>"$T/err"
+    fi
+    RC=$?
+}
+verdict() { # verdict WANT KEYS: 0 when the last run matched; WHY says what did not
+    WHY=
+    if [ "$RC" -eq 124 ] || [ "$RC" -eq 137 ]; then WHY="timed out (60 s)"; return 1; fi
+    case "|$1|" in *"|$RC|"*) ;; *) WHY="exit $RC, want $1"; return 1 ;; esac
+    n=$(grep -c '^knn_mpi: ' "$T/err")
+    [ "$n" -eq 1 ] || { WHY="$n 'knn_mpi: ' lines on stderr, want 1"; return 1; }
+    line=$(grep '^knn_mpi: ' "$T/err")
+    oldifs=$IFS; IFS='|'
+    for key in $2; do
+        case "$line" in *"$key"*) ;; *) IFS=$oldifs; WHY="message lacks '$key'"; return 1 ;; esac
+    done
+    IFS=$oldifs
+    left=$(ls -A "$O")
+    [ -z "$left" ] || { WHY="left in the output directory: $left"; return 1; }
+    return 0
+}
+case_() {
+    want=$1 keys=$2 desc=$3
+    shift 3
+    for np in 1 4; do
+        if [ "$np" -ne 1 ] && [ "$MPIRUN" = none ]; then
+            skip_ "MPI not built: $desc (4 ranks)"
+            continue
+        fi
+        if [ "$np" -ne 1 ] && [ -n "$ONLY_NP1" ]; then
+            skip_ "$ONLY_NP1: $desc (4 ranks)"
+            continue
+        fi
+        rm -rf "$O"/* "$O"/.[!.]* 2>/dev/null
+        run_ $np "$@"
+        verdict "$want" "$keys"
+        ok_ $? "$desc ($np rank$([ $np -gt 1 ] && echo s))" "$TODO"
+    done
+    rm -rf "$O"/* "$O"/.[!.]* 2>/dev/null
+    TODO=
+    ONLY_NP1=
+}
+skip2() { skip_ "$1 (1 rank)"; skip_ "$1 (4 ranks)"; }
+
+# ---- truncated files and headers that promise more than the file holds (exit 2) ---------------
+case_ 2 "$D/trunc.fbin" "truncated .fbin reference" -o "$O/r.bin" "$D/trunc.fbin" "$D/q.fbin"
+case_ 2 "$D/qtrunc.fbin" "truncated .fbin query (1 byte short)" -o "$O/r.bin" "$D/ref.fbin" "$D/qtrunc.fbin"
+case_ 2 "$D/trunc.fvecs" "truncated .fvecs (last row cut)" -o "$O/r.bin" "$D/trunc.fvecs" "$D/q.fbin"
+case_ 2 "$D/trunc.npy" "truncated .npy" -o "$O/r.bin" "$D/trunc.npy" "$D/q.fbin"
+case_ 2 "$D/trunc-idx2-ubyte" "truncated IDX" -o "$O/r.bin" "$D/trunc-idx2-ubyte"
+if [ $HAVE_GZIP -eq 1 ]; then
+    case_ 2 "$D/gz-idx2-ubyte.gz" "truncated gzip stream (IDX .gz)" -o "$O/r.bin" "$D/gz-idx2-ubyte.gz"
+    case_ 2 "$D/crc.fvecs.gz" "damaged gzip stream (.fvecs.gz)" -o "$O/r.bin" "$D/crc.fvecs.gz" "$D/q.fbin"
+else
+    skip2 "no gzip: truncated gzip stream"
+    skip2 "no gzip: damaged gzip stream"
+fi
+case_ 2 "$D/hdr.fbin" "truncated header (.fbin of 5 bytes)" -o "$O/r.bin" "$D/hdr.fbin" "$D/q.fbin"
+case_ 2 "$D/more.fbin|1000" ".fbin header n=1000, data for 400 rows" -o "$O/r.bin" "$D/more.fbin" "$D/q.fbin"
+case_ 2 "$D/more.npy" ".npy shape (900, 8), data for 400 rows" -o "$O/r.bin" "$D/more.npy" "$D/q.fbin"
+case_ 2 "$D/more-idx2-ubyte" "IDX dimension 500, data for 400 rows" -o "$O/r.bin" "$D/more-idx2-ubyte"
+
+# ---- sizes that overflow, d = 0, bad magic and types (exit 2) ----------------------------------
+case_ 2 "$D/ovf.fbin" ".fbin n = d = 2^32-1 (bytes overflow)" -o "$O/r.bin" "$D/ovf.fbin" "$D/q.fbin"
+case_ 2 "$D/ovf.npy" ".npy shape 2^40 x 2^40 (n*d overflows 64 bits)" -o "$O/r.bin" "$D/ovf.npy" "$D/q.fbin"
+case_ 2 "$D/ovf-idx3-ubyte" "IDX dims 400 x (2^32-1)^2 (d overflows)" -o "$O/r.bin" "$D/ovf-idx3-ubyte"
+case_ 2 "$D/d0.fbin|d = 0" ".fbin with d = 0" -o "$O/r.bin" "$D/d0.fbin" "$D/q.fbin"
+case_ 2 "$D/d0.fvecs" ".fvecs row with d = 0" -o "$O/r.bin" "$D/d0.fvecs" "$D/q.fbin"
+case_ 2 "$D/magic-idx2-ubyte|magic" "wrong IDX magic" -o "$O/r.bin" "$D/magic-idx2-ubyte"
+case_ 2 "$D/type-idx2-ubyte" "IDX type byte 0x0A (undefined)" -o "$O/r.bin" "$D/type-idx2-ubyte"
+case_ 2 "$D/fortran.npy|ortran" ".npy in Fortran order" -o "$O/r.bin" "$D/fortran.npy" "$D/q.fbin"
+case_ 2 "$D/c8.npy" ".npy dtype <c8 (complex: not accepted)" -o "$O/r.bin" "$D/c8.npy" "$D/q.fbin"
+case_ 2 "$D/ref.txt|extension" "unknown file extension" -o "$O/r.bin" "$D/ref.txt" "$D/q.fbin"
+
+# ---- mixed d, dimension mismatch, NaN and Inf (exit 2) ---------------------------------------
+case_ 2 "$D/mixlast.fvecs|row 399" "mixed d in .fvecs (last row, seen by the probe)" \
+    -o "$O/r.bin" "$D/mixlast.fvecs" "$D/q.fbin"
+case_ 2 "$D/mixmid.fvecs|row 250" "mixed d in .fvecs (row 250: rank 2's slice)" \
+    -o "$O/r.bin" "$D/mixmid.fvecs" "$D/q.fbin"
+case_ 2 "dimension mismatch|$D/ref.fvecs|$D/q9.npy" "dimension mismatch .fvecs d=8 vs .npy d=9" \
+    -o "$O/r.bin" "$D/ref.fvecs" "$D/q9.npy"
+case_ 2 "$D/inf2.fbin|row 250|column 6" "Inf in REF row 250 (one rank's slice only)" \
+    -o "$O/r.bin" "$D/inf2.fbin" "$D/q.fbin"
+case_ 2 "$D/nan0.fbin|row 0|column 0" "NaN in REF row 0 (rank 0)" -o "$O/r.bin" "$D/nan0.fbin" "$D/q.fbin"
+case_ 2 "$D/nan3.fvecs|row 333|column 1" "NaN in .fvecs REF row 333 (rank 3), self-join" \
+    -o "$O/r.bin" "$D/nan3.fvecs"
+case_ 2 "$D/qninf.fbin|row 29|column 7" "-Inf in the query (last value)" -o "$O/r.bin" "$D/ref.fbin" "$D/qninf.fbin"
+case_ 2 "$D/qnan.npy|row 17|column 3" "NaN in a .npy query" -o "$O/r.bin" "$D/ref.fbin" "$D/qnan.npy"
+
+# ---- k (usage 1 for k < 1, input 2 for k too large) ------------------------------------------
+case_ 1 "-k" "k = 0" -k 0 -o "$O/r.bin" "$D/ref.fbin" "$D/q.fbin"
+case_ 1 "-k|-5" "k = -5" -k -5 -o "$O/r.bin" "$D/ref.fbin" "$D/q.fbin"
+case_ 1 "-k|10x" "k = 10x (not a number)" -k 10x -o "$O/r.bin" "$D/ref.fbin" "$D/q.fbin"
+case_ 1 "-k|99999999999999999999" "k beyond int64" -k 99999999999999999999 -o "$O/r.bin" "$D/ref.fbin"
+case_ 2 "401|too large" "k = n + 1" -k 401 -o "$O/r.bin" "$D/ref.fbin" "$D/q.fbin"
+case_ 2 "too large" "self-join k = n (> n - 1)" -k 400 -o "$O/r.bin" "$D/ref.fvecs"
+case_ 2 "too large" "self-join of one row, k = 1 (n - 1 = 0)" -k 1 -o "$O/r.bin" "$D/one.fbin"
+
+# ---- empty, unreadable, missing files (exit 2) -----------------------------------------------
+case_ 2 "$D/empty.fbin|empty" "empty REF .fbin" -o "$O/r.bin" "$D/empty.fbin" "$D/q.fbin"
+case_ 2 "$D/empty.fvecs|empty" "empty QUERY .fvecs" -o "$O/r.bin" "$D/ref.fbin" "$D/empty.fvecs"
+case_ 2 "$D/dir.fbin" "a directory given as REF" -o "$O/r.bin" "$D/dir.fbin" "$D/q.fbin"
+if [ -r "$D/noperm.fbin" ]; then
+    skip2 "chmod 000 file is readable (running as root)"
+else
+    case_ 2 "$D/noperm.fbin" "unreadable REF (mode 000)" -o "$O/r.bin" "$D/noperm.fbin" "$D/q.fbin"
+fi
+case_ 2 "$D/nosuch.fbin" "missing REF" -o "$O/r.bin" "$D/nosuch.fbin" "$D/q.fbin"
+case_ 2 "$D/nosuch.npy" "missing QUERY" -o "$O/r.bin" "$D/ref.fbin" "$D/nosuch.npy"
+
+# ---- outputs that cannot be written ------------------------------------------------------------
+case_ 2 "$T/no/such/r.bin" "output in a missing directory" -o "$T/no/such/r.bin" "$D/ref.fbin" "$D/q.fbin"
+case_ 2 "$T/isfile/f/r.bin" "output under a regular file" -o "$T/isfile/f/r.bin" "$D/ref.fbin" "$D/q.fbin"
+if touch "$T/ro/probe" 2>/dev/null; then
+    rm -f "$T/ro/probe"
+    skip2 "read-only directory is writable (running as root)"
+else
+    case_ 2 "$T/ro/r.bin" "output in a read-only directory" -o "$T/ro/r.bin" "$D/ref.fbin" "$D/q.fbin"
+fi
+case_ 1 "--json" "--json with an empty name" --json= -o "$O/r.bin" "$D/ref.fbin" "$D/q.fbin"
+
+# Disk full: RLIMIT_FSIZE with SIGXFSZ ignored makes write() fail (EFBIG) past 4 MiB, the
+# way a full disk fails it; the result here is 8 + 10000*100*8 = 8 MB. The limit is set
+# in a wrapper around each knn_mpi process, not around mpirun (whose PMIx shared-memory
+# store must stay writable: under the limit mpirun itself fails and hangs).
+mk data integer 10000 8 4 "$D/q10k.fbin"
+printf '#!/bin/sh\ntrap "" XFSZ\nulimit -f 8192\nexec "%s" "$@"\n' "$KNN" >"$T/fsz.sh"
+chmod +x "$T/fsz.sh"
+KNN_REAL=$KNN
+KNN=$T/fsz.sh
+# Under mpirun the file-size limit also hits Open MPI's shared-memory setup (ftruncate
+# fails, the rank crashes before xknn runs): the limit cannot model a full disk there.
+ONLY_NP1="the file-size limit breaks Open MPI's own shared-memory setup"
+case_ "2|3" "$O/r.bin" "full disk (write fails with EFBIG past 4 MiB)" -k 100 -o "$O/r.bin" "$D/ref.fbin" "$D/q10k.fbin"
+KNN=$KNN_REAL
+
+# /dev/full is a character device that fails every write with ENOSPC. Writing the result
+# through a temporary + rename() must not replace the device node by a regular file:
+# a copy of the node (root only) is the target, never /dev/full itself.
+if mknod "$T/full" c 1 7 2>/dev/null; then
+    for np in 1 4; do
+        if [ "$np" -ne 1 ] && [ "$MPIRUN" = none ]; then skip_ "MPI not built"; continue; fi
+        [ -c "$T/full" ] || { rm -f "$T/full"; mknod "$T/full" c 1 7; }
+        run_ $np -o "$T/full" "$D/ref.fbin" "$D/q.fbin"
+        WHY=
+        if [ "$RC" -eq 0 ] || [ "$RC" -eq 124 ]; then WHY="exit $RC, want nonzero"
+        elif [ ! -c "$T/full" ]; then WHY="the device node was replaced by a regular file"
+        elif [ -n "$(ls "$T"/full.tmp.* 2>/dev/null)" ]; then WHY="temporary left: $(ls "$T"/full.tmp.*)"
+        elif [ "$(grep -c '^knn_mpi: ' "$T/err")" -ne 1 ]; then WHY="not exactly one knn_mpi line"
+        fi
+        [ -z "$WHY" ]
+        ok_ $? "output to a copy of /dev/full: nonzero exit, the device node kept ($np rank$([ $np -gt 1 ] && echo s))"
+        rm -f "$T"/full.tmp.*
+    done
+else
+    skip2 "mknod not permitted: output to a character device"
+fi
+
+# ---- bad options (exit 1) ------------------------------------------------------------------
+case_ 1 "cosine" "unknown metric" -m cosine -o "$O/r.bin" "$D/ref.fbin" "$D/q.fbin"
+case_ 1 "--backend|gpu" "--backend gpu" --backend gpu -o "$O/r.bin" "$D/ref.fbin" "$D/q.fbin"
+case_ 1 "--dtype|f64" "--dtype=f64" --dtype=f64 -o "$O/r.bin" "$D/ref.fbin" "$D/q.fbin"
+case_ 1 "--query-block|0" "--query-block 0" --query-block 0 -o "$O/r.bin" "$D/ref.fbin" "$D/q.fbin"
+case_ 1 "--query-block|-3" "--query-block -3" --query-block -3 -o "$O/r.bin" "$D/ref.fbin" "$D/q.fbin"
+case_ 1 "--query-block|many" "--query-block many" --query-block many -o "$O/r.bin" "$D/ref.fbin" "$D/q.fbin"
+case_ 1 "--query-block|needs a value" "--query-block without a value" -o "$O/r.bin" "$D/ref.fbin" --query-block
+case_ 1 "--quiet|takes no value" "--quiet=yes" --quiet=yes -o "$O/r.bin" "$D/ref.fbin"
+case_ 1 "--no-such-option" "unknown option" --no-such-option -o "$O/r.bin" "$D/ref.fbin" "$D/q.fbin"
+
+# ---- resources (exit 3) ----------------------------------------------------------------------
+# This machine has no GPU (or the build has no CUDA): a clear "not built" / "no device".
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+    skip2 "a GPU is present: --backend cuda would succeed"
+else
+    case_ 3 "--backend cuda" "--backend cuda without a GPU" --backend cuda -o "$O/r.bin" "$D/ref.fbin" "$D/q.fbin"
+fi
+
+# ---- a rank killed mid-run ------------------------------------------------------------------
+# 4 ranks on a problem of a few seconds; after 1.5 s one rank (not rank 0) gets SIGKILL.
+# Passes when mpirun ends nonzero within 60 s and no result file exists; a temporary left
+# by the killed job (nobody is alive to remove it) is noted, not failed.
+if [ "$MPIRUN" = none ]; then
+    skip_ "MPI not built: rank killed mid-run"
+else
+    mk data gaussian 60000 32 5 "$D/kref.fbin"
+    mk data gaussian 6000 32 6 "$D/kq.fbin"
+    rm -rf "$O"/*
+    "$MPIRUN" --allow-run-as-root --oversubscribe -np 4 "$KNN" -k 50 --query-block 64 -o "$O/kill.bin" \
+        "$D/kref.fbin" "$D/kq.fbin" >"$T/out" 2>"$T/err" &
+    mp=$!
+    # wait for the 4 ranks to exist, then let them start searching
+    waited=0
+    while [ "$(ps -o pid= --ppid "$mp" 2>/dev/null | wc -l)" -lt 4 ] && [ $waited -lt 100 ]; do
+        sleep 0.1; waited=$((waited + 1))
+    done
+    sleep 1.5
+    ranks=$(ps -o pid= --ppid "$mp" 2>/dev/null | tr -d ' ')
+    victim=$(echo "$ranks" | sed -n 3p)
+    if [ -n "$victim" ]; then kill -9 "$victim"; fi
+    waited=0
+    RC=0
+    while kill -0 "$mp" 2>/dev/null && [ $waited -lt 600 ]; do sleep 0.1; waited=$((waited + 1)); done
+    if kill -0 "$mp" 2>/dev/null; then
+        kill -9 $ranks "$mp" 2>/dev/null
+        RC=124
+    fi
+    wait "$mp"
+    w=$?
+    [ "$RC" = 124 ] || RC=$w
+    WHY=
+    if [ -z "$victim" ]; then WHY="found no rank process to kill (mpirun children: '$ranks')"
+    elif [ "$RC" -eq 124 ]; then WHY="mpirun still running 60 s after a rank was killed"
+    elif [ "$RC" -eq 0 ]; then WHY="mpirun exit 0 after a rank was killed"
+    elif [ -e "$O/kill.bin" ]; then WHY="result file $O/kill.bin exists"
+    fi
+    [ -z "$WHY" ]
+    ok_ $? "rank killed mid-run (4 ranks): mpirun exits nonzero in time, no result file"
+    diag "killed pid $victim after 1.5 s; mpirun exit $RC after $((waited / 10)).$((waited % 10)) s"
+    diag "left in the output directory: '$(ls -A "$O" | tr '\n' ' ')'"
+    diag "what the user sees (stderr, first lines):"
+    grep -v '^ *$' "$T/err" | grep -v '^---' | head -n 4 | sed 's/^/#   /'
+    rm -rf "$O"/*
+fi
+
+[ $NUM -eq $PLAN ] || echo "# planned $PLAN tests, ran $NUM"
+[ $FAILED -eq 0 ] && [ $NUM -eq $PLAN ]
