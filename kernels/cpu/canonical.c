@@ -105,6 +105,58 @@ static void canonical_many_portable(xknn_metric metric, const float *q, const fl
 XKNN__TARGET_FAST static void canonical_block_fast(xknn_metric metric, const float *q, const float *rt, int64_t ldt,
                                                    int64_t nb, int64_t d, double *acc, float *out);
 
+#ifdef XKNN__HAVE_CLONES
+#include <immintrin.h>
+/* rt[t*ldt + j] = xs[j][t] for j < nb, t < d: 8 x 8 blocks transposed in registers
+ * (eight 32-byte loads, 24 shuffles, eight 32-byte stores), scalar edges. */
+XKNN__TARGET_FAST static void gather_transposed_fast(const float *const *xs, int64_t nb, int64_t d, float *rt,
+                                                     int64_t ldt)
+{
+    int64_t j0 = 0, t, j;
+    for (; j0 + 8 <= nb; j0 += 8) {
+        int64_t t0 = 0;
+        for (; t0 + 8 <= d; t0 += 8) {
+            __m256 r0 = _mm256_loadu_ps(xs[j0 + 0] + t0), r1 = _mm256_loadu_ps(xs[j0 + 1] + t0);
+            __m256 r2 = _mm256_loadu_ps(xs[j0 + 2] + t0), r3 = _mm256_loadu_ps(xs[j0 + 3] + t0);
+            __m256 r4 = _mm256_loadu_ps(xs[j0 + 4] + t0), r5 = _mm256_loadu_ps(xs[j0 + 5] + t0);
+            __m256 r6 = _mm256_loadu_ps(xs[j0 + 6] + t0), r7 = _mm256_loadu_ps(xs[j0 + 7] + t0);
+            __m256 a0 = _mm256_unpacklo_ps(r0, r1), a1 = _mm256_unpackhi_ps(r0, r1);
+            __m256 a2 = _mm256_unpacklo_ps(r2, r3), a3 = _mm256_unpackhi_ps(r2, r3);
+            __m256 a4 = _mm256_unpacklo_ps(r4, r5), a5 = _mm256_unpackhi_ps(r4, r5);
+            __m256 a6 = _mm256_unpacklo_ps(r6, r7), a7 = _mm256_unpackhi_ps(r6, r7);
+            __m256 b0 = _mm256_shuffle_ps(a0, a2, _MM_SHUFFLE(1, 0, 1, 0));
+            __m256 b1 = _mm256_shuffle_ps(a0, a2, _MM_SHUFFLE(3, 2, 3, 2));
+            __m256 b2 = _mm256_shuffle_ps(a1, a3, _MM_SHUFFLE(1, 0, 1, 0));
+            __m256 b3 = _mm256_shuffle_ps(a1, a3, _MM_SHUFFLE(3, 2, 3, 2));
+            __m256 b4 = _mm256_shuffle_ps(a4, a6, _MM_SHUFFLE(1, 0, 1, 0));
+            __m256 b5 = _mm256_shuffle_ps(a4, a6, _MM_SHUFFLE(3, 2, 3, 2));
+            __m256 b6 = _mm256_shuffle_ps(a5, a7, _MM_SHUFFLE(1, 0, 1, 0));
+            __m256 b7 = _mm256_shuffle_ps(a5, a7, _MM_SHUFFLE(3, 2, 3, 2));
+            float *o = rt + t0 * ldt + j0;
+            _mm256_storeu_ps(o + 0 * ldt, _mm256_permute2f128_ps(b0, b4, 0x20));
+            _mm256_storeu_ps(o + 1 * ldt, _mm256_permute2f128_ps(b1, b5, 0x20));
+            _mm256_storeu_ps(o + 2 * ldt, _mm256_permute2f128_ps(b2, b6, 0x20));
+            _mm256_storeu_ps(o + 3 * ldt, _mm256_permute2f128_ps(b3, b7, 0x20));
+            _mm256_storeu_ps(o + 4 * ldt, _mm256_permute2f128_ps(b0, b4, 0x31));
+            _mm256_storeu_ps(o + 5 * ldt, _mm256_permute2f128_ps(b1, b5, 0x31));
+            _mm256_storeu_ps(o + 6 * ldt, _mm256_permute2f128_ps(b2, b6, 0x31));
+            _mm256_storeu_ps(o + 7 * ldt, _mm256_permute2f128_ps(b3, b7, 0x31));
+        }
+        for (t = t0; t < d; t++)
+            for (j = j0; j < j0 + 8; j++) rt[t * ldt + j] = xs[j][t];
+    }
+    for (t = 0; t < d; t++)
+        for (j = j0; j < nb; j++) rt[t * ldt + j] = xs[j][t];
+}
+#else
+static void gather_transposed_fast(const float *const *xs, int64_t nb, int64_t d, float *rt, int64_t ldt)
+{
+    int64_t t, j;
+    for (t = 0; t < d; t++)
+        for (j = 0; j < nb; j++) rt[t * ldt + j] = xs[j][t];
+}
+#endif
+
 void xknn__canonical_many(xknn_metric metric, const float *q, const float *ref, int64_t ldr, const int64_t *rows,
                           int64_t count, int64_t d, float *out)
 {
@@ -115,13 +167,12 @@ void xknn__canonical_many(xknn_metric metric, const float *q, const float *ref, 
         float *rt = (float *)malloc((size_t)d * CH * sizeof(float));
         if (rt) {
             double acc[CH];
-            int64_t c0, t, j;
+            int64_t c0, j;
             for (c0 = 0; c0 < count; c0 += CH) {
                 const int64_t nb = count - c0 < CH ? count - c0 : CH;
                 const float *xs[CH];
                 for (j = 0; j < nb; j++) xs[j] = ref + rows[c0 + j] * ldr;
-                for (t = 0; t < d; t++) /* contiguous writes, CH sequential read streams */
-                    for (j = 0; j < nb; j++) rt[t * CH + j] = xs[j][t];
+                gather_transposed_fast(xs, nb, d, rt, CH);
                 canonical_block_fast(metric, q, rt, CH, nb, d, acc, out + c0);
             }
             free(rt);
