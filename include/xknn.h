@@ -37,6 +37,10 @@
  *                        header to compile the host code (the installed libxknn already
  *                        does: link it and do not define this yourself). The backends
  *                        (kernels/cpu, kernels/cuda) are always compiled into libxknn.
+ *                        Two units defining it fail to link ("multiple definition of
+ *                        xknn_status_string"); one unit defining it AND linking the
+ *                        shared libxknn links silently, the program's copy taking
+ *                        precedence (tests/headers checks both).
  *   XKNN_API             decoration of every public function (default: extern).
  *
  * LIMITS
