@@ -9,7 +9,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     static const char *const ext[3] = { "in.fvecs", "in.ivecs", "in.bvecs" };
     char name[32];
-    const char *path;
     unsigned sel, mode;
     if (size < 1) return 0;
     sel = data[0] % 3u;
@@ -18,15 +17,5 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     mode = 0;
 #endif
     snprintf(name, sizeof name, "%s%s", ext[sel], mode ? ".gz" : "");
-    path = xknn_fuzz_path(name);
-#ifdef XKNN_HAVE_ZLIB
-    if (mode == 1) {
-        if (xknn_fuzz_write_gz(path, data + 1, size - 1)) return 0;
-    } else
-#endif
-    if (xknn_fuzz_write(path, data + 1, size - 1))
-        return 0;
-    xknn_fuzz_probe_read(path, NULL);
-    unlink(path);
-    return 0;
+    return xknn_fuzz_run_file(name, mode == 1, data + 1, size - 1);
 }

@@ -10,7 +10,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     static const char *const name[2] = { "in-idx3-ubyte", "in.idx" };
     char file[32];
-    const char *path;
     unsigned mode;
     if (size < 1) return 0;
     mode = data[0] % 3u;
@@ -18,15 +17,5 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     mode = 0;
 #endif
     snprintf(file, sizeof file, "%s%s", name[(data[0] / 3u) % 2u], mode ? ".gz" : "");
-    path = xknn_fuzz_path(file);
-#ifdef XKNN_HAVE_ZLIB
-    if (mode == 1) {
-        if (xknn_fuzz_write_gz(path, data + 1, size - 1)) return 0;
-    } else
-#endif
-    if (xknn_fuzz_write(path, data + 1, size - 1))
-        return 0;
-    xknn_fuzz_probe_read(path, NULL);
-    unlink(path);
-    return 0;
+    return xknn_fuzz_run_file(file, mode == 1, data + 1, size - 1);
 }

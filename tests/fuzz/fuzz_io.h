@@ -111,4 +111,22 @@ static void xknn_fuzz_probe_read(const char *path, const xknn_read_opts *opts)
     free(out);
 }
 
+/* Writes data to `name` (gzip-compressing it first when compress is set and zlib is
+ * built in), probes and reads it, removes it. Always returns 0 (libFuzzer's contract). */
+static int xknn_fuzz_run_file(const char *name, int compress, const uint8_t *data, size_t size)
+{
+    const char *path = xknn_fuzz_path(name);
+#ifdef XKNN_HAVE_ZLIB
+    if (compress) {
+        if (xknn_fuzz_write_gz(path, data, size)) return 0;
+    } else
+#endif
+    if (xknn_fuzz_write(path, data, size))
+        return 0;
+    (void)compress;
+    xknn_fuzz_probe_read(path, NULL);
+    unlink(path);
+    return 0;
+}
+
 #endif /* XKNN_FUZZ_IO_H */
