@@ -589,3 +589,15 @@ void bench_die(const char *prog, const char *fmt, ...)
     fputc('\n', stderr);
     exit(2);
 }
+
+void bench_json_begin(FILE *f, const char *program, const char *version, const char *date)
+{
+    fprintf(f, "{\n \"program\": ");
+    bench_json_str(f, program);
+    fprintf(f, ",\n \"meta\": {\"xknn_version\": ");
+    bench_json_str(f, version);
+    fprintf(f, ", \"commit\": ");
+    bench_json_str(f, bench_commit());
+    fprintf(f, ", \"date\": ");
+    bench_json_str(f, date);
+}

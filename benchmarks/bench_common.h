@@ -108,6 +108,9 @@ int bench_openmp(void);                        /* 1 if built with OpenMP */
 /* JSON helpers: a quoted, escaped string; a number or null for NaN/Inf. */
 void bench_json_str(FILE *f, const char *s);
 void bench_json_num(FILE *f, double v);
+/* Opens a result document: {"program": P, "meta": {"xknn_version", "commit", "date"
+ * -- the caller continues the meta object with ", \"key\": value" pairs. */
+void bench_json_begin(FILE *f, const char *program, const char *version, const char *date);
 /* Writes an .fbin file (uint32 n, uint32 d, float32 rows) through a temporary name in
  * the same directory, renamed when complete. Returns 0, or -1 with a message on stderr. */
 int bench_write_fbin(const char *path, const float *x, int64_t n, int64_t d);

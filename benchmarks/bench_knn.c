@@ -714,12 +714,7 @@ static void write_json(const char *path, const opts *o, const meta *m, const row
         fprintf(stderr, PROG ": cannot write %s\n", path);
         return;
     }
-    fprintf(f, "{\n \"program\": \"bench_knn\",\n \"meta\": {\"xknn_version\": ");
-    bench_json_str(f, XKNN_VERSION_STRING);
-    fprintf(f, ", \"commit\": ");
-    bench_json_str(f, bench_commit());
-    fprintf(f, ", \"date\": ");
-    bench_json_str(f, m->date);
+    bench_json_begin(f, "bench_knn", XKNN_VERSION_STRING, m->date);
     fprintf(f, ", \"device\": ");
     bench_json_str(f, m->device);
     fprintf(f, ", \"cpu\": ");

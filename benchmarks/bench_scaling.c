@@ -218,12 +218,7 @@ static void write_json(const char *path, const opts *o, int size, int64_t n, con
         fprintf(stderr, PROG ": cannot write %s\n", path);
         return;
     }
-    fprintf(f, "{\n \"program\": \"bench_scaling\",\n \"meta\": {\"xknn_version\": ");
-    bench_json_str(f, XKNN_VERSION_STRING);
-    fprintf(f, ", \"commit\": ");
-    bench_json_str(f, bench_commit());
-    fprintf(f, ", \"date\": ");
-    bench_json_str(f, date);
+    bench_json_begin(f, "bench_scaling", XKNN_VERSION_STRING, date);
     fprintf(f, ", \"cpu\": ");
     bench_json_str(f, cpu);
     fprintf(f, ", \"devices\": %s", devices);
