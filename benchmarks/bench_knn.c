@@ -127,6 +127,29 @@ static int64_t list_max(const int64_t *v, int n)
     return m;
 }
 
+/* Parses a comma/space list of names (NULL-terminated table `names`, values `vals`)
+ * into out[0..max); returns the count. Dies with the option and the accepted names. */
+static int parse_names(const char *opt, const char *v, const char *const *names, const int *vals, int *out, int max)
+{
+    char w[8][32];
+    int c = bench_split_words(v, w, max), j, m;
+    if (c < 1) bench_die(PROG, "%s: cannot parse '%s'", opt, v);
+    for (j = 0; j < c; j++) {
+        for (m = 0; names[m] && strcmp(w[j], names[m]); m++)
+            ;
+        if (!names[m]) {
+            char list[128] = "";
+            for (m = 0; names[m]; m++) {
+                strncat(list, m ? ", " : "", sizeof list - strlen(list) - 1);
+                strncat(list, names[m], sizeof list - strlen(list) - 1);
+            }
+            bench_die(PROG, "%s: unknown value '%s' (%s)", opt, w[j], list);
+        }
+        out[j] = vals[m];
+    }
+    return c;
+}
+
 static const char *need(int argc, char **argv, int *i)
 {
     if (*i + 1 >= argc) bench_die(PROG, "%s needs a value (see --help)", argv[*i]);
@@ -151,8 +174,7 @@ static int64_t parse_one(const char *opt, const char *v)
 
 static void parse_opts(int argc, char **argv, opts *o)
 {
-    int i, j, n_set = 0, nq_set = 0, d_set = 0, backend_set = 0;
-    char w[8][32];
+    int i, n_set = 0, nq_set = 0, d_set = 0, backend_set = 0;
     memset(o, 0, sizeof *o);
     o->n[0] = 100000;
     o->nq[0] = 1000;
@@ -189,37 +211,18 @@ static void parse_opts(int argc, char **argv, opts *o)
         } else if (!strcmp(a, "--k")) {
             parse_list(a, need(argc, argv, &i), o->k, &o->nk, 1);
         } else if (!strcmp(a, "--backend")) {
-            const char *v = need(argc, argv, &i);
-            int c = bench_split_words(v, w, 2);
-            if (c < 1) bench_die(PROG, "--backend: cannot parse '%s'", v);
-            o->nbackend = c;
-            for (j = 0; j < c; j++) {
-                if (!strcmp(w[j], "cpu")) o->backend[j] = BK_CPU;
-                else if (!strcmp(w[j], "cuda")) o->backend[j] = BK_CUDA;
-                else bench_die(PROG, "--backend: unknown backend '%s' (cpu, cuda)", w[j]);
-            }
+            static const char *const nm[] = {"cpu", "cuda", NULL};
+            static const int val[] = {BK_CPU, BK_CUDA};
+            o->nbackend = parse_names(a, need(argc, argv, &i), nm, val, o->backend, 2);
             backend_set = 1;
         } else if (!strcmp(a, "--path")) {
-            const char *v = need(argc, argv, &i);
-            int c = bench_split_words(v, w, 3);
-            if (c < 1) bench_die(PROG, "--path: cannot parse '%s'", v);
-            o->npath = c;
-            for (j = 0; j < c; j++) {
-                if (!strcmp(w[j], "auto")) o->path[j] = PATH_AUTO;
-                else if (!strcmp(w[j], "fp32")) o->path[j] = PATH_FP32;
-                else if (!strcmp(w[j], "tf32")) o->path[j] = PATH_TF32;
-                else bench_die(PROG, "--path: unknown path '%s' (auto, fp32, tf32)", w[j]);
-            }
+            static const char *const nm[] = {"auto", "fp32", "tf32", NULL};
+            static const int val[] = {PATH_AUTO, PATH_FP32, PATH_TF32};
+            o->npath = parse_names(a, need(argc, argv, &i), nm, val, o->path, 3);
         } else if (!strcmp(a, "--mode")) {
-            const char *v = need(argc, argv, &i);
-            int c = bench_split_words(v, w, 2);
-            if (c < 1) bench_die(PROG, "--mode: cannot parse '%s'", v);
-            o->nmode = c;
-            for (j = 0; j < c; j++) {
-                if (!strcmp(w[j], "device")) o->mode[j] = MODE_DEVICE;
-                else if (!strcmp(w[j], "host")) o->mode[j] = MODE_HOST;
-                else bench_die(PROG, "--mode: unknown mode '%s' (device, host)", w[j]);
-            }
+            static const char *const nm[] = {"device", "host", NULL};
+            static const int val[] = {MODE_DEVICE, MODE_HOST};
+            o->nmode = parse_names(a, need(argc, argv, &i), nm, val, o->mode, 2);
         } else if (!strcmp(a, "--host")) {
             o->mode[0] = MODE_HOST;
             o->nmode = 1;
