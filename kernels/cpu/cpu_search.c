@@ -549,8 +549,7 @@ static xknn_status xknn__cpu_blas(const xknn__job *job)
      * on a 2-core AVX-512 machine (the tile, 40 MiB, is read once right after). */
     int64_t RB = job->params.ref_block ? job->params.ref_block : 8192;
     int64_t QB = job->params.query_block ? job->params.query_block : 1280;
-    int64_t nblocks, i;
-    double *dn = NULL;
+    int64_t nblocks;
     float *nx = NULL;
     int blas_threads = -1;
     xknn_status status = XKNN_SUCCESS;
@@ -591,8 +590,6 @@ static xknn_status xknn__cpu_blas(const xknn__job *job)
             return XKNN__FALLBACK;
         }
     }
-    (void)dn;
-    (void)i;
 
 #ifdef XKNN__HAVE_WEAK
     if (nt > 1 && openblas_get_parallel && openblas_get_num_threads && openblas_set_num_threads &&
