@@ -296,8 +296,8 @@ static void parse_opts(int argc, char **argv, opts *o)
     if (o->read_data && !n_set) o->n[0] = 0;
     if (o->read_data && !nq_set) o->nq[0] = 0;
 #ifndef XKNN_BENCH_CUDA
-    for (j = 0; j < o->nbackend; j++)
-        if (o->backend[j] == BK_CUDA)
+    for (i = 0; i < o->nbackend; i++)
+        if (o->backend[i] == BK_CUDA)
             bench_die(PROG, "--backend cuda: this bench_knn was built without CUDA (reconfigure with -Dcuda=enabled)");
 #endif
 }
