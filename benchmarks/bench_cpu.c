@@ -38,7 +38,7 @@ int main(int argc, char **argv)
     xknn_params p = XKNN_PARAMS_INIT;
     xknn_error err;
     if (argc < 10) {
-        fprintf(stderr, "usage: bench_cpu REF.f32 QRY.f32 n nq d k threads IDS_OUT DIST_OUT [loop|blas]\n");
+        fprintf(stderr, "usage: bench_cpu REF.f32 QRY.f32 n nq d k threads IDS_OUT DIST_OUT [auto|blas|loop|int8 [QB [RB]]]\n");
         return 1;
     }
     n = atoll(argv[3]);
@@ -47,7 +47,18 @@ int main(int argc, char **argv)
     k = atoll(argv[6]);
     p.num_threads = atoi(argv[7]);
     p.backend = XKNN_BACKEND_CPU;
-    if (argc > 10) p.cpu_path = strcmp(argv[10], "loop") == 0 ? XKNN_CPU_PATH_LOOP : XKNN_CPU_PATH_BLAS;
+    if (argc > 10) {
+        static const char *const names[] = {"auto", "blas", "loop", "int8"};
+        static const xknn_cpu_path paths[] = {XKNN_CPU_PATH_AUTO, XKNN_CPU_PATH_BLAS, XKNN_CPU_PATH_LOOP,
+                                              XKNN_CPU_PATH_INT8};
+        size_t i;
+        for (i = 0; i < sizeof names / sizeof names[0] && strcmp(argv[10], names[i]); i++) continue;
+        if (i == sizeof names / sizeof names[0]) {
+            fprintf(stderr, "bench_cpu: unknown path '%s' (auto, blas, loop, int8)\n", argv[10]);
+            return 1;
+        }
+        p.cpu_path = paths[i];
+    }
     if (argc > 11) p.query_block = atoll(argv[11]);
     if (argc > 12) p.ref_block = atoll(argv[12]);
     ref = slurp(argv[1], (size_t)(n * d) * sizeof(float));

@@ -8,7 +8,11 @@ byte with the exact oracle on a sample of queries, and the peers' neighbour ids 
 compared with xknn's up to ties (a peer id counts as "equal up to ties" when its exact
 distance equals the exact distance at that rank).
 
-Usage: peers_cpu.py --bench build/benchmarks/bench_cpu [-k 100] [--nq 10000] [--json out.json]
+xknn runs once per CPU path named by --paths (default "auto,blas"): `auto` is what a
+caller gets (on these integer pixels: the exact int8 GEMM path where oneDNN and a VNNI CPU
+are present), `blas` forces the float32 sgemm path. Ratios are against the first.
+
+Usage: peers_cpu.py --bench build/benchmarks/bench_cpu [-k 100] [--nq 10000] [--paths auto,blas] [--json out.json]
 """
 import argparse
 import gzip
@@ -42,6 +46,7 @@ def main():
     ap.add_argument("--nq", type=int, default=10000)
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--peers", default="faiss,sklearn")
+    ap.add_argument("--paths", default="auto,blas", help="xknn CPU paths to time (auto, blas, loop, int8)")
     ap.add_argument("--json", help="write the rows as JSON here")
     ap.add_argument("--data", default=FMNIST)
     ap.add_argument("--repeats", type=int, default=1,
@@ -65,10 +70,12 @@ def main():
     ref.tofile(os.path.join(tmp, "ref.f32"))
     qry.tofile(os.path.join(tmp, "qry.f32"))
 
-    def run_xknn():
+    paths = args.paths.split(",")
+
+    def run_xknn(path):
         out = subprocess.run([args.bench, os.path.join(tmp, "ref.f32"), os.path.join(tmp, "qry.f32"), str(n),
-                              str(nq), str(d), str(k), str(args.threads), os.path.join(tmp, "ids.i64"),
-                              os.path.join(tmp, "dist.f32")], capture_output=True, text=True)
+                              str(nq), str(d), str(k), str(args.threads), os.path.join(tmp, f"ids-{path}.i64"),
+                              os.path.join(tmp, f"dist-{path}.f32"), path], capture_output=True, text=True)
         if out.returncode != 0:
             print(out.stdout, out.stderr)
             sys.exit(1)
@@ -88,12 +95,14 @@ def main():
         peers[f"scikit-learn {sklearn.__version__} brute"] = lambda: nn.kneighbors(qry)[1]
 
     # interleaved repeats: xknn, peer 1, peer 2, xknn, ... so load changes hit all alike
-    times = {"xknn-cpu": []}
+    xnames = {p: f"xknn-cpu ({p})" for p in paths}
+    times = {xnames[p]: [] for p in paths}
     peer_ids = {}
     for name in peers:
         times[name] = []
     for rep in range(args.repeats):
-        times["xknn-cpu"].append(run_xknn())
+        for p in paths:
+            times[xnames[p]].append(run_xknn(p))
         for name, fn in peers.items():
             t0 = time.perf_counter()
             peer_ids[name] = fn()
@@ -101,21 +110,28 @@ def main():
         print("# repeat %d: %s" % (rep + 1, ", ".join(f"{nm} {ts[-1]:.3f} s" for nm, ts in times.items())),
               flush=True)
     med = {nm: float(np.median(ts)) for nm, ts in times.items()}
-    t_xknn = med["xknn-cpu"]
-    ids = np.fromfile(os.path.join(tmp, "ids.i64"), dtype=np.int64).reshape(nq, k)
-    dist = np.fromfile(os.path.join(tmp, "dist.f32"), dtype=np.float32).reshape(nq, k)
+    t_xknn = med[xnames[paths[0]]]
+    ids = {p: np.fromfile(os.path.join(tmp, f"ids-{p}.i64"), dtype=np.int64).reshape(nq, k) for p in paths}
+    dists = {p: np.fromfile(os.path.join(tmp, f"dist-{p}.f32"), dtype=np.float32).reshape(nq, k) for p in paths}
+    dist = dists[paths[0]]
 
     # exact check of xknn on a sample (double precision, dimension order: equal to canonical)
     rng = np.random.default_rng(0)
     sample = rng.choice(nq, size=min(50, nq), replace=False)
-    wrong = 0
+    wrong = {p: 0 for p in paths}
     r64 = ref.astype(np.float64)
     for i in sample:
         dd = ((r64 - qry[i].astype(np.float64)) ** 2).sum(axis=1).astype(np.float32)
         order = np.lexsort((np.arange(n), dd))[:k]
-        if not (np.array_equal(order, ids[i]) and np.array_equal(dd[order], dist[i])):
-            wrong += 1
-    rows.append(dict(name="xknn-cpu", time_s=t_xknn, times=times["xknn-cpu"], wrong=wrong))
+        for p in paths:
+            if not (np.array_equal(order, ids[p][i]) and np.array_equal(dd[order], dists[p][i])):
+                wrong[p] += 1
+    for p in paths:
+        # every path's whole output must also be byte-identical to the first path's
+        same = np.array_equal(ids[p], ids[paths[0]]) and np.array_equal(dists[p].view(np.uint32),
+                                                                         dist.view(np.uint32))
+        rows.append(dict(name=xnames[p], time_s=med[xnames[p]], times=times[xnames[p]],
+                         wrong=wrong[p] + (0 if same else 1), identical_to_first=same))
 
     def agree(pids):
         """entries of the sample where the peer's neighbour is not at xknn's exact distance"""

@@ -107,9 +107,13 @@ typedef enum xknn_backend {
 
 /* How the CPU backend generates candidates. Results are identical for all values. */
 typedef enum xknn_cpu_path {
-    XKNN_CPU_PATH_AUTO = 0, /* BLAS when built in and values are in range       */
+    XKNN_CPU_PATH_AUTO = 0, /* INT8 when it applies, else BLAS when built in and
+                               values are in range, else LOOP                    */
     XKNN_CPU_PATH_BLAS,     /* sgemm candidates + certified canonical re-rank   */
     XKNN_CPU_PATH_LOOP,     /* cache-blocked canonical loop, no BLAS            */
+    XKNN_CPU_PATH_INT8,     /* l2/euclidean with every value an integer in
+                               [0, 255] or [-128, 127] (each matrix on its own):
+                               exact int8 GEMM (oneDNN, needs a VNNI CPU)        */
     XKNN_CPU_PATH_COUNT
 } xknn_cpu_path;
 

@@ -45,13 +45,9 @@
 #endif
 
 #include "canonical.h"
+#include "cpu_internal.h"
 
-typedef struct {
-    float d;
-    int64_t id;
-} xknn__pair;
-
-static int xknn__pair_cmp(const void *a, const void *b)
+int xknn__pair_cmp(const void *a, const void *b)
 {
     const xknn__pair *x = (const xknn__pair *)a, *y = (const xknn__pair *)b;
     if (x->d < y->d) return -1;
@@ -59,7 +55,7 @@ static int xknn__pair_cmp(const void *a, const void *b)
     return (x->id > y->id) - (x->id < y->id);
 }
 
-static xknn_status xknn__cpu_fail(const xknn__job *job, xknn_status st, const char *fmt, ...)
+xknn_status xknn__cpu_fail(const xknn__job *job, xknn_status st, const char *fmt, ...)
 {
     if (job->msg && job->msg_size) {
         va_list ap;
@@ -73,7 +69,7 @@ static xknn_status xknn__cpu_fail(const xknn__job *job, xknn_status st, const ch
 /* ----------------------------------------------------------------------------------- */
 /* Bounded max-heap of (distance, id) under the result order: keeps the k best.         */
 /* ----------------------------------------------------------------------------------- */
-static void xknn__pheap_push(xknn__pair *h, int64_t *size, int64_t cap, float d, int64_t id)
+void xknn__pheap_push(xknn__pair *h, int64_t *size, int64_t cap, float d, int64_t id)
 {
     int64_t i;
     if (*size < cap) {
@@ -105,7 +101,7 @@ static void xknn__pheap_push(xknn__pair *h, int64_t *size, int64_t cap, float d,
 }
 
 /* Writes the sorted pairs (first `have`) and pads to k (pad_missing only). */
-static void xknn__emit(const xknn__job *job, int64_t qi, const xknn__pair *best, int64_t have)
+void xknn__emit(const xknn__job *job, int64_t qi, const xknn__pair *best, int64_t have)
 {
     int64_t j, k = job->k;
     int64_t *ids = job->ids + qi * k;
@@ -116,7 +112,7 @@ static void xknn__emit(const xknn__job *job, int64_t qi, const xknn__pair *best,
     }
 }
 
-static int xknn__threads(const xknn__job *job)
+int xknn__threads(const xknn__job *job)
 {
 #ifdef _OPENMP
     return job->params.num_threads > 0 ? job->params.num_threads : omp_get_max_threads();
@@ -446,8 +442,6 @@ extern void openblas_set_num_threads(int) __attribute__((weak));
 #define XKNN__HAVE_WEAK 1
 #endif
 
-/* private status: values out of the BLAS path's range, use the loop path */
-#define XKNN__FALLBACK ((xknn_status)-1)
 
 typedef struct {
     int64_t *rows;    /* re-rank scratch, cap each */
@@ -631,6 +625,11 @@ static xknn_status xknn__cpu_blas(const xknn__job *job)
 xknn_status xknn__cpu_search(const xknn__job *job)
 {
     xknn_cpu_path path = job->params.cpu_path;
+    if (path == XKNN_CPU_PATH_AUTO || path == XKNN_CPU_PATH_INT8) {
+        /* exact in integers when every value is an 8-bit integer (pixels, int8 codes) */
+        xknn_status st = xknn__cpu_int8(job, path == XKNN_CPU_PATH_INT8);
+        if (st != XKNN__FALLBACK) return st;
+    }
 #ifdef XKNN_HAVE_CBLAS
     if (path != XKNN_CPU_PATH_LOOP) {
         /* The bound needs float products that neither overflow nor lose all meaning,
