@@ -65,4 +65,18 @@ void xknn__merge_rows(const xknn__cands *a, const xknn__cands *b, xknn__cands *o
 int xknn__tree_reduce(const xknn_mpi_context *ctx, int owner, int64_t rows, int64_t k, xknn__cands *cur,
                       xknn__cands *recv, xknn__cands *spare, unsigned char *staging, const xknn__cands **result);
 
+/* A rank's reference slice resident on its GPU for a whole search (mpi/resident.c). */
+typedef struct xknn__resident xknn__resident;
+
+/* Uploads the slice and sizes a workspace for blocks of up to qb queries and k results.
+ * NULL (with the reason in why) when the device path does not apply or does not fit:
+ * the caller then searches each block with xknn_search on host arrays. Not collective. */
+xknn__resident *xknn__resident_open(const xknn_params *params, int device, const xknn_matrix *ref, int64_t qb,
+                                    int64_t k, char *why, size_t why_size);
+/* Searches one block of host queries (rows x d) against the resident slice; results
+ * (rows x k, global ids) land in host memory. Synchronous. Not collective. */
+xknn_status xknn__resident_search(xknn__resident *r, const xknn_params *params, const float *q, int64_t rows,
+                                  int64_t *ids, float *dist, xknn_error *err);
+void xknn__resident_close(xknn__resident *r);
+
 #endif /* XKNN_MPI_IMPL_H */

@@ -262,6 +262,7 @@ static xknn_status xknn__run(xknn_mpi_context *ctx, const xknn_params *params, c
     xknn__block cur, nxt;
     MPI_Request breq = MPI_REQUEST_NULL, freq = MPI_REQUEST_NULL;
     int fsend = 0, frecv = 0, stop = 0, mpi_broken = 0;
+    xknn__resident *resident = NULL;
 
     memset(&tm, 0, sizeof tm);
     memset(&it, 0, sizeof it);
@@ -422,6 +423,16 @@ agree_setup:
         xknn_matrix refm;
         memset(&refm, 0, sizeof refm);
         if (nloc > 0) refm = *ref;
+        if (nloc > 0 && st == XKNN_SUCCESS) {
+            /* keep the slice on this rank's GPU for every block (counted as search time) */
+            char why[256];
+            t0 = MPI_Wtime();
+            resident = xknn__resident_open(&p, p.device, &refm, qb, k, why, sizeof why);
+            tm.search += MPI_Wtime() - t0;
+            if (ctx->config.verbose && (p.backend != XKNN_BACKEND_CPU || resident))
+                fprintf(stderr, "xknn_mpi: rank %d: %s\n", rank,
+                        resident ? "reference slice resident on the GPU" : why);
+        }
 
         xknn__next_block(&it, &cur);
         t0 = MPI_Wtime();
@@ -465,7 +476,8 @@ agree_setup:
                 xknn_error e;
                 xknn_status s;
                 p.query_id_offset = (self ? 0 : qoff_user) + cur.q0;
-                s = xknn_search(&p, &refm, &qm, k, mine.ids, mine.dist, &e);
+                s = resident ? xknn__resident_search(resident, &p, qcur, cur.rows, mine.ids, mine.dist, &e)
+                             : xknn_search(&p, &refm, &qm, k, mine.ids, mine.dist, &e);
                 if (s != XKNN_SUCCESS) {
                     st = xknn__mpi_fail(&lerr, s, "rank %d: %s", rank, e.message);
                     xknn__pad(&mine, cur.rows * k);
@@ -575,6 +587,7 @@ finish:
             stats->max.total = mt[5];
         }
     }
+    xknn__resident_close(resident);
     free(staging);
     free(cbase);
     free(qbuf[1]);

@@ -1,0 +1,237 @@
+/*
+ * mpi/resident.c -- a rank's reference slice kept in GPU memory for a whole distributed
+ * search. Without it every query block went through xknn_search on host arrays, which
+ * copies the whole slice to the device again for each block (the slice is the large
+ * operand: 10M x 128 floats are 5 GB). Here the slice is uploaded once; each block then
+ * costs one small query copy, xknn_cuda_search (device pointers, our stream, our
+ * workspace) and the copy of its k candidates back to host memory, where the tree
+ * reduction takes them. Results are those of xknn_search (same engine, same contract).
+ *
+ * Used when the backend resolves to CUDA (cuda, or auto with a device), the metric is
+ * l2/euclidean on float32 and the slice plus a workspace fit the device memory budget;
+ * otherwise xknn__resident_open returns NULL with the reason, and the caller keeps the
+ * per-block host path (which streams references that do not fit).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "impl.h"
+
+#ifdef XKNN_MPI_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
+#include "xknn/cuda.h"
+
+struct xknn__resident {
+    xknn_cuda_context *ctx, *own_ctx;
+    int device;
+    float *dR, *dQ, *dDist;
+    int64_t *dIds;
+    void *ws;
+    size_t ws_bytes;
+    cudaStream_t stream;
+    int64_t n, d, qb, k;
+};
+
+/* Runs on `device`, restoring the caller's current device afterwards. */
+typedef struct {
+    int prev, ok;
+} xknn__dev_scope;
+
+static cudaError_t xknn__dev_enter(xknn__dev_scope *s, int device)
+{
+    cudaError_t e = cudaGetDevice(&s->prev);
+    s->ok = e == cudaSuccess;
+    if (e != cudaSuccess) return e;
+    return cudaSetDevice(device);
+}
+
+static void xknn__dev_leave(const xknn__dev_scope *s)
+{
+    if (s->ok) (void)cudaSetDevice(s->prev);
+}
+
+void xknn__resident_close(xknn__resident *r)
+{
+    xknn__dev_scope sc;
+    if (!r) return;
+    if (xknn__dev_enter(&sc, r->device) == cudaSuccess) {
+        if (r->stream) (void)cudaStreamSynchronize(r->stream);
+        if (r->ws) cudaFree(r->ws);
+        if (r->dDist) cudaFree(r->dDist);
+        if (r->dIds) cudaFree(r->dIds);
+        if (r->dQ) cudaFree(r->dQ);
+        if (r->dR) cudaFree(r->dR);
+        if (r->stream) cudaStreamDestroy(r->stream);
+    }
+    xknn__dev_leave(&sc);
+    (void)cudaGetLastError();
+    xknn_cuda_context_destroy(r->own_ctx);
+    free(r);
+}
+
+xknn__resident *xknn__resident_open(const xknn_params *params, int device, const xknn_matrix *ref, int64_t qb,
+                                    int64_t k, char *why, size_t why_size)
+{
+    const int64_t n = ref->rows, d = ref->cols, ld = ref->ld ? ref->ld : ref->cols;
+    const size_t row = (size_t)d * sizeof(float);
+    size_t used, free_b = 0, total_b = 0;
+    xknn__resident *r;
+    xknn__dev_scope sc;
+    xknn_error e;
+    xknn_params p = *params;
+    cudaError_t ce;
+
+    why[0] = '\0';
+    if (p.backend == XKNN_BACKEND_CPU || device < 0) {
+        snprintf(why, why_size, "%s", p.backend == XKNN_BACKEND_CPU ? "backend cpu" : "no CUDA device");
+        return NULL;
+    }
+    if (p.metric != XKNN_METRIC_L2 && p.metric != XKNN_METRIC_EUCLIDEAN) {
+        snprintf(why, why_size, "metric %s is not on the device path", xknn_metric_name(p.metric));
+        return NULL;
+    }
+    if (ref->dtype != XKNN_DTYPE_F32 || n < 1 || n > 2147483647LL) {
+        snprintf(why, why_size, "slice of %lld rows is outside the device path's range", (long long)n);
+        return NULL;
+    }
+    r = (xknn__resident *)calloc(1, sizeof *r);
+    if (!r) {
+        snprintf(why, why_size, "out of host memory");
+        return NULL;
+    }
+    r->device = device;
+    r->n = n;
+    r->d = d;
+    r->qb = qb;
+    r->k = k;
+    if (p.cuda_context) {
+        r->ctx = (xknn_cuda_context *)p.cuda_context;
+        r->device = xknn_cuda_context_device(r->ctx);
+    } else {
+        if (xknn_cuda_context_create(device, &r->own_ctx, &e) != XKNN_SUCCESS) {
+            snprintf(why, why_size, "%s", e.message);
+            free(r);
+            return NULL;
+        }
+        r->ctx = r->own_ctx;
+    }
+    ce = xknn__dev_enter(&sc, r->device);
+    if (ce == cudaSuccess) ce = cudaMemGetInfo(&free_b, &total_b);
+    used = (size_t)n * row + (size_t)qb * (row + (size_t)k * (sizeof(int64_t) + sizeof(float)));
+    if (ce == cudaSuccess && p.device_memory_budget && used >= p.device_memory_budget) {
+        snprintf(why, why_size, "slice and buffers (%zu bytes) exceed the device memory budget (%zu bytes)", used,
+                 p.device_memory_budget);
+        goto fail;
+    }
+    if (ce == cudaSuccess && used >= free_b) {
+        snprintf(why, why_size, "slice and buffers (%zu bytes) exceed the free device memory (%zu bytes)", used,
+                 free_b);
+        goto fail;
+    }
+    if (ce == cudaSuccess) ce = cudaStreamCreateWithFlags(&r->stream, cudaStreamNonBlocking);
+    if (ce == cudaSuccess) ce = cudaMalloc((void **)&r->dR, (size_t)n * row);
+    if (ce == cudaSuccess) ce = cudaMalloc((void **)&r->dQ, (size_t)qb * row);
+    if (ce == cudaSuccess) ce = cudaMalloc((void **)&r->dIds, (size_t)(qb * k) * sizeof(int64_t));
+    if (ce == cudaSuccess) ce = cudaMalloc((void **)&r->dDist, (size_t)(qb * k) * sizeof(float));
+    if (ce == cudaSuccess)
+        ce = cudaMemcpy2DAsync(r->dR, row, ref->data, (size_t)ld * sizeof(float), row, (size_t)n,
+                               cudaMemcpyHostToDevice, r->stream);
+    if (ce != cudaSuccess) {
+        snprintf(why, why_size, "device setup: %s", cudaGetErrorString(ce));
+        goto fail;
+    }
+    /* The workspace takes what is left of the budget; without a budget, at most 8 GiB of
+     * what is free, so ranks sharing a GPU each find room for their own slice. */
+    if (p.device_memory_budget) {
+        p.device_memory_budget -= used;
+    } else {
+        ce = cudaMemGetInfo(&free_b, &total_b);
+        if (ce != cudaSuccess) {
+            snprintf(why, why_size, "device setup: %s", cudaGetErrorString(ce));
+            goto fail;
+        }
+        p.device_memory_budget = free_b / 10 * 9;
+        if (p.device_memory_budget > ((size_t)8 << 30)) p.device_memory_budget = (size_t)8 << 30;
+    }
+    if (xknn_cuda_workspace_size(r->ctx, &p, n, qb, d, k, &r->ws_bytes, &e) != XKNN_SUCCESS) {
+        snprintf(why, why_size, "%s", e.message);
+        goto fail;
+    }
+    ce = cudaMalloc(&r->ws, r->ws_bytes);
+    if (ce == cudaSuccess) ce = cudaStreamSynchronize(r->stream);
+    if (ce != cudaSuccess) {
+        snprintf(why, why_size, "device setup: %s", cudaGetErrorString(ce));
+        goto fail;
+    }
+    xknn__dev_leave(&sc);
+    return r;
+fail:
+    xknn__dev_leave(&sc);
+    xknn__resident_close(r);
+    return NULL;
+}
+
+xknn_status xknn__resident_search(xknn__resident *r, const xknn_params *params, const float *q, int64_t rows,
+                                  int64_t *ids, float *dist, xknn_error *err)
+{
+    const size_t row = (size_t)r->d * sizeof(float);
+    xknn_matrix refm = XKNN_MATRIX_F32(r->dR, r->n, r->d), qm = XKNN_MATRIX_F32(r->dQ, rows, r->d);
+    xknn__dev_scope sc;
+    xknn_status st = XKNN_SUCCESS;
+    cudaError_t ce;
+
+    if (rows > r->qb)
+        return xknn__mpi_fail(err, XKNN_ERROR_INTERNAL, "device slice: block of %lld rows exceeds %lld",
+                              (long long)rows, (long long)r->qb);
+    ce = xknn__dev_enter(&sc, r->device);
+    if (ce == cudaSuccess)
+        ce = cudaMemcpyAsync(r->dQ, q, (size_t)rows * row, cudaMemcpyHostToDevice, r->stream);
+    if (ce == cudaSuccess) {
+        st = xknn_cuda_search(r->ctx, params, &refm, &qm, r->k, r->dIds, dist ? r->dDist : NULL, r->ws,
+                              r->ws_bytes, err, r->stream);
+        if (st == XKNN_SUCCESS) {
+            ce = cudaMemcpyAsync(ids, r->dIds, (size_t)(rows * r->k) * sizeof(int64_t), cudaMemcpyDeviceToHost,
+                                 r->stream);
+            if (ce == cudaSuccess && dist)
+                ce = cudaMemcpyAsync(dist, r->dDist, (size_t)(rows * r->k) * sizeof(float), cudaMemcpyDeviceToHost,
+                                     r->stream);
+        }
+        if (ce == cudaSuccess) ce = cudaStreamSynchronize(r->stream);
+    }
+    xknn__dev_leave(&sc);
+    if (st == XKNN_SUCCESS && ce != cudaSuccess)
+        st = xknn__mpi_fail(err, XKNN_ERROR_DEVICE, "cuda backend (device slice): %s", cudaGetErrorString(ce));
+    return st;
+}
+
+#else /* !XKNN_MPI_HAVE_CUDA */
+
+xknn__resident *xknn__resident_open(const xknn_params *params, int device, const xknn_matrix *ref, int64_t qb,
+                                    int64_t k, char *why, size_t why_size)
+{
+    (void)params;
+    (void)device;
+    (void)ref;
+    (void)qb;
+    (void)k;
+    snprintf(why, why_size, "xknn_mpi built without CUDA");
+    return NULL;
+}
+
+xknn_status xknn__resident_search(xknn__resident *r, const xknn_params *params, const float *q, int64_t rows,
+                                  int64_t *ids, float *dist, xknn_error *err)
+{
+    (void)r;
+    (void)params;
+    (void)q;
+    (void)rows;
+    (void)ids;
+    (void)dist;
+    return xknn__mpi_fail(err, XKNN_ERROR_NOT_BUILT, "xknn_mpi built without CUDA");
+}
+
+void xknn__resident_close(xknn__resident *r) { (void)r; }
+
+#endif
