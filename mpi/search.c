@@ -110,24 +110,31 @@ static xknn_status xknn__check_arg(int rank, const char *what, const xknn_matrix
     return XKNN_SUCCESS;
 }
 
-/* NaN/Inf check naming the rank, the global row and the column. */
+/* NaN/Inf check naming the rank, the global row and the column: a branch-free pass over
+ * the rows, OpenMP-parallel (the slice is the largest array a rank holds), then the
+ * first bad row is examined alone. */
 static xknn_status xknn__check_values(int rank, const char *what, const xknn_matrix *m, int64_t row_offset,
                                       xknn_error *err)
 {
-    const int64_t ld = m->ld ? m->ld : m->cols;
+    const int64_t ld = m->ld ? m->ld : m->cols, rows = m->rows, cols = m->cols;
     const float *base = (const float *)m->data;
-    int64_t i, j;
-    for (i = 0; i < m->rows; i++) {
+    int64_t i, j, first = rows;
+#pragma omp parallel for schedule(static, 256) reduction(min : first)
+    for (i = 0; i < rows; i++) {
         const float *x = base + i * ld;
         float acc = 0.0f;
-        for (j = 0; j < m->cols; j++) acc += x[j] * 0.0f; /* NaN iff some value is NaN/Inf */
-        if (acc == acc) continue;
-        for (j = 0; j < m->cols; j++)
-            if (!isfinite(x[j]))
-                return xknn__mpi_fail(err, XKNN_ERROR_INVALID_VALUE, "rank %d: %s row %lld column %lld is %s", rank,
-                                      what, (long long)(row_offset + i), (long long)j, isnan(x[j]) ? "NaN" : "Inf");
+        int64_t t;
+        for (t = 0; t < cols; t++) acc += x[t] * 0.0f; /* NaN iff some value is NaN/Inf */
+        if (acc != acc && i < first) first = i;
     }
-    return XKNN_SUCCESS;
+    if (first == rows) return XKNN_SUCCESS;
+    {
+        const float *x = base + first * ld;
+        for (j = 0; j < cols; j++)
+            if (!isfinite(x[j])) break;
+        return xknn__mpi_fail(err, XKNN_ERROR_INVALID_VALUE, "rank %d: %s row %lld column %lld is %s", rank, what,
+                              (long long)(row_offset + first), (long long)j, isnan(x[j]) ? "NaN" : "Inf");
+    }
 }
 
 /* Global checks on the allgathered table: identical inputs on every rank give an
