@@ -15,6 +15,7 @@
 #define _POSIX_C_SOURCE 200809L
 
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <math.h>
 #include <stdarg.h>
@@ -342,6 +343,15 @@ static void knn__prefix_rank(xknn_error *err, int rank, int size)
     snprintf(err->message, sizeof err->message, "rank %d: %.480s", rank, m);
 }
 
+/* errno values that mean "no room for the output": exit status 3 (resource). */
+static int knn__is_no_space(int e)
+{
+#ifdef EDQUOT
+    if (e == EDQUOT) return 1;
+#endif
+    return e == ENOSPC || e == EFBIG;
+}
+
 static double knn__now(void)
 {
     struct timespec ts;
@@ -374,6 +384,7 @@ typedef struct knn_run {
     char *output;           /* resolved output path (malloc)                      */
     char tmp[4096];         /* temporary output name (MPI build)                  */
     int tmp_exists;         /* rank 0 created it                                  */
+    int no_space;           /* a write failed for want of space (exit 3)          */
     xknn_result_format fmt;
     xknn_result_layout lay;
     xknn_read_opts ropts;
@@ -570,24 +581,73 @@ static xknn_status knn__read(knn_run *r, xknn_error *err)
 #ifdef XKNN_HAVE_MPI
 /* ---- MPI: temporary output, written block by block with MPI-IO --------------------- */
 
-/* Writes bytes at off; MPI_SUCCESS, an MPI error code, or KNN__SHORT_WRITE when MPI
- * reports success but wrote fewer bytes (some MPI-IO layers do on ENOSPC / EFBIG). */
-#define KNN__SHORT_WRITE (-1)
-static int knn__write_at(MPI_File fh, int64_t off, const unsigned char *p, int64_t bytes)
+/* Not collective. Repeats a write that MPI-IO did not complete with pwrite() on the
+ * same file, to learn the operating system's reason: MPI reports a full disk as a short
+ * count (Open MPI's ompio) or an error class without errno. Returns that errno value,
+ * or 0 when the direct write went through (then the MPI-IO failure stays unexplained). */
+static int knn__os_write_errno(const char *path, int64_t off, const unsigned char *p, int64_t bytes)
 {
-    int rc = MPI_SUCCESS;
-    while (rc == MPI_SUCCESS && bytes > 0) {
-        int64_t c = bytes < ((int64_t)1 << 30) ? bytes : ((int64_t)1 << 30);
-        MPI_Status status;
-        int done = 0;
-        rc = MPI_File_write_at(fh, (MPI_Offset)off, (void *)p, (int)c, MPI_BYTE, &status);
-        if (rc == MPI_SUCCESS && (MPI_Get_count(&status, MPI_BYTE, &done) != MPI_SUCCESS || done != (int)c))
-            return KNN__SHORT_WRITE;
-        off += c;
-        p += c;
-        bytes -= c;
+    int fd, e = 0;
+    do fd = open(path, O_WRONLY);
+    while (fd < 0 && errno == EINTR);
+    if (fd < 0) return errno;
+    while (bytes > 0) {
+        const size_t c = (size_t)(bytes < ((int64_t)1 << 30) ? bytes : ((int64_t)1 << 30));
+        const ssize_t w = pwrite(fd, p, c, (off_t)off);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) {
+            e = w < 0 ? errno : EIO;
+            break;
+        }
+        off += w;
+        p += w;
+        bytes -= w;
     }
-    return rc;
+    close(fd);
+    return e;
+}
+
+/* Not collective. Writes bytes at off of the temporary through MPI-IO. On failure the
+ * message is "WHAT of TMP: REASON", REASON from the operating system where it can be
+ * found ("No space left on device"), and r->no_space is set when it means a full disk
+ * or a file size limit. */
+static xknn_status knn__write_at(knn_run *r, int64_t off, const unsigned char *p, int64_t bytes, const char *what,
+                                 xknn_error *err)
+{
+    int rc = MPI_SUCCESS, done = 0, e = 0, cls = 0;
+    int64_t c = 0;
+    while (bytes > 0) {
+        MPI_Status status;
+        c = bytes < ((int64_t)1 << 30) ? bytes : ((int64_t)1 << 30);
+        done = 0;
+        rc = MPI_File_write_at(r->fh, (MPI_Offset)off, (void *)p, (int)c, MPI_BYTE, &status);
+        if (rc != MPI_SUCCESS) break;
+        if (MPI_Get_count(&status, MPI_BYTE, &done) != MPI_SUCCESS || done < 0 || done > (int)c) done = 0;
+        off += done;
+        p += done;
+        bytes -= done;
+        if (done != (int)c) break; /* short write */
+    }
+    if (bytes == 0) return XKNN_SUCCESS;
+    if (rc != MPI_SUCCESS && MPI_Error_class(rc, &cls) == MPI_SUCCESS) {
+        if (cls == MPI_ERR_NO_SPACE) e = ENOSPC;
+#ifdef EDQUOT
+        if (cls == MPI_ERR_QUOTA) e = EDQUOT;
+#endif
+    }
+    if (e == 0) e = knn__os_write_errno(r->tmp, off, p, bytes);
+    if (e != 0) {
+        r->no_space = knn__is_no_space(e);
+        return knn__fail(err, XKNN_ERROR_IO, "%s of %s: %s", what, r->tmp, strerror(e));
+    }
+    if (rc != MPI_SUCCESS) {
+        char text[MPI_MAX_ERROR_STRING];
+        int len = 0;
+        if (MPI_Error_string(rc, text, &len) != MPI_SUCCESS) snprintf(text, sizeof text, "MPI error %d", rc);
+        return knn__fail(err, XKNN_ERROR_IO, "%s of %s: %s", what, r->tmp, text);
+    }
+    return knn__fail(err, XKNN_ERROR_IO, "%s of %s: MPI-IO wrote %d of %lld bytes (disk full or file too large?)",
+                     what, r->tmp, done, (long long)c);
 }
 
 /* Collective. Rank 0 creates a unique temporary next to the output; all open it. */
@@ -645,12 +705,8 @@ static xknn_status knn__open_output(knn_run *r, xknn_error *err)
     if (st == XKNN_SUCCESS && r->rank == 0 && r->lay.header_bytes > 0) {
         unsigned char hdr[8];
         xknn_result_header(r->fmt, r->nq, r->o.k, hdr);
-        rc = knn__write_at(r->fh, 0, hdr, r->lay.header_bytes);
-        if (rc == KNN__SHORT_WRITE)
-            st = knn__fail(err, XKNN_ERROR_IO, "writing the header of %s: short write (disk full or file too large?)",
-                           r->tmp);
-        else if (rc != MPI_SUCCESS)
-            st = knn__mpi_error(r, err, rc, "MPI_File_write_at (header)");
+        st = knn__write_at(r, 0, hdr, r->lay.header_bytes, "writing the header", err);
+        if (st != XKNN_SUCCESS) knn__prefix_rank(err, r->rank, r->size);
     }
     return knn__agree(r, st, err);
 }
@@ -661,8 +717,8 @@ static xknn_status knn__sink(void *user, int64_t q0, int64_t rows, int64_t k, co
 {
     knn_run *r = (knn_run *)user;
     const int64_t ib = rows * r->lay.ids_row_bytes, db = rows * r->lay.dist_row_bytes;
+    char what[96];
     xknn_status st;
-    int rc;
     if ((size_t)(ib + db + 1) > r->wcap) {
         unsigned char *nb = (unsigned char *)realloc(r->wbuf, (size_t)(ib + db + 1));
         if (!nb)
@@ -673,18 +729,11 @@ static xknn_status knn__sink(void *user, int64_t q0, int64_t rows, int64_t k, co
     }
     st = xknn_result_encode_rows(r->fmt, rows, k, ids, dist, r->wbuf, r->wbuf + ib, err);
     if (st != XKNN_SUCCESS) return st;
-    rc = knn__write_at(r->fh, r->lay.ids_offset + q0 * r->lay.ids_row_bytes, r->wbuf, ib);
-    if (rc == MPI_SUCCESS && db > 0) rc = knn__write_at(r->fh, r->lay.dist_offset + q0 * r->lay.dist_row_bytes, r->wbuf + ib, db);
-    if (rc == KNN__SHORT_WRITE)
-        return knn__fail(err, XKNN_ERROR_IO, "writing rows %lld..%lld of %s: short write (disk full or file too large?)",
-                         (long long)q0, (long long)(q0 + rows - 1), r->tmp);
-    if (rc != MPI_SUCCESS) {
-        char text[MPI_MAX_ERROR_STRING];
-        int len = 0;
-        MPI_Error_string(rc, text, &len);
-        return knn__fail(err, XKNN_ERROR_IO, "writing rows %lld..%lld of %s: %s", (long long)q0,
-                         (long long)(q0 + rows - 1), r->tmp, text);
-    }
+    snprintf(what, sizeof what, "writing rows %lld..%lld", (long long)q0, (long long)(q0 + rows - 1));
+    st = knn__write_at(r, r->lay.ids_offset + q0 * r->lay.ids_row_bytes, r->wbuf, ib, what, err);
+    if (st == XKNN_SUCCESS && db > 0)
+        st = knn__write_at(r, r->lay.dist_offset + q0 * r->lay.dist_row_bytes, r->wbuf + ib, db, what, err);
+    return st; /* the search prefixes the rank */
     return XKNN_SUCCESS;
 }
 
@@ -777,7 +826,11 @@ static xknn_status knn__search_and_write(knn_run *r, xknn_error *err)
     r->t_search = knn__now() - t0;
     r->t_query = r->t_search;
     t0 = knn__now();
-    if (st == XKNN_SUCCESS) st = xknn_result_write(r->output, r->fmt, r->nq, r->o.k, ids, dist, err);
+    if (st == XKNN_SUCCESS) {
+        st = xknn_result_write(r->output, r->fmt, r->nq, r->o.k, ids, dist, err);
+        /* the writer's message names the system's reason; errno still holds it */
+        if (st == XKNN_ERROR_IO && knn__is_no_space(errno)) r->no_space = 1;
+    }
     r->t_write = knn__now() - t0;
     r->t_query += r->t_write;
     free(dist);
@@ -967,10 +1020,14 @@ report:
     code = knn__exit_code(st);
     r->t_total = knn__now() - t_begin;
     {
-        double v[1];
+        /* the time, and whether any rank ran out of space: a write error is a resource
+         * error (exit 3) then, on every rank */
+        double v[2];
         v[0] = r->t_total;
-        knn__max_doubles(r, v, 1);
+        v[1] = r->no_space;
+        knn__max_doubles(r, v, 2);
         r->t_total = v[0];
+        if (st == XKNN_ERROR_IO && v[1] > 0) code = EXIT_RESOURCE;
     }
     if (st == XKNN_SUCCESS) {
         const double qps = r->t_query > 0 ? (double)r->nq / r->t_query : 0.0;
