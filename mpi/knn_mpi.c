@@ -50,6 +50,7 @@ typedef struct knn_opts {
     int64_t query_block;
     xknn_elem dtype;
     int threads;
+    int64_t device_memory; /* bytes; 0: the backend's default (free device memory) */
     int ids64, quiet, verbose, help, version;
 } knn_opts;
 
@@ -76,10 +77,16 @@ static void knn__usage(FILE *f)
             "      --query-block N  queries per broadcast block (default: automatic)\n"
             "      --dtype T        element type of '.bin' inputs: f32 (default), u8, i8, f16\n"
             "      --threads N      CPU threads per rank (default: OpenMP default)\n"
+            "      --device-memory BYTES\n"
+            "                       device memory the CUDA backend may use per rank, with an\n"
+            "                       optional K, M or G suffix (powers of 1024; default: 90%% of\n"
+            "                       the free memory). Less makes smaller tiles; below what one\n"
+            "                       tile needs the run fails with exit status 3 and the minimum.\n"
             "      --json FILE      write sizes, ranks, backend, per-phase times (read, broadcast,\n"
             "                       search, reduce, write) and queries/s as JSON\n"
             "  -q, --quiet          no progress, no summary line\n"
-            "  -v, --verbose        print the plan (slices, blocks, transfer mode) on stderr\n"
+            "  -v, --verbose        print the plan (slices, blocks, transfer mode, ranks without a\n"
+            "                       CUDA device that search on the CPU) on stderr\n"
             "  -h, --help           this text\n"
             "      --version        version, MPI library and backends\n"
             "\n"
@@ -90,9 +97,13 @@ static void knn__usage(FILE *f)
             "  .npy                         NumPy v1-v3 (<f4 <f2 <f8 |u1 |i1 <i2 <i4, C order)\n"
             "  IDX (*-idx?-ubyte[.gz])      MNIST / Fashion-MNIST images\n"
             "\n"
+            "GPUs: each rank uses device (local rank mod visible device count). With --backend\n"
+            "auto a rank that sees no device searches on the CPU (same results); with --backend\n"
+            "cuda every rank needs one.\n"
+            "\n"
             "Exit status: 0 ok, 1 usage error, 2 input error (missing/malformed file, dimension\n"
-            "mismatch, NaN/Inf, k too large), 3 resource error (memory, device, not built),\n"
-            "4 internal error. Every rank exits with the same status.\n"
+            "mismatch, NaN/Inf, k too large), 3 resource error (memory, device, not built, disk\n"
+            "full or file size limit), 4 internal error. Every rank exits with the same status.\n"
             "\n"
             "Example:\n"
             "  mpirun -np 4 knn_mpi -k 100 -o gt.bin base.fbin query.fbin\n"
@@ -109,6 +120,31 @@ static int knn__parse_int(const char *s, int64_t lo, int64_t hi, int64_t *v)
     x = strtoll(s, &end, 10);
     if (errno || *end || x < lo || x > hi) return -1;
     *v = x;
+    return 0;
+}
+
+/* Parses a byte count: a whole decimal number with an optional K, M or G suffix (powers
+ * of 1024), at least 1; 0 on success. */
+static int knn__parse_bytes(const char *s, int64_t *v)
+{
+    char *end;
+    long long x;
+    int shift = 0;
+    if (!s || *s < '0' || *s > '9') return -1;
+    errno = 0;
+    x = strtoll(s, &end, 10);
+    if (errno || x < 1) return -1;
+    if (*end == 'K' || *end == 'k')
+        shift = 10;
+    else if (*end == 'M' || *end == 'm')
+        shift = 20;
+    else if (*end == 'G' || *end == 'g')
+        shift = 30;
+    else if (*end)
+        return -1;
+    if (shift && *++end) return -1;
+    if (x > (INT64_MAX >> shift)) return -1;
+    *v = (int64_t)x << shift;
     return 0;
 }
 
@@ -245,6 +281,13 @@ static int knn__parse(int argc, char **argv, knn_opts *o, char *msg, size_t msz)
                 return EXIT_USAGE;
             }
             o->threads = (int)t;
+        } else if (KNN_FLAG(NULL, "--device-memory")) {
+            KNN_NEED_VALUE();
+            if (knn__parse_bytes(val, &o->device_memory)) {
+                snprintf(msg, msz, "--device-memory: '%s' is not a byte count (a positive integer, optionally "
+                         "with K, M or G: 512M)", val);
+                return EXIT_USAGE;
+            }
         } else if (KNN_FLAG(NULL, "--json")) {
             KNN_NEED_VALUE();
             if (!*val) {
@@ -477,6 +520,34 @@ static void knn__progress(void *user, int64_t done, int64_t total)
     fflush(stderr);
 }
 
+
+/* Collective; --backend auto with CUDA built. Rank 0 learns which ranks see no CUDA
+ * device (they search on the CPU: identical results by contract): the summary and the
+ * JSON name the mix ("cuda+cpu"), -v lists those ranks. */
+static xknn_status knn__device_census(knn_run *r, int has_device, xknn_error *err)
+{
+    xknn_status st = XKNN_SUCCESS;
+    int *dev = NULL, rc, i, none = 0, listed = 0;
+    if (r->rank == 0 && !(dev = (int *)malloc((size_t)r->size * sizeof(int))))
+        st = knn__fail(err, XKNN_ERROR_OUT_OF_MEMORY, "out of memory (device census of %d ranks)", r->size);
+    if ((st = knn__agree(r, st, err)) != XKNN_SUCCESS) return st;
+    rc = MPI_Gather(&has_device, 1, MPI_INT, dev, 1, MPI_INT, 0, r->comm);
+    if (rc != MPI_SUCCESS) st = knn__mpi_error(r, err, rc, "MPI_Gather (device census)");
+    if (st == XKNN_SUCCESS && r->rank == 0) {
+        for (i = 0; i < r->size; i++) none += !dev[i];
+        r->backend_used = none == 0 ? "cuda" : none == r->size ? "cpu" : "cuda+cpu";
+        if (r->o.verbose && none > 0) {
+            fprintf(stderr, "knn_mpi: backend auto: %d of %d rank%s see%s no CUDA device and use%s the CPU backend "
+                    "(identical results):", none, r->size, r->size == 1 ? "" : "s", none == 1 ? "s" : "",
+                    none == 1 ? "s" : "");
+            for (i = 0; i < r->size && listed < 32; i++)
+                if (!dev[i]) fprintf(stderr, "%s rank %d", listed++ ? "," : "", i);
+            fprintf(stderr, "%s\n", none > listed ? ", ..." : "");
+        }
+    }
+    free(dev);
+    return knn__agree(r, st, err);
+}
 #endif
 
 /* ---- step: probe the inputs, check sizes, resolve the output ----------------------- */
@@ -871,7 +942,12 @@ static void knn__print_version(void)
 #else
     printf("MPI: not built (single process)\n");
 #endif
-    printf("backends: cpu%s\n", xknn_backend_built(XKNN_BACKEND_CUDA) ? ", cuda" : "");
+    if (xknn_backend_built(XKNN_BACKEND_CUDA)) {
+        const int ndev = xknn_cuda_device_count();
+        printf("backends: cpu, cuda (%d device%s visible)\n", ndev, ndev == 1 ? "" : "s");
+    } else {
+        printf("backends: cpu\n");
+    }
 }
 
 static const char *knn__result_format_name(xknn_result_format f)
@@ -962,6 +1038,7 @@ int main(int argc, char **argv)
     r->params.backend = r->o.backend;
     r->params.metric = r->o.metric;
     r->params.num_threads = r->o.threads;
+    r->params.device_memory_budget = (size_t)r->o.device_memory;
     r->params.verbose = r->o.verbose && r->rank == 0;
     r->backend_used = r->o.backend == XKNN_BACKEND_CUDA ? "cuda"
                       : r->o.backend == XKNN_BACKEND_CPU ? "cpu"
@@ -987,15 +1064,29 @@ int main(int argc, char **argv)
     }
 #endif
 
-    /* Backend availability: the same answer on every rank of a homogeneous job. */
-    if (r->o.backend == XKNN_BACKEND_CUDA && !xknn_backend_built(XKNN_BACKEND_CUDA))
-        st = knn__fail(&err, XKNN_ERROR_NOT_BUILT,
-                       "--backend cuda: this xknn was built without CUDA (reconfigure with -Dcuda=enabled)");
-    else if (r->o.backend == XKNN_BACKEND_CUDA && xknn_cuda_device_count() <= 0) {
-        st = knn__fail(&err, XKNN_ERROR_NO_DEVICE, "--backend cuda: no CUDA device is available");
-        knn__prefix_rank(&err, r->rank, r->size);
+    /* Backend availability. A rank may see no device (a node without GPUs, an empty
+     * CUDA_VISIBLE_DEVICES): --backend cuda then fails, naming the rank; auto searches
+     * on the CPU there, with the same results by contract. */
+    {
+        const int built = xknn_backend_built(XKNN_BACKEND_CUDA);
+        const int ndev = built ? xknn_cuda_device_count() : 0;
+        if (r->o.backend == XKNN_BACKEND_CUDA && !built) {
+            st = knn__fail(&err, XKNN_ERROR_NOT_BUILT,
+                           "--backend cuda: this xknn was built without CUDA (reconfigure with -Dcuda=enabled)");
+        } else if (r->o.backend == XKNN_BACKEND_CUDA && ndev <= 0) {
+            const char *cvd = getenv("CUDA_VISIBLE_DEVICES");
+            st = knn__fail(&err, XKNN_ERROR_NO_DEVICE,
+                           "no CUDA device is visible to this process (--backend cuda needs one on every rank%s%.64s%s)",
+                           cvd ? "; CUDA_VISIBLE_DEVICES='" : "", cvd ? cvd : "", cvd ? "'" : "");
+            knn__prefix_rank(&err, r->rank, r->size);
+        }
+        if ((st = knn__agree(r, st, &err)) != XKNN_SUCCESS) goto report;
+#ifdef XKNN_HAVE_MPI
+        if (r->o.backend == XKNN_BACKEND_AUTO && built &&
+            (st = knn__device_census(r, ndev > 0, &err)) != XKNN_SUCCESS)
+            goto report;
+#endif
     }
-    if ((st = knn__agree(r, st, &err)) != XKNN_SUCCESS) goto report;
 
     if ((st = knn__plan(r, &err)) != XKNN_SUCCESS) goto report;
     if ((st = knn__open_output(r, &err)) != XKNN_SUCCESS) goto report;

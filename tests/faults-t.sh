@@ -26,7 +26,7 @@ O=$T/outdir       # the output directory of every case: must stay empty
 D=$T/data
 mkdir "$O" "$D" || exit 1
 
-PLAN=121
+PLAN=125
 NUM=0
 FAILED=0
 echo "1..$PLAN"
@@ -336,6 +336,8 @@ case_ 1 "--query-block|-3" "--query-block -3" --query-block -3 -o "$O/r.bin" "$D
 case_ 1 "--query-block|many" "--query-block many" --query-block many -o "$O/r.bin" "$D/ref.fbin" "$D/q.fbin"
 case_ 1 "--query-block|needs a value" "--query-block without a value" -o "$O/r.bin" "$D/ref.fbin" --query-block
 case_ 1 "--quiet|takes no value" "--quiet=yes" --quiet=yes -o "$O/r.bin" "$D/ref.fbin"
+case_ 1 "--device-memory|12Q" "--device-memory 12Q (unknown suffix)" --device-memory 12Q -o "$O/r.bin" "$D/ref.fbin" "$D/q.fbin"
+case_ 1 "--device-memory|'0'" "--device-memory 0" --device-memory 0 -o "$O/r.bin" "$D/ref.fbin" "$D/q.fbin"
 case_ 1 "--no-such-option" "unknown option" --no-such-option -o "$O/r.bin" "$D/ref.fbin" "$D/q.fbin"
 
 # ---- resources (exit 3) ----------------------------------------------------------------------
