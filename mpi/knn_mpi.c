@@ -4,8 +4,8 @@
  *
  * Built with MPI (XKNN_HAVE_MPI): each rank reads only its slice of REF, rank 0 reads
  * QUERY, the search runs through xknn_mpi.h and every block's owner writes its rows of
- * the result with MPI-IO into a temporary file that rank 0 renames once all ranks
- * agree. Without MPI the same source runs as one process: the few collectives below
+ * the result with MPI-IO into a temporary file (".NAME.xknn-tmp.PID.XXXXXX" beside the
+ * output) that rank 0 renames once all ranks agree. Without MPI the same source runs as one process: the few collectives below
  * have serial stand-ins (knn__agree and friends), the search is one xknn_search() and
  * the result goes through xknn_result_write().
  *
@@ -71,7 +71,11 @@ static void knn__usage(FILE *f)
             "  -o, --output FILE    result file; '.ivecs' writes ids only (per row: int32 k, k int32\n"
             "                       ids), anything else the big-ann ground-truth layout (uint32 nq,\n"
             "                       uint32 k, int32 ids[nq*k], float32 dist[nq*k]).\n"
-            "                       Default: next to REF, REF_BASENAME.knn<k>.bin\n"
+            "                       Default: next to REF, REF_BASENAME.knn<k>.bin. Written to a\n"
+            "                       hidden temporary beside FILE, '.NAME.xknn-tmp.PID.XXXXXX' (PID:\n"
+            "                       rank 0's process id), renamed to FILE once complete and removed\n"
+            "                       on any error. A job killed by a signal or a node failure cannot\n"
+            "                       remove it: delete such a file when no job writing FILE runs.\n"
             "      --ids64          64-bit ids in the .bin result (needed above 2^31-1 references)\n"
             "      --backend NAME   auto (default), cpu or cuda\n"
             "      --query-block N  queries per broadcast block (default: automatic)\n"
@@ -450,6 +454,18 @@ typedef struct knn_run {
 #endif
 } knn_run;
 
+/* Fills r->tmp with the mkstemp() template of the output's temporary, hidden beside it
+ * and recognisable after a crash: "DIR/.NAME.xknn-tmp.PID.XXXXXX" (PID: this process, rank
+ * 0 in an MPI run). 0 on success, -1 if the name does not fit. */
+static int knn__tmp_template(knn_run *r)
+{
+    const char *slash = strrchr(r->output, '/');
+    const size_t dir_len = slash ? (size_t)(slash - r->output) + 1 : 0;
+    const int len = snprintf(r->tmp, sizeof r->tmp, "%.*s.%s.xknn-tmp.%ld.XXXXXX", (int)dir_len, r->output,
+                             r->output + dir_len, (long)getpid());
+    return len > 0 && (size_t)len < sizeof r->tmp ? 0 : -1;
+}
+
 #ifdef XKNN_HAVE_MPI
 static xknn_status knn__mpi_error(knn_run *r, xknn_error *err, int rc, const char *what)
 {
@@ -679,12 +695,13 @@ static int knn__os_write_errno(const char *path, int64_t off, const unsigned cha
 }
 
 /* Not collective. Writes bytes at off of the temporary through MPI-IO. On failure the
- * message is "WHAT of TMP: REASON", REASON from the operating system where it can be
+ * message is "WHAT of OUTPUT (temporary TMP): REASON", REASON from the operating system where it can be
  * found ("No space left on device"), and r->no_space is set when it means a full disk
  * or a file size limit. */
 static xknn_status knn__write_at(knn_run *r, int64_t off, const unsigned char *p, int64_t bytes, const char *what,
                                  xknn_error *err)
 {
+    const char *tmp_name = strrchr(r->tmp, '/') ? strrchr(r->tmp, '/') + 1 : r->tmp;
     int rc = MPI_SUCCESS, done = 0, e = 0, cls = 0;
     int64_t c = 0;
     while (bytes > 0) {
@@ -709,16 +726,17 @@ static xknn_status knn__write_at(knn_run *r, int64_t off, const unsigned char *p
     if (e == 0) e = knn__os_write_errno(r->tmp, off, p, bytes);
     if (e != 0) {
         r->no_space = knn__is_no_space(e);
-        return knn__fail(err, XKNN_ERROR_IO, "%s of %s: %s", what, r->tmp, strerror(e));
+        return knn__fail(err, XKNN_ERROR_IO, "%s of %s (temporary %s): %s", what, r->output, tmp_name, strerror(e));
     }
     if (rc != MPI_SUCCESS) {
         char text[MPI_MAX_ERROR_STRING];
         int len = 0;
         if (MPI_Error_string(rc, text, &len) != MPI_SUCCESS) snprintf(text, sizeof text, "MPI error %d", rc);
-        return knn__fail(err, XKNN_ERROR_IO, "%s of %s: %s", what, r->tmp, text);
+        return knn__fail(err, XKNN_ERROR_IO, "%s of %s (temporary %s): %s", what, r->output, tmp_name, text);
     }
-    return knn__fail(err, XKNN_ERROR_IO, "%s of %s: MPI-IO wrote %d of %lld bytes (disk full or file too large?)",
-                     what, r->tmp, done, (long long)c);
+    return knn__fail(err, XKNN_ERROR_IO,
+                     "%s of %s (temporary %s): MPI-IO wrote %d of %lld bytes (disk full or file too large?)", what,
+                     r->output, tmp_name, done, (long long)c);
 }
 
 /* Collective. Rank 0 creates a unique temporary next to the output; all open it. */
@@ -731,13 +749,12 @@ static xknn_status knn__open_output(knn_run *r, xknn_error *err)
         int fd;
         mode_t um;
         struct stat sb;
-        if (strlen(r->output) + 16 > sizeof r->tmp) {
+        if (knn__tmp_template(r) != 0) {
             st = knn__fail(err, XKNN_ERROR_INVALID_ARGUMENT, "output name %s is too long", r->output);
         } else if (stat(r->output, &sb) == 0 && !S_ISREG(sb.st_mode)) {
             /* a device, directory or FIFO would be replaced by the final rename */
             st = knn__fail(err, XKNN_ERROR_IO, "output %s exists and is not a regular file", r->output);
         } else {
-            snprintf(r->tmp, sizeof r->tmp, "%s.tmp.XXXXXX", r->output);
             fd = mkstemp(r->tmp);
             if (fd < 0) {
                 st = knn__fail(err, XKNN_ERROR_IO, "cannot write output %s: %s", r->output, strerror(errno));
@@ -913,9 +930,8 @@ static xknn_status knn__search_and_write(knn_run *r, xknn_error *err)
 static xknn_status knn__open_output(knn_run *r, xknn_error *err)
 {
     int fd;
-    if (strlen(r->output) + 16 > sizeof r->tmp)
+    if (knn__tmp_template(r) != 0)
         return knn__fail(err, XKNN_ERROR_INVALID_ARGUMENT, "output name %s is too long", r->output);
-    snprintf(r->tmp, sizeof r->tmp, "%s.tmp.XXXXXX", r->output);
     fd = mkstemp(r->tmp);
     if (fd < 0) return knn__fail(err, XKNN_ERROR_IO, "cannot write output %s: %s", r->output, strerror(errno));
     close(fd);
