@@ -5,9 +5,10 @@
  * Built with MPI (XKNN_HAVE_MPI): each rank reads only its slice of REF, rank 0 reads
  * QUERY, the search runs through xknn_mpi.h and every block's owner writes its rows of
  * the result with MPI-IO into a temporary file (".NAME.xknn-tmp.PID.XXXXXX" beside the
- * output) that rank 0 renames once all ranks agree. Without MPI the same source runs as one process: the few collectives below
- * have serial stand-ins (knn__agree and friends), the search is one xknn_search() and
- * the result goes through xknn_result_write().
+ * output) that rank 0 renames once all ranks agree. Without MPI the same source runs
+ * as one process: the few collectives below have serial stand-ins (knn__agree and
+ * friends), the search is one xknn_search() and the result goes through
+ * xknn_result_write().
  *
  * Exit codes: 0 ok, 1 usage, 2 input, 3 resource, 4 internal; every rank exits with the
  * same code, and only rank 0 prints.
@@ -695,9 +696,9 @@ static int knn__os_write_errno(const char *path, int64_t off, const unsigned cha
 }
 
 /* Not collective. Writes bytes at off of the temporary through MPI-IO. On failure the
- * message is "WHAT of OUTPUT (temporary TMP): REASON", REASON from the operating system where it can be
- * found ("No space left on device"), and r->no_space is set when it means a full disk
- * or a file size limit. */
+ * message is "WHAT of OUTPUT (temporary TMP): REASON", REASON from the operating system
+ * where it can be found ("No space left on device"), and r->no_space is set when it
+ * means a full disk, a quota or a file size limit. */
 static xknn_status knn__write_at(knn_run *r, int64_t off, const unsigned char *p, int64_t bytes, const char *what,
                                  xknn_error *err)
 {
