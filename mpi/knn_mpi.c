@@ -4,10 +4,11 @@
  *
  * Built with MPI (XKNN_HAVE_MPI): each rank reads only its slice of REF, rank 0 reads
  * QUERY, the search runs through xknn_mpi.h and every block's owner writes its rows of
- * the result with MPI-IO into a temporary file that rank 0 renames once all ranks
- * agree. Without MPI the same source runs as one process: the few collectives below
- * have serial stand-ins (knn__agree and friends), the search is one xknn_search() and
- * the result goes through xknn_result_write().
+ * the result with MPI-IO into a temporary file (".NAME.xknn-tmp.PID.XXXXXX" beside the
+ * output) that rank 0 renames once all ranks agree. Without MPI the same source runs
+ * as one process: the few collectives below have serial stand-ins (knn__agree and
+ * friends), the search is one xknn_search() and the result goes through
+ * xknn_result_write().
  *
  * Exit codes: 0 ok, 1 usage, 2 input, 3 resource, 4 internal; every rank exits with the
  * same code, and only rank 0 prints.
@@ -15,6 +16,7 @@
 #define _POSIX_C_SOURCE 200809L
 
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <math.h>
 #include <stdarg.h>
@@ -49,6 +51,7 @@ typedef struct knn_opts {
     int64_t query_block;
     xknn_elem dtype;
     int threads;
+    int64_t device_memory; /* bytes; 0: the backend's default (free device memory) */
     int ids64, quiet, verbose, help, version;
 } knn_opts;
 
@@ -69,16 +72,26 @@ static void knn__usage(FILE *f)
             "  -o, --output FILE    result file; '.ivecs' writes ids only (per row: int32 k, k int32\n"
             "                       ids), anything else the big-ann ground-truth layout (uint32 nq,\n"
             "                       uint32 k, int32 ids[nq*k], float32 dist[nq*k]).\n"
-            "                       Default: next to REF, REF_BASENAME.knn<k>.bin\n"
+            "                       Default: next to REF, REF_BASENAME.knn<k>.bin. Written to a\n"
+            "                       hidden temporary beside FILE, '.NAME.xknn-tmp.PID.XXXXXX' (PID:\n"
+            "                       rank 0's process id), renamed to FILE once complete and removed\n"
+            "                       on any error. A job killed by a signal or a node failure cannot\n"
+            "                       remove it: delete such a file when no job writing FILE runs.\n"
             "      --ids64          64-bit ids in the .bin result (needed above 2^31-1 references)\n"
             "      --backend NAME   auto (default), cpu or cuda\n"
             "      --query-block N  queries per broadcast block (default: automatic)\n"
             "      --dtype T        element type of '.bin' inputs: f32 (default), u8, i8, f16\n"
             "      --threads N      CPU threads per rank (default: OpenMP default)\n"
+            "      --device-memory BYTES\n"
+            "                       device memory the CUDA backend may use per rank, with an\n"
+            "                       optional K, M or G suffix (powers of 1024; default: 90%% of\n"
+            "                       the free memory). Less makes smaller tiles; below what one\n"
+            "                       tile needs the run fails with exit status 3 and the minimum.\n"
             "      --json FILE      write sizes, ranks, backend, per-phase times (read, broadcast,\n"
             "                       search, reduce, write) and queries/s as JSON\n"
             "  -q, --quiet          no progress, no summary line\n"
-            "  -v, --verbose        print the plan (slices, blocks, transfer mode) on stderr\n"
+            "  -v, --verbose        print the plan (slices, blocks, transfer mode, ranks without a\n"
+            "                       CUDA device that search on the CPU) on stderr\n"
             "  -h, --help           this text\n"
             "      --version        version, MPI library and backends\n"
             "\n"
@@ -89,9 +102,13 @@ static void knn__usage(FILE *f)
             "  .npy                         NumPy v1-v3 (<f4 <f2 <f8 |u1 |i1 <i2 <i4, C order)\n"
             "  IDX (*-idx?-ubyte[.gz])      MNIST / Fashion-MNIST images\n"
             "\n"
+            "GPUs: each rank uses device (local rank mod visible device count). With --backend\n"
+            "auto a rank that sees no device searches on the CPU (same results); with --backend\n"
+            "cuda every rank needs one.\n"
+            "\n"
             "Exit status: 0 ok, 1 usage error, 2 input error (missing/malformed file, dimension\n"
-            "mismatch, NaN/Inf, k too large), 3 resource error (memory, device, not built),\n"
-            "4 internal error. Every rank exits with the same status.\n"
+            "mismatch, NaN/Inf, k too large), 3 resource error (memory, device, not built, disk\n"
+            "full or file size limit), 4 internal error. Every rank exits with the same status.\n"
             "\n"
             "Example:\n"
             "  mpirun -np 4 knn_mpi -k 100 -o gt.bin base.fbin query.fbin\n"
@@ -108,6 +125,31 @@ static int knn__parse_int(const char *s, int64_t lo, int64_t hi, int64_t *v)
     x = strtoll(s, &end, 10);
     if (errno || *end || x < lo || x > hi) return -1;
     *v = x;
+    return 0;
+}
+
+/* Parses a byte count: a whole decimal number with an optional K, M or G suffix (powers
+ * of 1024), at least 1; 0 on success. */
+static int knn__parse_bytes(const char *s, int64_t *v)
+{
+    char *end;
+    long long x;
+    int shift = 0;
+    if (!s || *s < '0' || *s > '9') return -1;
+    errno = 0;
+    x = strtoll(s, &end, 10);
+    if (errno || x < 1) return -1;
+    if (*end == 'K' || *end == 'k')
+        shift = 10;
+    else if (*end == 'M' || *end == 'm')
+        shift = 20;
+    else if (*end == 'G' || *end == 'g')
+        shift = 30;
+    else if (*end)
+        return -1;
+    if (shift && *++end) return -1;
+    if (x > (INT64_MAX >> shift)) return -1;
+    *v = (int64_t)x << shift;
     return 0;
 }
 
@@ -244,6 +286,13 @@ static int knn__parse(int argc, char **argv, knn_opts *o, char *msg, size_t msz)
                 return EXIT_USAGE;
             }
             o->threads = (int)t;
+        } else if (KNN_FLAG(NULL, "--device-memory")) {
+            KNN_NEED_VALUE();
+            if (knn__parse_bytes(val, &o->device_memory)) {
+                snprintf(msg, msz, "--device-memory: '%s' is not a byte count (a positive integer, optionally "
+                         "with K, M or G: 512M)", val);
+                return EXIT_USAGE;
+            }
         } else if (KNN_FLAG(NULL, "--json")) {
             KNN_NEED_VALUE();
             if (!*val) {
@@ -342,6 +391,15 @@ static void knn__prefix_rank(xknn_error *err, int rank, int size)
     snprintf(err->message, sizeof err->message, "rank %d: %.480s", rank, m);
 }
 
+/* errno values that mean "no room for the output": exit status 3 (resource). */
+static int knn__is_no_space(int e)
+{
+#ifdef EDQUOT
+    if (e == EDQUOT) return 1;
+#endif
+    return e == ENOSPC || e == EFBIG;
+}
+
 static double knn__now(void)
 {
     struct timespec ts;
@@ -374,6 +432,7 @@ typedef struct knn_run {
     char *output;           /* resolved output path (malloc)                      */
     char tmp[4096];         /* temporary output name (MPI build)                  */
     int tmp_exists;         /* rank 0 created it                                  */
+    int no_space;           /* a write failed for want of space (exit 3)          */
     xknn_result_format fmt;
     xknn_result_layout lay;
     xknn_read_opts ropts;
@@ -395,6 +454,18 @@ typedef struct knn_run {
     size_t wcap;
 #endif
 } knn_run;
+
+/* Fills r->tmp with the mkstemp() template of the output's temporary, hidden beside it
+ * and recognisable after a crash: "DIR/.NAME.xknn-tmp.PID.XXXXXX" (PID: this process, rank
+ * 0 in an MPI run). 0 on success, -1 if the name does not fit. */
+static int knn__tmp_template(knn_run *r)
+{
+    const char *slash = strrchr(r->output, '/');
+    const size_t dir_len = slash ? (size_t)(slash - r->output) + 1 : 0;
+    const int len = snprintf(r->tmp, sizeof r->tmp, "%.*s.%s.xknn-tmp.%ld.XXXXXX", (int)dir_len, r->output,
+                             r->output + dir_len, (long)getpid());
+    return len > 0 && (size_t)len < sizeof r->tmp ? 0 : -1;
+}
 
 #ifdef XKNN_HAVE_MPI
 static xknn_status knn__mpi_error(knn_run *r, xknn_error *err, int rc, const char *what)
@@ -466,6 +537,34 @@ static void knn__progress(void *user, int64_t done, int64_t total)
     fflush(stderr);
 }
 
+
+/* Collective; --backend auto with CUDA built. Rank 0 learns which ranks see no CUDA
+ * device (they search on the CPU: identical results by contract): the summary and the
+ * JSON name the mix ("cuda+cpu"), -v lists those ranks. */
+static xknn_status knn__device_census(knn_run *r, int has_device, xknn_error *err)
+{
+    xknn_status st = XKNN_SUCCESS;
+    int *dev = NULL, rc, i, none = 0, listed = 0;
+    if (r->rank == 0 && !(dev = (int *)malloc((size_t)r->size * sizeof(int))))
+        st = knn__fail(err, XKNN_ERROR_OUT_OF_MEMORY, "out of memory (device census of %d ranks)", r->size);
+    if ((st = knn__agree(r, st, err)) != XKNN_SUCCESS) return st;
+    rc = MPI_Gather(&has_device, 1, MPI_INT, dev, 1, MPI_INT, 0, r->comm);
+    if (rc != MPI_SUCCESS) st = knn__mpi_error(r, err, rc, "MPI_Gather (device census)");
+    if (st == XKNN_SUCCESS && r->rank == 0) {
+        for (i = 0; i < r->size; i++) none += !dev[i];
+        r->backend_used = none == 0 ? "cuda" : none == r->size ? "cpu" : "cuda+cpu";
+        if (r->o.verbose && none > 0) {
+            fprintf(stderr, "knn_mpi: backend auto: %d of %d rank%s see%s no CUDA device and use%s the CPU backend "
+                    "(identical results):", none, r->size, r->size == 1 ? "" : "s", none == 1 ? "s" : "",
+                    none == 1 ? "s" : "");
+            for (i = 0; i < r->size && listed < 32; i++)
+                if (!dev[i]) fprintf(stderr, "%s rank %d", listed++ ? "," : "", i);
+            fprintf(stderr, "%s\n", none > listed ? ", ..." : "");
+        }
+    }
+    free(dev);
+    return knn__agree(r, st, err);
+}
 #endif
 
 /* ---- step: probe the inputs, check sizes, resolve the output ----------------------- */
@@ -570,24 +669,75 @@ static xknn_status knn__read(knn_run *r, xknn_error *err)
 #ifdef XKNN_HAVE_MPI
 /* ---- MPI: temporary output, written block by block with MPI-IO --------------------- */
 
-/* Writes bytes at off; MPI_SUCCESS, an MPI error code, or KNN__SHORT_WRITE when MPI
- * reports success but wrote fewer bytes (some MPI-IO layers do on ENOSPC / EFBIG). */
-#define KNN__SHORT_WRITE (-1)
-static int knn__write_at(MPI_File fh, int64_t off, const unsigned char *p, int64_t bytes)
+/* Not collective. Repeats a write that MPI-IO did not complete with pwrite() on the
+ * same file, to learn the operating system's reason: MPI reports a full disk as a short
+ * count (Open MPI's ompio) or an error class without errno. Returns that errno value,
+ * or 0 when the direct write went through (then the MPI-IO failure stays unexplained). */
+static int knn__os_write_errno(const char *path, int64_t off, const unsigned char *p, int64_t bytes)
 {
-    int rc = MPI_SUCCESS;
-    while (rc == MPI_SUCCESS && bytes > 0) {
-        int64_t c = bytes < ((int64_t)1 << 30) ? bytes : ((int64_t)1 << 30);
-        MPI_Status status;
-        int done = 0;
-        rc = MPI_File_write_at(fh, (MPI_Offset)off, (void *)p, (int)c, MPI_BYTE, &status);
-        if (rc == MPI_SUCCESS && (MPI_Get_count(&status, MPI_BYTE, &done) != MPI_SUCCESS || done != (int)c))
-            return KNN__SHORT_WRITE;
-        off += c;
-        p += c;
-        bytes -= c;
+    int fd, e = 0;
+    do fd = open(path, O_WRONLY);
+    while (fd < 0 && errno == EINTR);
+    if (fd < 0) return errno;
+    while (bytes > 0) {
+        const size_t c = (size_t)(bytes < ((int64_t)1 << 30) ? bytes : ((int64_t)1 << 30));
+        const ssize_t w = pwrite(fd, p, c, (off_t)off);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) {
+            e = w < 0 ? errno : EIO;
+            break;
+        }
+        off += w;
+        p += w;
+        bytes -= w;
     }
-    return rc;
+    close(fd);
+    return e;
+}
+
+/* Not collective. Writes bytes at off of the temporary through MPI-IO. On failure the
+ * message is "WHAT of OUTPUT (temporary TMP): REASON", REASON from the operating system
+ * where it can be found ("No space left on device"), and r->no_space is set when it
+ * means a full disk, a quota or a file size limit. */
+static xknn_status knn__write_at(knn_run *r, int64_t off, const unsigned char *p, int64_t bytes, const char *what,
+                                 xknn_error *err)
+{
+    const char *tmp_name = strrchr(r->tmp, '/') ? strrchr(r->tmp, '/') + 1 : r->tmp;
+    int rc = MPI_SUCCESS, done = 0, e = 0, cls = 0;
+    int64_t c = 0;
+    while (bytes > 0) {
+        MPI_Status status;
+        c = bytes < ((int64_t)1 << 30) ? bytes : ((int64_t)1 << 30);
+        done = 0;
+        rc = MPI_File_write_at(r->fh, (MPI_Offset)off, (void *)p, (int)c, MPI_BYTE, &status);
+        if (rc != MPI_SUCCESS) break;
+        if (MPI_Get_count(&status, MPI_BYTE, &done) != MPI_SUCCESS || done < 0 || done > (int)c) done = 0;
+        off += done;
+        p += done;
+        bytes -= done;
+        if (done != (int)c) break; /* short write */
+    }
+    if (bytes == 0) return XKNN_SUCCESS;
+    if (rc != MPI_SUCCESS && MPI_Error_class(rc, &cls) == MPI_SUCCESS) {
+        if (cls == MPI_ERR_NO_SPACE) e = ENOSPC;
+#ifdef EDQUOT
+        if (cls == MPI_ERR_QUOTA) e = EDQUOT;
+#endif
+    }
+    if (e == 0) e = knn__os_write_errno(r->tmp, off, p, bytes);
+    if (e != 0) {
+        r->no_space = knn__is_no_space(e);
+        return knn__fail(err, XKNN_ERROR_IO, "%s of %s (temporary %s): %s", what, r->output, tmp_name, strerror(e));
+    }
+    if (rc != MPI_SUCCESS) {
+        char text[MPI_MAX_ERROR_STRING];
+        int len = 0;
+        if (MPI_Error_string(rc, text, &len) != MPI_SUCCESS) snprintf(text, sizeof text, "MPI error %d", rc);
+        return knn__fail(err, XKNN_ERROR_IO, "%s of %s (temporary %s): %s", what, r->output, tmp_name, text);
+    }
+    return knn__fail(err, XKNN_ERROR_IO,
+                     "%s of %s (temporary %s): MPI-IO wrote %d of %lld bytes (disk full or file too large?)", what,
+                     r->output, tmp_name, done, (long long)c);
 }
 
 /* Collective. Rank 0 creates a unique temporary next to the output; all open it. */
@@ -600,13 +750,12 @@ static xknn_status knn__open_output(knn_run *r, xknn_error *err)
         int fd;
         mode_t um;
         struct stat sb;
-        if (strlen(r->output) + 16 > sizeof r->tmp) {
+        if (knn__tmp_template(r) != 0) {
             st = knn__fail(err, XKNN_ERROR_INVALID_ARGUMENT, "output name %s is too long", r->output);
         } else if (stat(r->output, &sb) == 0 && !S_ISREG(sb.st_mode)) {
             /* a device, directory or FIFO would be replaced by the final rename */
             st = knn__fail(err, XKNN_ERROR_IO, "output %s exists and is not a regular file", r->output);
         } else {
-            snprintf(r->tmp, sizeof r->tmp, "%s.tmp.XXXXXX", r->output);
             fd = mkstemp(r->tmp);
             if (fd < 0) {
                 st = knn__fail(err, XKNN_ERROR_IO, "cannot write output %s: %s", r->output, strerror(errno));
@@ -645,12 +794,8 @@ static xknn_status knn__open_output(knn_run *r, xknn_error *err)
     if (st == XKNN_SUCCESS && r->rank == 0 && r->lay.header_bytes > 0) {
         unsigned char hdr[8];
         xknn_result_header(r->fmt, r->nq, r->o.k, hdr);
-        rc = knn__write_at(r->fh, 0, hdr, r->lay.header_bytes);
-        if (rc == KNN__SHORT_WRITE)
-            st = knn__fail(err, XKNN_ERROR_IO, "writing the header of %s: short write (disk full or file too large?)",
-                           r->tmp);
-        else if (rc != MPI_SUCCESS)
-            st = knn__mpi_error(r, err, rc, "MPI_File_write_at (header)");
+        st = knn__write_at(r, 0, hdr, r->lay.header_bytes, "writing the header", err);
+        if (st != XKNN_SUCCESS) knn__prefix_rank(err, r->rank, r->size);
     }
     return knn__agree(r, st, err);
 }
@@ -661,8 +806,8 @@ static xknn_status knn__sink(void *user, int64_t q0, int64_t rows, int64_t k, co
 {
     knn_run *r = (knn_run *)user;
     const int64_t ib = rows * r->lay.ids_row_bytes, db = rows * r->lay.dist_row_bytes;
+    char what[96];
     xknn_status st;
-    int rc;
     if ((size_t)(ib + db + 1) > r->wcap) {
         unsigned char *nb = (unsigned char *)realloc(r->wbuf, (size_t)(ib + db + 1));
         if (!nb)
@@ -673,18 +818,11 @@ static xknn_status knn__sink(void *user, int64_t q0, int64_t rows, int64_t k, co
     }
     st = xknn_result_encode_rows(r->fmt, rows, k, ids, dist, r->wbuf, r->wbuf + ib, err);
     if (st != XKNN_SUCCESS) return st;
-    rc = knn__write_at(r->fh, r->lay.ids_offset + q0 * r->lay.ids_row_bytes, r->wbuf, ib);
-    if (rc == MPI_SUCCESS && db > 0) rc = knn__write_at(r->fh, r->lay.dist_offset + q0 * r->lay.dist_row_bytes, r->wbuf + ib, db);
-    if (rc == KNN__SHORT_WRITE)
-        return knn__fail(err, XKNN_ERROR_IO, "writing rows %lld..%lld of %s: short write (disk full or file too large?)",
-                         (long long)q0, (long long)(q0 + rows - 1), r->tmp);
-    if (rc != MPI_SUCCESS) {
-        char text[MPI_MAX_ERROR_STRING];
-        int len = 0;
-        MPI_Error_string(rc, text, &len);
-        return knn__fail(err, XKNN_ERROR_IO, "writing rows %lld..%lld of %s: %s", (long long)q0,
-                         (long long)(q0 + rows - 1), r->tmp, text);
-    }
+    snprintf(what, sizeof what, "writing rows %lld..%lld", (long long)q0, (long long)(q0 + rows - 1));
+    st = knn__write_at(r, r->lay.ids_offset + q0 * r->lay.ids_row_bytes, r->wbuf, ib, what, err);
+    if (st == XKNN_SUCCESS && db > 0)
+        st = knn__write_at(r, r->lay.dist_offset + q0 * r->lay.dist_row_bytes, r->wbuf + ib, db, what, err);
+    return st; /* the search prefixes the rank */
     return XKNN_SUCCESS;
 }
 
@@ -777,7 +915,11 @@ static xknn_status knn__search_and_write(knn_run *r, xknn_error *err)
     r->t_search = knn__now() - t0;
     r->t_query = r->t_search;
     t0 = knn__now();
-    if (st == XKNN_SUCCESS) st = xknn_result_write(r->output, r->fmt, r->nq, r->o.k, ids, dist, err);
+    if (st == XKNN_SUCCESS) {
+        st = xknn_result_write(r->output, r->fmt, r->nq, r->o.k, ids, dist, err);
+        /* the writer's message names the system's reason; errno still holds it */
+        if (st == XKNN_ERROR_IO && knn__is_no_space(errno)) r->no_space = 1;
+    }
     r->t_write = knn__now() - t0;
     r->t_query += r->t_write;
     free(dist);
@@ -789,9 +931,8 @@ static xknn_status knn__search_and_write(knn_run *r, xknn_error *err)
 static xknn_status knn__open_output(knn_run *r, xknn_error *err)
 {
     int fd;
-    if (strlen(r->output) + 16 > sizeof r->tmp)
+    if (knn__tmp_template(r) != 0)
         return knn__fail(err, XKNN_ERROR_INVALID_ARGUMENT, "output name %s is too long", r->output);
-    snprintf(r->tmp, sizeof r->tmp, "%s.tmp.XXXXXX", r->output);
     fd = mkstemp(r->tmp);
     if (fd < 0) return knn__fail(err, XKNN_ERROR_IO, "cannot write output %s: %s", r->output, strerror(errno));
     close(fd);
@@ -818,7 +959,12 @@ static void knn__print_version(void)
 #else
     printf("MPI: not built (single process)\n");
 #endif
-    printf("backends: cpu%s\n", xknn_backend_built(XKNN_BACKEND_CUDA) ? ", cuda" : "");
+    if (xknn_backend_built(XKNN_BACKEND_CUDA)) {
+        const int ndev = xknn_cuda_device_count();
+        printf("backends: cpu, cuda (%d device%s visible)\n", ndev, ndev == 1 ? "" : "s");
+    } else {
+        printf("backends: cpu\n");
+    }
 }
 
 static const char *knn__result_format_name(xknn_result_format f)
@@ -909,6 +1055,7 @@ int main(int argc, char **argv)
     r->params.backend = r->o.backend;
     r->params.metric = r->o.metric;
     r->params.num_threads = r->o.threads;
+    r->params.device_memory_budget = (size_t)r->o.device_memory;
     r->params.verbose = r->o.verbose && r->rank == 0;
     r->backend_used = r->o.backend == XKNN_BACKEND_CUDA ? "cuda"
                       : r->o.backend == XKNN_BACKEND_CPU ? "cpu"
@@ -934,15 +1081,29 @@ int main(int argc, char **argv)
     }
 #endif
 
-    /* Backend availability: the same answer on every rank of a homogeneous job. */
-    if (r->o.backend == XKNN_BACKEND_CUDA && !xknn_backend_built(XKNN_BACKEND_CUDA))
-        st = knn__fail(&err, XKNN_ERROR_NOT_BUILT,
-                       "--backend cuda: this xknn was built without CUDA (reconfigure with -Dcuda=enabled)");
-    else if (r->o.backend == XKNN_BACKEND_CUDA && xknn_cuda_device_count() <= 0) {
-        st = knn__fail(&err, XKNN_ERROR_NO_DEVICE, "--backend cuda: no CUDA device is available");
-        knn__prefix_rank(&err, r->rank, r->size);
+    /* Backend availability. A rank may see no device (a node without GPUs, an empty
+     * CUDA_VISIBLE_DEVICES): --backend cuda then fails, naming the rank; auto searches
+     * on the CPU there, with the same results by contract. */
+    {
+        const int built = xknn_backend_built(XKNN_BACKEND_CUDA);
+        const int ndev = built ? xknn_cuda_device_count() : 0;
+        if (r->o.backend == XKNN_BACKEND_CUDA && !built) {
+            st = knn__fail(&err, XKNN_ERROR_NOT_BUILT,
+                           "--backend cuda: this xknn was built without CUDA (reconfigure with -Dcuda=enabled)");
+        } else if (r->o.backend == XKNN_BACKEND_CUDA && ndev <= 0) {
+            const char *cvd = getenv("CUDA_VISIBLE_DEVICES");
+            st = knn__fail(&err, XKNN_ERROR_NO_DEVICE,
+                           "no CUDA device is visible to this process (--backend cuda needs one on every rank%s%.64s%s)",
+                           cvd ? "; CUDA_VISIBLE_DEVICES='" : "", cvd ? cvd : "", cvd ? "'" : "");
+            knn__prefix_rank(&err, r->rank, r->size);
+        }
+        if ((st = knn__agree(r, st, &err)) != XKNN_SUCCESS) goto report;
+#ifdef XKNN_HAVE_MPI
+        if (r->o.backend == XKNN_BACKEND_AUTO && built &&
+            (st = knn__device_census(r, ndev > 0, &err)) != XKNN_SUCCESS)
+            goto report;
+#endif
     }
-    if ((st = knn__agree(r, st, &err)) != XKNN_SUCCESS) goto report;
 
     if ((st = knn__plan(r, &err)) != XKNN_SUCCESS) goto report;
     if ((st = knn__open_output(r, &err)) != XKNN_SUCCESS) goto report;
@@ -967,10 +1128,14 @@ report:
     code = knn__exit_code(st);
     r->t_total = knn__now() - t_begin;
     {
-        double v[1];
+        /* the time, and whether any rank ran out of space: a write error is a resource
+         * error (exit 3) then, on every rank */
+        double v[2];
         v[0] = r->t_total;
-        knn__max_doubles(r, v, 1);
+        v[1] = r->no_space;
+        knn__max_doubles(r, v, 2);
         r->t_total = v[0];
+        if (st == XKNN_ERROR_IO && v[1] > 0) code = EXIT_RESOURCE;
     }
     if (st == XKNN_SUCCESS) {
         const double qps = r->t_query > 0 ? (double)r->nq / r->t_query : 0.0;

@@ -40,10 +40,12 @@ knn() { run "$KNN" "$@"; }
 mknn() { np=$1; shift; run "$MPIRUN" --allow-run-as-root --oversubscribe -np "$np" "$KNN" "$@"; }
 has() { grep -q -F -- "$1" "$2"; }                 # has TEXT FILE
 count() { grep -c -F -- "$1" "$2"; }               # lines of FILE holding TEXT
-no_leftovers() { # no file named PREFIX or PREFIX.tmp.* remains
-    [ ! -e "$1" ] && [ -z "$(ls "$1".tmp.* 2>/dev/null)" ]
+tmps_of() { # the temporaries of output $1 in its directory: .NAME.xknn-tmp.* (knn_mpi),
+    # .NAME.tmp.* (the library's writer)
+    ls -A "$(dirname "$1")" 2>/dev/null | grep -F -e ".$(basename "$1").xknn-tmp." -e ".$(basename "$1").tmp."
 }
-no_tmp() { [ -z "$(ls "$1".tmp.* 2>/dev/null)" ]; } # no temporary of output $1 remains
+no_leftovers() { [ ! -e "$1" ] && [ -z "$(tmps_of "$1")" ]; } # no output $1, no temporary of it
+no_tmp() { [ -z "$(tmps_of "$1")" ]; }                        # no temporary of output $1 remains
 mk() { "$MK" "$@" || { echo "Bail out! mkdata $*"; exit 1; }; }
 
 # ---- data (deterministic, tie-heavy) ---------------------------------------------------
@@ -75,9 +77,10 @@ mk oracle l2 599 "$T/ref.fbin" - "$T/want_self599.bin"
 knn --help
 ok $(
     [ $RC -eq 0 ] && has "-k N" "$T/out" && has "--metric" "$T/out" && has "--query-block" "$T/out" &&
-        has "--json" "$T/out" && has "--dtype" "$T/out" && has "--ids64" "$T/out" && has "Example" "$T/out"
+        has "--json" "$T/out" && has "--dtype" "$T/out" && has "--ids64" "$T/out" && has "Example" "$T/out" &&
+        has "--device-memory" "$T/out" && has ".NAME.xknn-tmp.PID.XXXXXX" "$T/out"
     echo $?
-) "--help: exit 0, every option and an example"
+) "--help: exit 0, every option, the temporary's name and an example"
 ok $(
     has ".fvecs" "$T/out" && has ".fbin" "$T/out" && has ".npy" "$T/out" && has "IDX" "$T/out" && has ".ivecs" "$T/out"
     echo $?

@@ -6,7 +6,10 @@
 #   configure   meson setup build-dev -Dgpu_arch=$GPU_ARCH -Dbuildtype=release (fresh)
 #   build       ninja -C build-dev
 #   device      nvidia-smi -L
-#   test        meson test -C build-dev --print-errorlogs (all suites)
+#   test        meson test -C build-dev --print-errorlogs (all suites; with a device this
+#               includes the 20 GPU runs of cli/determinism and the GPU faults of
+#               cuda/faults-gpu: a rank without a device, more ranks than devices,
+#               --device-memory below one tile)
 #   memcheck    compute-sanitizer --tool memcheck  build-dev/tests/cuda-t (quick list)
 #   racecheck   compute-sanitizer --tool racecheck build-dev/tests/cuda-t (quick list)
 #   synccheck   compute-sanitizer --tool synccheck build-dev/tests/cuda-t (quick list)

@@ -1,0 +1,168 @@
+/*
+ * fault_inject.c -- an LD_PRELOAD library for the fault tests: writes to chosen files fail
+ * with ENOSPC, the way they fail on a full disk.
+ *
+ *   XKNN_TEST_ENOSPC_PATH=PATTERN LD_PRELOAD=.../libxknn_fault_inject.so knn_mpi ...
+ *
+ * Every write(2)-family call (write, pwrite, writev, pwritev, pwritev2 and their 64-bit
+ * names) on a file descriptor whose path matches PATTERN (fnmatch(3) without flags, on
+ * the path the kernel reports in /proc/self/fd/N: absolute, symbolic links resolved)
+ * returns -1 with errno ENOSPC and writes nothing. With XKNN_TEST_ENOSPC_AFTER=BYTES
+ * only the writes that would end past offset BYTES fail (a disk with BYTES free): the
+ * first part of a file is written, the rest is refused. Every other descriptor (sockets,
+ * pipes, terminals, Open MPI's shared-memory files) and every call while the variable is
+ * unset or empty goes to the C library unchanged. Under mpirun, pass both variables to
+ * every rank with `-x`.
+ *
+ * The stdio functions of glibc write through internal entry points that a preloaded
+ * library cannot replace; everything in xknn writes with the calls above (knn_mpi's
+ * MPI-IO goes through Open MPI's posix fbtl: pwritev / pwrite).
+ *
+ * Under AddressSanitizer the preloaded library comes before the ASan runtime: run the
+ * program with ASAN_OPTIONS=verify_asan_link_order=0.
+ */
+#ifdef __linux__
+
+/* The build may define _FILE_OFFSET_BITS=64, which renames pwrite to pwrite64 in the
+ * headers; this file defines both names itself. */
+#undef _FILE_OFFSET_BITS
+#define _GNU_SOURCE 1
+
+#include <dlfcn.h>
+#include <errno.h>
+#include <fnmatch.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/types.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#if defined(__GNUC__)
+#define XKNN__FI_EXPORT __attribute__((visibility("default")))
+#else
+#define XKNN__FI_EXPORT
+#endif
+
+/* Bytes in an iovec array (the size of the write). */
+static size_t xknn__fi_iov_bytes(const struct iovec *iov, int n)
+{
+    size_t t = 0;
+    int i;
+    for (i = 0; iov && i < n; i++) t += iov[i].iov_len;
+    return t;
+}
+
+/* 1 when this write must fail: the variable is set, fd's path matches it, and the write
+ * of count bytes at off (-1: the current position) ends past XKNN_TEST_ENOSPC_AFTER. */
+static int xknn__fi_hit(int fd, long long off, size_t count)
+{
+    const char *pattern = getenv("XKNN_TEST_ENOSPC_PATH");
+    const char *after = getenv("XKNN_TEST_ENOSPC_AFTER");
+    char link[64], path[4096];
+    long long room = 0;
+    ssize_t len;
+    int saved = errno;
+    if (!pattern || !*pattern || fd < 0 || count == 0) return 0;
+    snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+    len = readlink(link, path, sizeof path - 1);
+    errno = saved;
+    if (len <= 0) return 0;
+    path[len] = '\0';
+    if (fnmatch(pattern, path, 0) != 0) return 0;
+    if (after && *after) room = strtoll(after, NULL, 10);
+    if (room <= 0) return 1;
+    if (off < 0) off = (long long)lseek(fd, 0, SEEK_CUR);
+    errno = saved;
+    return off < 0 || off + (long long)count > room;
+}
+
+/* Stores in *fn (a function pointer of fn_size bytes) the next definition of name in
+ * lookup order: the C library's, or a sanitizer's interceptor. */
+static void xknn__fi_next(const char *name, void *fn, size_t fn_size)
+{
+    void *f = dlsym(RTLD_NEXT, name);
+    if (!f) abort(); /* nothing to forward to: a broken test setup, stop loudly */
+    memcpy(fn, &f, fn_size); /* ISO C has no cast from object to function pointer */
+}
+
+#define XKNN__FI_FAIL()    \
+    do {                   \
+        errno = ENOSPC;    \
+        return -1;         \
+    } while (0)
+
+typedef ssize_t (*xknn__fi_write_fn)(int, const void *, size_t);
+typedef ssize_t (*xknn__fi_pwrite_fn)(int, const void *, size_t, off_t);
+typedef ssize_t (*xknn__fi_writev_fn)(int, const struct iovec *, int);
+typedef ssize_t (*xknn__fi_pwritev_fn)(int, const struct iovec *, int, off_t);
+typedef ssize_t (*xknn__fi_pwritev2_fn)(int, const struct iovec *, int, off_t, int);
+
+XKNN__FI_EXPORT ssize_t write(int fd, const void *buf, size_t count)
+{
+    xknn__fi_write_fn next;
+    if (xknn__fi_hit(fd, -1, count)) XKNN__FI_FAIL();
+    xknn__fi_next("write", &next, sizeof next);
+    return next(fd, buf, count);
+}
+
+XKNN__FI_EXPORT ssize_t pwrite(int fd, const void *buf, size_t count, off_t off)
+{
+    xknn__fi_pwrite_fn next;
+    if (xknn__fi_hit(fd, (long long)off, count)) XKNN__FI_FAIL();
+    xknn__fi_next("pwrite", &next, sizeof next);
+    return next(fd, buf, count, off);
+}
+
+XKNN__FI_EXPORT ssize_t pwrite64(int fd, const void *buf, size_t count, off64_t off)
+{
+    xknn__fi_pwrite_fn next;
+    if (xknn__fi_hit(fd, (long long)off, count)) XKNN__FI_FAIL();
+    xknn__fi_next("pwrite64", &next, sizeof next);
+    return next(fd, buf, count, (off_t)off);
+}
+
+XKNN__FI_EXPORT ssize_t writev(int fd, const struct iovec *iov, int n)
+{
+    xknn__fi_writev_fn next;
+    if (xknn__fi_hit(fd, -1, xknn__fi_iov_bytes(iov, n))) XKNN__FI_FAIL();
+    xknn__fi_next("writev", &next, sizeof next);
+    return next(fd, iov, n);
+}
+
+XKNN__FI_EXPORT ssize_t pwritev(int fd, const struct iovec *iov, int n, off_t off)
+{
+    xknn__fi_pwritev_fn next;
+    if (xknn__fi_hit(fd, (long long)off, xknn__fi_iov_bytes(iov, n))) XKNN__FI_FAIL();
+    xknn__fi_next("pwritev", &next, sizeof next);
+    return next(fd, iov, n, off);
+}
+
+XKNN__FI_EXPORT ssize_t pwritev64(int fd, const struct iovec *iov, int n, off64_t off)
+{
+    xknn__fi_pwritev_fn next;
+    if (xknn__fi_hit(fd, (long long)off, xknn__fi_iov_bytes(iov, n))) XKNN__FI_FAIL();
+    xknn__fi_next("pwritev64", &next, sizeof next);
+    return next(fd, iov, n, (off_t)off);
+}
+
+XKNN__FI_EXPORT ssize_t pwritev2(int fd, const struct iovec *iov, int n, off_t off, int flags)
+{
+    xknn__fi_pwritev2_fn next;
+    if (xknn__fi_hit(fd, (long long)off, xknn__fi_iov_bytes(iov, n))) XKNN__FI_FAIL();
+    xknn__fi_next("pwritev2", &next, sizeof next);
+    return next(fd, iov, n, off, flags);
+}
+
+XKNN__FI_EXPORT ssize_t pwritev64v2(int fd, const struct iovec *iov, int n, off64_t off, int flags)
+{
+    xknn__fi_pwritev2_fn next;
+    if (xknn__fi_hit(fd, (long long)off, xknn__fi_iov_bytes(iov, n))) XKNN__FI_FAIL();
+    xknn__fi_next("pwritev64v2", &next, sizeof next);
+    return next(fd, iov, n, (off_t)off, flags);
+}
+
+#else
+/* Not Linux: nothing to inject (the tests that need this library skip). */
+typedef int xknn__fault_inject_unused;
+#endif
