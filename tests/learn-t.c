@@ -393,17 +393,157 @@ static void test_iris(const char *path)
     }
 }
 
+
+/* ---- condensing and editing against the naive sequential definitions --------------- */
+
+typedef struct {
+    float dist;
+    int64_t id;
+} cand_t;
+
+static int cand_cmp(const void *a, const void *b)
+{
+    const cand_t *x = (const cand_t *)a, *y = (const cand_t *)b;
+    if (x->dist != y->dist) return x->dist < y->dist ? -1 : 1;
+    return x->id < y->id ? -1 : x->id > y->id;
+}
+
+/* Uniform vote of point i's k nearest among the points with mask[j] (j != i). */
+static int32_t naive_knn_vote(const float *x, int64_t n, int64_t d, int metric, const int32_t *labels,
+                              const unsigned char *mask, int64_t i, int64_t k, cand_t *c, int64_t *ids)
+{
+    int64_t j, m = 0;
+    for (j = 0; j < n; j++)
+        if (j != i && mask[j]) {
+            c[m].dist = ref_distance(metric, x + i * d, x + j * d, d);
+            c[m++].id = j;
+        }
+    qsort(c, (size_t)m, sizeof *c, cand_cmp);
+    if (m > k) m = k;
+    for (j = 0; j < m; j++) ids[j] = c[j].id;
+    return naive_vote(m, ids, NULL, labels, 0, 0);
+}
+
+static void naive_condense(const float *x, int64_t n, int64_t d, int metric, const int32_t *labels, int64_t k,
+                           unsigned char *keep, int64_t *passes)
+{
+    cand_t *c = malloc((size_t)n * sizeof *c);
+    int64_t *ids = malloc((size_t)n * sizeof *ids), i;
+    int changed = 1;
+    if (!c || !ids) bail("out of memory");
+    memset(keep, 0, (size_t)n);
+    keep[0] = 1;
+    *passes = 0;
+    while (changed) {
+        changed = 0;
+        ++*passes;
+        for (i = 0; i < n; i++)
+            if (!keep[i] && naive_knn_vote(x, n, d, metric, labels, keep, i, k, c, ids) != labels[i]) {
+                keep[i] = 1;
+                changed = 1;
+            }
+    }
+    free(c);
+    free(ids);
+}
+
+static void naive_edit(const float *x, int64_t n, int64_t d, int metric, const int32_t *labels, int64_t k,
+                       unsigned char *keep)
+{
+    cand_t *c = malloc((size_t)n * sizeof *c);
+    int64_t *ids = malloc((size_t)n * sizeof *ids), i;
+    unsigned char *all = malloc((size_t)n);
+    if (!c || !ids || !all) bail("out of memory");
+    memset(all, 1, (size_t)n);
+    for (i = 0; i < n; i++) keep[i] = naive_knn_vote(x, n, d, metric, labels, all, i, k, c, ids) == labels[i];
+    free(all);
+    free(c);
+    free(ids);
+}
+
+static void test_prune(void)
+{
+    static const struct {
+        data_kind kind;
+        int64_t n, d, k, batch;
+        int metric, classes;
+    } cases[] = {
+        {DATA_INTEGER, 300, 3, 1, 0, REF_L2, 3},    {DATA_INTEGER, 300, 3, 1, 7, REF_L2, 3},
+        {DATA_INTEGER, 300, 3, 3, 1, REF_EUCLIDEAN, 4}, {DATA_DUPLICATES, 257, 5, 1, 16, REF_L2, 2},
+        {DATA_DUPLICATES, 257, 5, 3, 0, REF_L2, 3}, {DATA_GAUSSIAN, 400, 8, 1, 33, REF_L2, 5},
+        {DATA_CLUSTERED, 333, 16, 5, 64, REF_EUCLIDEAN, 3}, {DATA_UNIFORM, 2, 2, 1, 0, REF_L2, 2},
+    };
+    size_t c;
+    for (c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        const int64_t n = cases[c].n, d = cases[c].d, k = cases[c].k;
+        float *x = malloc((size_t)(n * d) * sizeof(float));
+        int32_t *labels = malloc((size_t)n * sizeof(int32_t));
+        unsigned char *keep = malloc((size_t)n), *want = malloc((size_t)n);
+        int64_t kept = -1, passes = -1, wpasses = 0, i, wkept = 0;
+        uint64_t s = 1000 + c;
+        xknn_params p = XKNN_PARAMS_INIT;
+        xknn_matrix ref = XKNN_MATRIX_F32(NULL, n, d);
+        xknn_error err;
+        xknn_status st;
+        int same;
+        if (!x || !labels || !keep || !want) bail("out of memory");
+        ref_make_data(cases[c].kind, x, n, d, 77 + c);
+        /* labels follow the first coordinate (so condensing absorbs points), with 1/8 noise */
+        for (i = 0; i < n; i++) {
+            const int64_t cl = cases[c].classes, band = (int64_t)floor((double)x[i * d] * 2.0);
+            const int64_t v = (ref_rand_u64(&s) % 8 == 0) ? (int64_t)(ref_rand_u64(&s) % (uint64_t)cl)
+                                                          : ((band % cl) + cl) % cl;
+            labels[i] = (int32_t)v * 10 - 5;
+        }
+        ref.data = x;
+        p.backend = XKNN_BACKEND_CPU;
+        p.metric = cases[c].metric == REF_L2 ? XKNN_METRIC_L2 : XKNN_METRIC_EUCLIDEAN;
+
+        naive_condense(x, n, d, cases[c].metric, labels, k, want, &wpasses);
+        st = xknn_condense(&p, &ref, labels, k, cases[c].batch, keep, &kept, &passes, &err);
+        same = st == XKNN_SUCCESS && passes == wpasses;
+        for (i = 0, wkept = 0; i < n; i++) {
+            same = same && keep[i] == want[i];
+            wkept += want[i];
+        }
+        ok(same && kept == wkept, "condense %s n=%lld d=%lld k=%lld batch=%lld: the sequential store (%lld kept, %lld passes)%s%s",
+           ref_data_name(cases[c].kind), (long long)n, (long long)d, (long long)k, (long long)cases[c].batch,
+           (long long)wkept, (long long)wpasses, st ? ": " : "", st ? err.message : "");
+
+        if (k <= n - 1) {
+            naive_edit(x, n, d, cases[c].metric, labels, k, want);
+            st = xknn_edit(&p, &ref, labels, k, keep, &kept, &err);
+            same = st == XKNN_SUCCESS;
+            for (i = 0, wkept = 0; i < n; i++) {
+                same = same && keep[i] == want[i];
+                wkept += want[i];
+            }
+            ok(same && kept == wkept, "edit %s n=%lld k=%lld: the naive Wilson set (%lld kept)%s%s",
+               ref_data_name(cases[c].kind), (long long)n, (long long)k, (long long)wkept, st ? ": " : "",
+               st ? err.message : "");
+        } else {
+            st = xknn_edit(&p, &ref, labels, k, keep, &kept, &err);
+            ok(st == XKNN_ERROR_INVALID_ARGUMENT, "edit with k > n-1: %s", err.message);
+        }
+        free(x);
+        free(labels);
+        free(keep);
+        free(want);
+    }
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2) bail("usage: learn-t tests/data/iris.csv");
     if (!mkdtemp(tdir)) bail("mkdtemp: %s", strerror(errno));
-    plan(19 + 7 + 4 + 4 + 11 + 2 * IRIS_CASES);
+    plan(19 + 7 + 4 + 4 + 11 + 2 * IRIS_CASES + 16);
     test_votes();
     test_errors();
     test_accuracy_confusion();
     test_against_naive();
     test_readers();
     test_iris(argv[1]);
+    test_prune();
     {
         const char *names[] = {"l.txt", "bad.txt", "big.txt", "l.npy", "l-idx1-ubyte", "two.fbin", "one.fbin",
                                "wide.ibin", "t.csv", "inf.txt"};

@@ -101,6 +101,41 @@ XKNN_API xknn_status xknn_label_classes(int64_t n, const int32_t *labels, int32_
 XKNN_API xknn_status xknn_confusion(int64_t nq, const int32_t *truth, const int32_t *pred, int64_t nclasses,
                                     const int32_t *classes, int64_t *matrix, xknn_error *err);
 
+
+/*
+ * Not collective. Wilson's edited nearest neighbour: point i is removed when its label
+ * differs from the uniform vote (rules above) of its k nearest other points (itself
+ * excluded, duplicates of it at other ids included); every decision is taken on the
+ * whole original set. Searches with xknn_search(params) (backend auto: the GPU when
+ * present) in blocks of queries, self-join.
+ *   ref     n x d host matrix; labels: n int32
+ *   keep    n bytes (output): 1 kept, 0 removed; *kept (may be NULL): how many kept
+ * Memory: O(query block * k) besides the search's. Errors: those of xknn_search
+ * (k must be <= n - 1), INVALID_ARGUMENT, OUT_OF_MEMORY.
+ */
+XKNN_API xknn_status xknn_edit(const xknn_params *params, const xknn_matrix *ref, const int32_t *labels, int64_t k,
+                               unsigned char *keep, int64_t *kept, xknn_error *err);
+
+/*
+ * Not collective. Hart's condensed nearest neighbour, generalised to k: the store S
+ * starts as {point 0}; a pass visits the points not in S in ascending id order, and
+ * adds point i to S when the uniform vote of its min(k, |S|) nearest points in S (order
+ * (distance, id), as the search reports them) differs from label i; passes repeat
+ * until one adds nothing. The result equals that sequential definition exactly, but
+ * is computed in batches: a batch of consecutive unabsorbed points is searched against
+ * the store as it was before the batch, then resolved in id order, each point's
+ * neighbour list merged with the canonical distances (xknn_distance) to the points
+ * added earlier in the same batch.
+ *   batch   points per batch; 0: automatic (between 256 and 4096, growing with |S|)
+ *   keep    n bytes (output): 1 in the condensed set, 0 absorbed; *kept, *passes (may
+ *           be NULL): its size and the number of passes (the last one adds nothing)
+ * Memory: a copy of the store (up to n x d floats) and O(batch * (k + batch)) besides
+ * the search's. Errors: those of xknn_search, INVALID_ARGUMENT, OUT_OF_MEMORY.
+ */
+XKNN_API xknn_status xknn_condense(const xknn_params *params, const xknn_matrix *ref, const int32_t *labels,
+                                   int64_t k, int64_t batch, unsigned char *keep, int64_t *kept, int64_t *passes,
+                                   xknn_error *err);
+
 #ifdef __cplusplus
 }
 #endif
@@ -369,6 +404,198 @@ xknn_status xknn_confusion(int64_t nq, const int32_t *truth, const int32_t *pred
         matrix[xknn__class_index(classes, nclasses, truth[i]) * nclasses +
                xknn__class_index(classes, nclasses, pred[i])] += 1;
     return XKNN_SUCCESS;
+}
+
+
+/* ---- editing and condensing -------------------------------------------------------- */
+
+static xknn_status xknn__prune_check(const xknn_matrix *ref, const int32_t *labels, int64_t k,
+                                     const unsigned char *keep, xknn_error *err)
+{
+    if (!ref || !ref->data || !labels || !keep)
+        return xknn__fail(err, XKNN_ERROR_INVALID_ARGUMENT, "ref, its data, labels or keep is NULL");
+    if (ref->dtype != XKNN_DTYPE_F32 || ref->rows < 1 || ref->cols < 1 || (ref->ld && ref->ld < ref->cols))
+        return xknn__fail(err, XKNN_ERROR_INVALID_ARGUMENT, "ref: need a float32 matrix with n >= 1 and d >= 1");
+    if (k < 1) return xknn__fail(err, XKNN_ERROR_INVALID_ARGUMENT, "k=%lld: need k >= 1", (long long)k);
+    return XKNN_SUCCESS;
+}
+
+xknn_status xknn_edit(const xknn_params *params, const xknn_matrix *ref, const int32_t *labels, int64_t k,
+                      unsigned char *keep, int64_t *kept, xknn_error *err)
+{
+    xknn_params p = params ? *params : xknn_params_default();
+    const int64_t n = ref ? ref->rows : 0, blk = 16384;
+    int64_t *ids = NULL, q0, i, nk = 0;
+    int32_t *pred = NULL;
+    xknn_status st;
+
+    xknn__learn_ok(err);
+    if ((st = xknn__prune_check(ref, labels, k, keep, err)) != XKNN_SUCCESS) return st;
+    if (k > n - 1)
+        return xknn__fail(err, XKNN_ERROR_INVALID_ARGUMENT,
+                          "k=%lld is larger than n-1=%lld (each point's own id is excluded)", (long long)k,
+                          (long long)(n - 1));
+    ids = (int64_t *)malloc((size_t)(blk * k) * sizeof *ids);
+    pred = (int32_t *)malloc((size_t)blk * sizeof *pred);
+    if (!ids || !pred) {
+        st = xknn__fail(err, XKNN_ERROR_OUT_OF_MEMORY, "cannot allocate %lld x %lld neighbour ids", (long long)blk,
+                        (long long)k);
+        goto done;
+    }
+    p.exclude_self = 1;
+    p.ref_id_offset = 0;
+    for (q0 = 0; q0 < n; q0 += blk) {
+        const int64_t c = n - q0 < blk ? n - q0 : blk;
+        const int64_t ld = ref->ld ? ref->ld : ref->cols;
+        xknn_matrix q = XKNN_MATRIX_F32((const float *)ref->data + q0 * ld, c, ref->cols);
+        q.ld = ld;
+        p.query_id_offset = q0;
+        if ((st = xknn_search(&p, ref, &q, k, ids, NULL, err)) != XKNN_SUCCESS) goto done;
+        if ((st = xknn_classify(c, k, ids, NULL, p.metric, XKNN_VOTE_UNIFORM, labels, n, pred, err)) !=
+            XKNN_SUCCESS)
+            goto done;
+        for (i = 0; i < c; i++) {
+            keep[q0 + i] = pred[i] == labels[q0 + i];
+            nk += keep[q0 + i];
+        }
+    }
+    if (kept) *kept = nk;
+done:
+    free(pred);
+    free(ids);
+    return st;
+}
+
+typedef struct xknn__cand {
+    float dist;
+    int64_t id;
+} xknn__cand;
+
+static int xknn__cand_cmp(const void *a, const void *b)
+{
+    const xknn__cand *x = (const xknn__cand *)a, *y = (const xknn__cand *)b;
+    if (x->dist != y->dist) return x->dist < y->dist ? -1 : 1;
+    return x->id < y->id ? -1 : x->id > y->id;
+}
+
+xknn_status xknn_condense(const xknn_params *params, const xknn_matrix *ref, const int32_t *labels, int64_t k,
+                          int64_t batch, unsigned char *keep, int64_t *kept, int64_t *passes, xknn_error *err)
+{
+    xknn_params p = params ? *params : xknn_params_default();
+    const int64_t n = ref ? ref->rows : 0, d = ref ? ref->cols : 0;
+    const int64_t ld = ref ? (ref->ld ? ref->ld : ref->cols) : 0;
+    const float *x = ref ? (const float *)ref->data : NULL;
+    float *store = NULL, *qbuf = NULL, *sdist = NULL;
+    int64_t *store_id = NULL, *sids = NULL, *cand_ids = NULL, *added = NULL, *todo = NULL;
+    xknn__cand *cand = NULL;
+    int64_t ns = 0, npass = 0, bmax, i, j;
+    int changed = 1, dirty = 1;
+    xknn_status st = XKNN_SUCCESS;
+
+    xknn__learn_ok(err);
+    if ((st = xknn__prune_check(ref, labels, k, keep, err)) != XKNN_SUCCESS) return st;
+    if (batch < 0) return xknn__fail(err, XKNN_ERROR_INVALID_ARGUMENT, "batch=%lld: need batch >= 0", (long long)batch);
+    bmax = batch > 0 ? batch : 4096;
+    if (bmax > n) bmax = n;
+    if ((uint64_t)n > SIZE_MAX / sizeof(float) / (uint64_t)d)
+        return xknn__fail(err, XKNN_ERROR_OUT_OF_MEMORY, "n x d = %lld x %lld does not fit in memory", (long long)n,
+                          (long long)d);
+    store = (float *)malloc((size_t)(n * d) * sizeof *store);
+    store_id = (int64_t *)malloc((size_t)n * sizeof *store_id);
+    todo = (int64_t *)malloc((size_t)n * sizeof *todo);
+    qbuf = (float *)malloc((size_t)(bmax * d) * sizeof *qbuf);
+    sids = (int64_t *)malloc((size_t)(bmax * k) * sizeof *sids);
+    sdist = (float *)malloc((size_t)(bmax * k) * sizeof *sdist);
+    added = (int64_t *)malloc((size_t)bmax * sizeof *added);
+    cand = (xknn__cand *)malloc((size_t)(k + bmax) * sizeof *cand);
+    cand_ids = (int64_t *)malloc((size_t)k * sizeof *cand_ids);
+    if (!store || !store_id || !todo || !qbuf || !sids || !sdist || !added || !cand || !cand_ids) {
+        st = xknn__fail(err, XKNN_ERROR_OUT_OF_MEMORY, "cannot allocate the store of %lld x %lld floats",
+                        (long long)n, (long long)d);
+        goto done;
+    }
+    memset(keep, 0, (size_t)n);
+    keep[0] = 1;
+    p.exclude_self = 0;
+    p.pad_missing = 0;
+    p.ref_id_offset = 0;
+    p.query_id_offset = 0;
+
+    while (changed) {
+        int64_t ntodo = 0, t0;
+        changed = 0;
+        npass++;
+        for (i = 0; i < n; i++)
+            if (!keep[i]) todo[ntodo++] = i;
+        for (t0 = 0; t0 < ntodo;) {
+            int64_t b, kk, na = 0;
+            xknn_matrix sm, qm;
+            /* the store in ascending id order (row order = id order keeps the search's
+             * ties by id), rebuilt when the previous batch added points */
+            if (dirty) {
+                ns = 0;
+                for (i = 0; i < n; i++)
+                    if (keep[i]) {
+                        memcpy(store + ns * d, x + i * ld, (size_t)d * sizeof *store);
+                        store_id[ns++] = i;
+                    }
+                dirty = 0;
+            }
+            b = batch > 0 ? batch : (ns < 256 ? 256 : ns > 4096 ? 4096 : ns);
+            if (b > bmax) b = bmax;
+            if (b > ntodo - t0) b = ntodo - t0;
+            kk = k < ns ? k : ns;
+            for (i = 0; i < b; i++) memcpy(qbuf + i * d, x + todo[t0 + i] * ld, (size_t)d * sizeof *qbuf);
+            memset(&sm, 0, sizeof sm);
+            sm.data = store;
+            sm.rows = ns;
+            sm.cols = d;
+            qm = sm;
+            qm.data = qbuf;
+            qm.rows = b;
+            if ((st = xknn_search(&p, &sm, &qm, kk, sids, sdist, err)) != XKNN_SUCCESS) goto done;
+            for (i = 0; i < b; i++) {
+                const int64_t id = todo[t0 + i];
+                int64_t nc = 0, m;
+                int32_t pred;
+                for (j = 0; j < kk; j++) {
+                    cand[nc].dist = sdist[i * kk + j];
+                    cand[nc++].id = store_id[sids[i * kk + j]];
+                }
+                for (j = 0; j < na; j++) {
+                    cand[nc].dist = xknn_distance(p.metric, x + id * ld, x + added[j] * ld, d);
+                    cand[nc++].id = added[j];
+                }
+                if (na > 0) qsort(cand, (size_t)nc, sizeof *cand, xknn__cand_cmp);
+                m = nc < k ? nc : k;
+                for (j = 0; j < m; j++) cand_ids[j] = cand[j].id;
+                if ((st = xknn_classify(1, m, cand_ids, NULL, p.metric, XKNN_VOTE_UNIFORM, labels, n, &pred, err)) !=
+                    XKNN_SUCCESS)
+                    goto done;
+                if (pred != labels[id]) {
+                    keep[id] = 1;
+                    added[na++] = id;
+                    changed = dirty = 1;
+                }
+            }
+            t0 += b;
+        }
+    }
+    ns = 0;
+    for (i = 0; i < n; i++) ns += keep[i];
+    if (kept) *kept = ns;
+    if (passes) *passes = npass;
+done:
+    free(cand_ids);
+    free(cand);
+    free(added);
+    free(sdist);
+    free(sids);
+    free(qbuf);
+    free(todo);
+    free(store_id);
+    free(store);
+    return st;
 }
 
 #ifdef __cplusplus
