@@ -1,19 +1,21 @@
 #!/bin/sh
-# learn-cli-t.sh KNN_MPI MKDATA LEARN_ORACLE MPIRUN|none -- knn_mpi's classification and
+# learn-cli-t.sh KNN_MPI MKDATA LEARN_ORACLE MPIRUN|none KNN_PRUNE -- knn_mpi's classification and
 # regression options (--labels, --targets, --vote, --predict, --query-labels) end to end
 # (TAP): predictions byte for byte equal to tests/learn-oracle.c's votes on the search
 # oracle's neighbours (tests/mkdata.c), identical files for 1 and 3 ranks, usage errors
-# (exit 1), input errors (exit 2 on every rank, one message, no output). POSIX sh.
+# (exit 1), input errors (exit 2 on every rank, one message, no output); and the knn_prune
+# command (its algorithms are checked against naive definitions in learn-t.c). POSIX sh.
 
 KNN=$1
 MK=$2
 LO=$3
 MPIRUN=${4:-none}
+PRUNE=$5
 T=$(mktemp -d "${TMPDIR:-/tmp}/learn-cli-t.XXXXXX") || exit 1
 trap 'rm -rf "$T"' EXIT INT TERM
 
 NUM=0
-echo "1..33"
+echo "1..39"
 
 ok() { # ok STATUS DESCRIPTION
     NUM=$((NUM + 1))
@@ -54,6 +56,8 @@ lo labels 300 3 13 "$T/duplab.txt"
 lo targets 600 14 "$T/tgt.txt"
 lo labels 599 4 11 "$T/short.txt"
 printf '1\n2\nbanana\n' >"$T/badlab.txt"
+mk data gaussian 400 13 5 "$T/g.fbin"
+lo labels 400 4 15 "$T/glab.txt"
 mk oracle l2 9 "$T/ref.fbin" "$T/q.fbin" "$T/nn_l2.bin"
 mk oracle euclidean 9 "$T/ref.fbin" "$T/q.fbin" "$T/nn_eu.bin"
 mk oracle l2 5 "$T/dup.fbin" - "$T/nn_dup.bin"
@@ -155,3 +159,24 @@ else
     mknn 3 --vote nope --labels "$T/lab.txt" "$T/ref.fbin" "$T/q.fbin"
     ok $([ $RC -eq 1 ] && [ "$(count "unknown vote" "$T/err")" -eq 1 ]; echo $?) "3 ranks, bad --vote: exit 1, one message"
 fi
+
+# ---- knn_prune ------------------------------------------------------------------------------
+run "$PRUNE" --cnn --labels "$T/glab.txt" -o "$T/cnn.txt" "$T/g.fbin"
+NK=$(wc -l <"$T/cnn.txt" 2>/dev/null)
+ok $([ $RC -eq 0 ] && [ "$NK" -gt 0 ] && [ "$NK" -lt 400 ] && [ "$(wc -l <"$T/cnn.labels.txt")" -eq "$NK" ] &&
+    [ "$(wc -c <"$T/cnn.fbin")" -eq $((8 + NK * 13 * 4)) ] && has "kept=$NK" "$T/out"; echo $?) \
+    "--cnn: ids, .fbin subset and labels agree in size, summary names the kept count"
+ok $(awk 'NR == FNR { lab[NR - 1] = $1; next } { print lab[$1] }' "$T/glab.txt" "$T/cnn.txt" |
+    cmp -s - "$T/cnn.labels.txt"; echo $?) "--cnn: the subset's labels are the labels of the kept ids"
+knn -k 1 --labels "$T/cnn.labels.txt" --query-labels "$T/glab.txt" "$T/cnn.fbin" "$T/g.fbin"
+ok $([ $RC -eq 0 ] && has "accuracy=1.0000" "$T/out"; echo $?) \
+    "the condensed set classifies every training point correctly by 1-NN (Hart's consistency)"
+run "$PRUNE" --enn -k 3 --labels "$T/glab.txt" -o "$T/enn.ibin" "$T/g.fbin"
+NK=$(sed -n 's/.*kept=\([0-9]*\).*/\1/p' "$T/out")
+ok $([ $RC -eq 0 ] && [ "$(wc -c <"$T/enn.ibin")" -eq $((8 + NK * 4)) ] &&
+    [ "$(wc -c <"$T/enn.fbin")" -eq $((8 + NK * 13 * 4)) ]; echo $?) "--enn: .ibin ids and the .fbin subset"
+run "$PRUNE" --enn --labels "$T/short.txt" -o "$T/pe.txt" "$T/ref.fbin"
+ok $([ $RC -eq 2 ] && has "holds 599 labels" "$T/err" && no_leftovers "$T/pe.txt" && no_leftovers "$T/pe.fbin" &&
+    no_leftovers "$T/pe.labels.txt"; echo $?) "knn_prune, labels of the wrong length: exit 2, no output"
+run "$PRUNE" --labels "$T/lab.txt" -o "$T/pe2.txt" "$T/ref.fbin"
+ok $([ $RC -eq 1 ] && has "--cnn and --enn" "$T/err"; echo $?) "knn_prune without --cnn or --enn: exit 1"
