@@ -109,7 +109,7 @@ static void knn__usage(FILE *f)
             "  .fvecs .ivecs .bvecs         TEXMEX (per row: int32 d, then d values)\n"
             "  .fbin .u8bin .i8bin .ibin    big-ann (uint32 n, uint32 d, then n*d values)\n"
             "  .bin                         same layout, float32 unless --dtype says otherwise\n"
-            "  .npy                         NumPy v1-v3 (<f4 <f2 <f8 |u1 |i1 <i2 <i4, C order)\n"
+            "  .npy                         NumPy v1-v3 (<f4 <f2 <f8 |u1 |i1 <i2 <i4 <i8, C order)\n"
             "  IDX (*-idx?-ubyte[.gz])      MNIST / Fashion-MNIST images\n"
             "\n"
             "Exit status: 0 ok, 1 usage error, 2 input error (missing/malformed file, dimension\n"

@@ -16,8 +16,8 @@
  * built without zlib answers XKNN_ERROR_NOT_BUILT), by streaming from the start.
  * Every reader converts to float32 rows on read (the dtype the library searches today)
  * and checks values: NaN or Inf is an error naming the file, row and column. The
- * conversion is exact for u8, i8, i16 and f16; an i32 value that float32 cannot hold
- * exactly (|v| > 2^24 and not representable) is refused (INVALID_VALUE), never rounded;
+ * conversion is exact for u8, i8, i16 and f16; an i32 or i64 value that float32 cannot
+ * hold exactly (|v| > 2^24 and not representable) is refused (INVALID_VALUE), never rounded;
  * f64 values are rounded to nearest float32 and refused when outside its range.
  * Headers are validated against the file size before anything is allocated; sizes are
  * computed in int64 with every multiplication checked.
