@@ -29,8 +29,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "knn_predict.h"
 #include "xknn.h"
 #include "xknn/io.h"
+#include "xknn/learn.h"
 
 #ifdef XKNN_HAVE_MPI
 #include <mpi.h>
@@ -53,12 +55,14 @@ typedef struct knn_opts {
     int threads;
     int64_t device_memory; /* bytes; 0: the backend's default (free device memory) */
     int ids64, quiet, verbose, help, version;
+    /* classification / regression (knn_predict.c) */
+    const char *labels, *targets, *query_labels, *predict;
+    xknn_vote vote;
 } knn_opts;
 
 static void knn__usage(FILE *f)
 {
-    fprintf(f,
-            "Usage: knn_mpi [options] REF [QUERY]\n"
+    fputs("Usage: knn_mpi [options] REF [QUERY]\n"
             "       mpirun -np P knn_mpi [options] REF [QUERY]\n"
             "\n"
             "Exact k nearest neighbours of every QUERY row among the REF rows; without QUERY,\n"
@@ -84,12 +88,31 @@ static void knn__usage(FILE *f)
             "      --threads N      CPU threads per rank (default: OpenMP default)\n"
             "      --device-memory BYTES\n"
             "                       device memory the CUDA backend may use per rank, with an\n"
-            "                       optional K, M or G suffix (powers of 1024; default: 90%% of\n"
+            "                       optional K, M or G suffix (powers of 1024; default: 90% of\n"
             "                       the free memory). Less makes smaller tiles; below what one\n"
             "                       tile needs the run fails with exit status 3 and the minimum.\n"
             "      --json FILE      write sizes, ranks, backend, per-phase times (read, broadcast,\n"
             "                       search, reduce, write) and queries/s as JSON\n"
-            "  -q, --quiet          no progress, no summary line\n"
+            "\n", f);
+    /* split: C99 compilers need only accept string literals of 4095 characters */
+    fputs("Classification and regression (votes on the k neighbours of each query, computed on\n"
+            "the rank that owns the query block after the reduction):\n"
+            "      --labels FILE    int32 label of every REF row: IDX label file (*-idx1-ubyte[.gz]),\n"
+            "                       .npy of an integer dtype, .ibin (d = 1), or .txt/.csv with one\n"
+            "                       integer per line\n"
+            "      --targets FILE   float target of every REF row instead (regression: mean of the\n"
+            "                       neighbours' targets); same formats, any numbers\n"
+            "      --vote NAME      uniform (default: majority, ties to the smallest label) or\n"
+            "                       distance (weight 1/Euclidean distance, 1/sqrt for -m l2; if a\n"
+            "                       neighbour is at distance 0 only those vote), as scikit-learn\n"
+            "      --predict OUT    write one prediction per query in query order: OUT.txt one value\n"
+            "                       per line, or OUT.npy (int32, float32 for --targets); identical\n"
+            "                       bytes for any number of ranks. Without -o no neighbour file is\n"
+            "                       written then\n"
+            "      --query-labels FILE  true labels of the queries: prints accuracy=... on the\n"
+            "                       summary line (and a confusion matrix with -v)\n"
+            "\n", f);
+    fputs("  -q, --quiet          no progress, no summary line\n"
             "  -v, --verbose        print the plan (slices, blocks, transfer mode, ranks without a\n"
             "                       CUDA device that search on the CPU) on stderr\n"
             "  -h, --help           this text\n"
@@ -99,7 +122,7 @@ static void knn__usage(FILE *f)
             "  .fvecs .ivecs .bvecs         TEXMEX (per row: int32 d, then d values)\n"
             "  .fbin .u8bin .i8bin .ibin    big-ann (uint32 n, uint32 d, then n*d values)\n"
             "  .bin                         same layout, float32 unless --dtype says otherwise\n"
-            "  .npy                         NumPy v1-v3 (<f4 <f2 <f8 |u1 |i1 <i2 <i4, C order)\n"
+            "  .npy                         NumPy v1-v3 (<f4 <f2 <f8 |u1 |i1 <i2 <i4 <i8, C order)\n"
             "  IDX (*-idx?-ubyte[.gz])      MNIST / Fashion-MNIST images\n"
             "\n"
             "GPUs: each rank uses device (local rank mod visible device count). With --backend\n"
@@ -112,7 +135,7 @@ static void knn__usage(FILE *f)
             "\n"
             "Example:\n"
             "  mpirun -np 4 knn_mpi -k 100 -o gt.bin base.fbin query.fbin\n"
-            "  knn_mpi -k 10 --json run.json train-images-idx3-ubyte.gz   # all-kNN graph\n");
+            "  knn_mpi -k 10 --json run.json train-images-idx3-ubyte.gz   # all-kNN graph\n", f);
 }
 
 /* Parses a whole decimal integer in [lo, hi]; 0 on success. */
@@ -300,6 +323,29 @@ static int knn__parse(int argc, char **argv, knn_opts *o, char *msg, size_t msz)
                 return EXIT_USAGE;
             }
             o->json = val;
+        } else if (KNN_FLAG(NULL, "--labels") || KNN_FLAG(NULL, "--targets") || KNN_FLAG(NULL, "--query-labels") ||
+                   KNN_FLAG(NULL, "--predict")) {
+            /* classification / regression: knn_predict.c */
+            KNN_NEED_VALUE();
+            if (!*val) {
+                snprintf(msg, msz, "%s: empty file name", name);
+                return EXIT_USAGE;
+            }
+            if (KNN_FLAG(NULL, "--labels"))
+                o->labels = val;
+            else if (KNN_FLAG(NULL, "--targets"))
+                o->targets = val;
+            else if (KNN_FLAG(NULL, "--query-labels"))
+                o->query_labels = val;
+            else
+                o->predict = val;
+        } else if (KNN_FLAG(NULL, "--vote")) {
+            KNN_NEED_VALUE();
+            o->vote = xknn_vote_from_name(val);
+            if (o->vote == XKNN_VOTE_COUNT) {
+                snprintf(msg, msz, "--vote: unknown vote '%s' (use uniform or distance)", val);
+                return EXIT_USAGE;
+            }
         } else if (KNN_FLAG("-q", "--quiet")) {
             KNN_NO_VALUE();
             o->quiet = 1;
@@ -330,6 +376,15 @@ static int knn__parse(int argc, char **argv, knn_opts *o, char *msg, size_t msz)
         return EXIT_USAGE;
     }
     if (o->quiet && o->verbose) o->verbose = 0;
+    {
+        knn_predict lp;
+        knn_predict_init(&lp);
+        lp.labels_path = o->labels;
+        lp.targets_path = o->targets;
+        lp.qlabels_path = o->query_labels;
+        lp.out_path = o->predict;
+        if (knn_predict_check_options(&lp, msg, msz)) return EXIT_USAGE;
+    }
     return EXIT_OK;
 }
 
@@ -445,6 +500,8 @@ typedef struct knn_run {
     int64_t query_block, blocks;
     const char *transfer;
     double t_start, last_progress;
+    knn_predict pred;       /* --labels/--targets/--predict (knn_predict.c)       */
+    int no_result;          /* --predict without -o: no neighbour file            */
 #ifdef XKNN_HAVE_MPI
     MPI_Comm comm; /* the command's own duplicate of MPI_COMM_WORLD                  */
     xknn_mpi_context *ctx;
@@ -746,6 +803,7 @@ static xknn_status knn__open_output(knn_run *r, xknn_error *err)
     xknn_status st = XKNN_SUCCESS;
     int64_t len = 0;
     int rc;
+    if (r->no_result) return XKNN_SUCCESS; /* --predict without -o */
     if (r->rank == 0) {
         int fd;
         mode_t um;
@@ -808,6 +866,8 @@ static xknn_status knn__sink(void *user, int64_t q0, int64_t rows, int64_t k, co
     const int64_t ib = rows * r->lay.ids_row_bytes, db = rows * r->lay.dist_row_bytes;
     char what[96];
     xknn_status st;
+    if ((st = knn_predict_rows(&r->pred, q0, rows, k, ids, dist, err)) != XKNN_SUCCESS) return st;
+    if (r->no_result) return XKNN_SUCCESS;
     if ((size_t)(ib + db + 1) > r->wcap) {
         unsigned char *nb = (unsigned char *)realloc(r->wbuf, (size_t)(ib + db + 1));
         if (!nb)
@@ -869,15 +929,19 @@ static xknn_status knn__search_and_write(knn_run *r, xknn_error *err)
         }
     }
     st = knn__agree(r, st, err);
-    if (st == XKNN_SUCCESS && r->rank == 0) {
+    if (st == XKNN_SUCCESS) st = knn_predict_finish(&r->pred, err); /* collective */
+    if (st == XKNN_SUCCESS) st = knn__agree(r, knn_predict_commit(&r->pred, err), err);
+    if (st == XKNN_SUCCESS && r->rank == 0 && !r->no_result) {
         /* the file must be complete before it takes the output's name */
         struct stat sb;
         if (stat(r->tmp, &sb) != 0 || (int64_t)sb.st_size != r->lay.total_bytes)
             st = knn__fail(err, XKNN_ERROR_IO, "output %s is incomplete (%lld of %lld bytes written): disk full?",
                            r->tmp, stat(r->tmp, &sb) == 0 ? (long long)sb.st_size : -1LL,
                            (long long)r->lay.total_bytes);
-        else if (rename(r->tmp, r->output) != 0)
+        else if (rename(r->tmp, r->output) != 0) {
             st = knn__fail(err, XKNN_ERROR_IO, "cannot rename %s to %s: %s", r->tmp, r->output, strerror(errno));
+            if (r->pred.out_path) unlink(r->pred.out_path); /* no partial set of outputs */
+        }
         else
             r->tmp_exists = 0;
     }
@@ -915,11 +979,14 @@ static xknn_status knn__search_and_write(knn_run *r, xknn_error *err)
     r->t_search = knn__now() - t0;
     r->t_query = r->t_search;
     t0 = knn__now();
-    if (st == XKNN_SUCCESS) {
+    if (st == XKNN_SUCCESS) st = knn_predict_rows(&r->pred, 0, r->nq, r->o.k, ids, dist, err);
+    if (st == XKNN_SUCCESS) st = knn_predict_finish(&r->pred, err);
+    if (st == XKNN_SUCCESS && !r->no_result) {
         st = xknn_result_write(r->output, r->fmt, r->nq, r->o.k, ids, dist, err);
         /* the writer's message names the system's reason; errno still holds it */
         if (st == XKNN_ERROR_IO && knn__is_no_space(errno)) r->no_space = 1;
     }
+    if (st == XKNN_SUCCESS) st = knn_predict_commit(&r->pred, err);
     r->t_write = knn__now() - t0;
     r->t_query += r->t_write;
     free(dist);
@@ -931,6 +998,7 @@ static xknn_status knn__search_and_write(knn_run *r, xknn_error *err)
 static xknn_status knn__open_output(knn_run *r, xknn_error *err)
 {
     int fd;
+    if (r->no_result) return XKNN_SUCCESS; /* --predict without -o */
     if (knn__tmp_template(r) != 0)
         return knn__fail(err, XKNN_ERROR_INVALID_ARGUMENT, "output name %s is too long", r->output);
     fd = mkstemp(r->tmp);
@@ -995,7 +1063,15 @@ static xknn_status knn__write_json(const knn_run *r, double qps, xknn_error *err
     else
         fprintf(f, "null");
     fprintf(f, ",\n  \"output\": ");
-    knn__json_str(f, r->output);
+    if (r->no_result)
+        fprintf(f, "null");
+    else
+        knn__json_str(f, r->output);
+    if (r->pred.out_path) {
+        fprintf(f, ",\n  \"predict\": ");
+        knn__json_str(f, r->pred.out_path);
+    }
+    if (r->pred.qlabels) fprintf(f, ",\n  \"accuracy\": %.6f", r->pred.accuracy);
     fprintf(f, ",\n  \"output_format\": \"%s\",\n", knn__result_format_name(r->fmt));
     fprintf(f, "  \"self_join\": %s,\n", r->o.query ? "false" : "true");
     fprintf(f, "  \"n\": %lld,\n  \"d\": %lld,\n  \"nq\": %lld,\n  \"k\": %lld,\n", (long long)r->n, (long long)r->d,
@@ -1023,6 +1099,7 @@ int main(int argc, char **argv)
     const double t_begin = knn__now();
 
     memset(r, 0, sizeof *r);
+    knn_predict_init(&r->pred);
     err.status = XKNN_SUCCESS;
     err.message[0] = '\0';
     r->size = 1;
@@ -1106,14 +1183,33 @@ int main(int argc, char **argv)
     }
 
     if ((st = knn__plan(r, &err)) != XKNN_SUCCESS) goto report;
+    r->pred.labels_path = r->o.labels;
+    r->pred.targets_path = r->o.targets;
+    r->pred.qlabels_path = r->o.query_labels;
+    r->pred.out_path = r->o.predict;
+    r->pred.vote = r->o.vote;
+    r->pred.verbose = r->o.verbose;
+    r->no_result = r->o.predict && !r->o.output;
+#ifdef XKNN_HAVE_MPI
+    st = knn_predict_open(&r->pred, r->comm, r->ctx, r->n, r->nq, r->o.metric, &err);
+#else
+    st = knn_predict_open(&r->pred, r->n, r->nq, r->o.metric, &err);
+#endif
+    if (st != XKNN_SUCCESS) goto report;
     if ((st = knn__open_output(r, &err)) != XKNN_SUCCESS) goto report;
     if (r->o.verbose && r->rank == 0) {
         fprintf(stderr, "knn_mpi: ref %s n=%lld d=%lld; %s%s nq=%lld; k=%lld %s; ranks=%d, up to %lld rows per rank\n",
                 r->o.ref, (long long)r->n, (long long)r->d, r->o.query ? "query " : "self-join",
                 r->o.query ? r->o.query : "", (long long)r->nq, (long long)r->o.k, xknn_metric_name(r->o.metric),
                 r->size, (long long)((r->n + r->size - 1) / r->size));
-        fprintf(stderr, "knn_mpi: output %s (%s), temporary %s\n", r->output, knn__result_format_name(r->fmt),
-                r->tmp[0] ? r->tmp : "(by the writer)");
+        if (r->no_result)
+            fprintf(stderr, "knn_mpi: no neighbour file (--predict without -o)\n");
+        else
+            fprintf(stderr, "knn_mpi: output %s (%s), temporary %s\n", r->output, knn__result_format_name(r->fmt),
+                    r->tmp[0] ? r->tmp : "(by the writer)");
+        if (r->pred.out_path)
+            fprintf(stderr, "knn_mpi: predictions %s (%s vote), temporary %s\n", r->pred.out_path,
+                    xknn_vote_name(r->pred.vote), r->pred.tmp);
     }
     if ((st = knn__read(r, &err)) != XKNN_SUCCESS) goto report;
     {
@@ -1143,16 +1239,21 @@ report:
         if ((st = knn__agree(r, st, &err)) != XKNN_SUCCESS) {
             code = knn__exit_code(st);
         } else if (r->rank == 0 && !r->o.quiet) {
+            char acc[32] = "";
+            knn_predict_print_confusion(&r->pred, stdout);
+            if (r->pred.qlabels) snprintf(acc, sizeof acc, " accuracy=%.4f", r->pred.accuracy);
             printf("knn_mpi: n=%lld d=%lld nq=%lld k=%lld ranks=%d backend=%s time=%.3fs (search %.3fs) "
-                   "%.0f queries/s -> %s\n",
+                   "%.0f queries/s%s -> %s%s%s\n",
                    (long long)r->n, (long long)r->d, (long long)r->nq, (long long)r->o.k, r->size, r->backend_used,
-                   r->t_total, r->t_query, qps, r->output);
+                   r->t_total, r->t_query, qps, acc, r->no_result ? "" : r->output,
+                   r->pred.out_path && !r->no_result ? ", " : "", r->pred.out_path ? r->pred.out_path : "");
             fflush(stdout);
         }
     }
     if (st != XKNN_SUCCESS && r->rank == 0) fprintf(stderr, "knn_mpi: %s\n", err.message);
 
 finalize:
+    knn_predict_free(&r->pred);
 #ifdef XKNN_HAVE_MPI
     if (r->fh_open) MPI_File_close(&r->fh);
     if (r->tmp_exists) unlink(r->tmp); /* rank 0 only: it created it */

@@ -3,3 +3,4 @@
 #define XKNN_IMPLEMENTATION
 #include "xknn.h"
 #include "xknn/io.h"
+#include "xknn/learn.h"

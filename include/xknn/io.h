@@ -8,7 +8,7 @@
  *   .fbin .u8bin .i8bin .ibin  big-ann: uint32 n, uint32 d, then n*d values
  *   .bin                    same layout as .fbin; float32 unless opts.bin_dtype says
  *                           (f32, f16, u8, i8 or i32)
- *   .npy                    v1/v2/v3 header, C order, <f4 <f2 <f8 |u1 |i1 <i2 <i4;
+ *   .npy                    v1/v2/v3 header, C order, <f4 <f2 <f8 |u1 |i1 <i2 <i4 <i8;
  *                           1-D arrays are n x 1, N-D arrays n x (product of the rest)
  *   IDX (*-idx3-ubyte, *.idx1-ubyte, *.idx)  big-endian MNIST layout: rows = first
  *                           dimension, cols = product of the others
@@ -16,8 +16,8 @@
  * built without zlib answers XKNN_ERROR_NOT_BUILT), by streaming from the start.
  * Every reader converts to float32 rows on read (the dtype the library searches today)
  * and checks values: NaN or Inf is an error naming the file, row and column. The
- * conversion is exact for u8, i8, i16 and f16; an i32 value that float32 cannot hold
- * exactly (|v| > 2^24 and not representable) is refused (INVALID_VALUE), never rounded;
+ * conversion is exact for u8, i8, i16 and f16; an i32 or i64 value that float32 cannot
+ * hold exactly (|v| > 2^24 and not representable) is refused (INVALID_VALUE), never rounded;
  * f64 values are rounded to nearest float32 and refused when outside its range.
  * Headers are validated against the file size before anything is allocated; sizes are
  * computed in int64 with every multiplication checked.
@@ -73,6 +73,8 @@ typedef enum xknn_elem {
     XKNN_ELEM_I8,
     XKNN_ELEM_I16,
     XKNN_ELEM_I32,
+    XKNN_ELEM_I64,        /* .npy <i8 (NumPy's default integer); float reads refuse
+                             values float32 cannot hold exactly                    */
     XKNN_ELEM_COUNT
 } xknn_elem;
 
@@ -132,7 +134,8 @@ XKNN_API const char *xknn_elem_name(xknn_elem elem);
 /* Bytes per element (0 for values out of range). */
 XKNN_API int xknn_elem_size(xknn_elem elem);
 /* Parses a dtype name ("f32" "float32" "float" "f16" "float16" "half" "f64" "float64"
- * "double" "u8" "uint8" "i8" "int8" "i16" "int16" "i32" "int32"), e.g. a --dtype option;
+ * "double" "u8" "uint8" "i8" "int8" "i16" "int16" "i32" "int32" "i64" "int64"), e.g. a
+ * --dtype option;
  * XKNN_ELEM_COUNT if unknown. */
 XKNN_API xknn_elem xknn_elem_from_name(const char *name);
 
@@ -198,6 +201,25 @@ XKNN_API xknn_status xknn_result_write(const char *path, xknn_result_format fmt,
 XKNN_API xknn_status xknn_result_read(const char *path, xknn_result_format fmt, int64_t *nq, int64_t *k,
                                       int64_t **ids, float **dist, xknn_error *err);
 
+/* Labels and targets ---------------------------------------------------------------- */
+/* Not collective. Reads one value per row -- reference labels for a classifier -- as
+ * int32 into *labels (malloc'ed, *n values; the caller frees; NULL on failure):
+ *   IDX label files (*-idx1-ubyte; uint8, int8, int16 or int32), .npy of an integer
+ *   dtype (|u1 |i1 <i2 <i4 <i8; shape (n,) or (n, 1)), .ibin / .u8bin / .i8bin with
+ *   d = 1, each optionally ".gz"; or text (".txt" or ".csv", optionally ".gz"): one
+ *   decimal integer per line, blanks around it allowed, a final newline optional, no
+ *   empty lines.
+ * Values must fit int32 (an <i8 value outside it is refused). Errors: FORMAT (more than
+ * one column, a float dtype, a text line that is not an integer: names the line), IO,
+ * NOT_BUILT (.gz without zlib), OUT_OF_MEMORY, INVALID_VALUE (out of int32 range). */
+XKNN_API xknn_status xknn_labels_read(const char *path, int64_t *n, int32_t **labels, xknn_error *err);
+
+/* Not collective. Reads one float value per row -- regression targets -- into *targets
+ * (malloc'ed, *n values): any one-column file the data readers accept (converted to
+ * float32 like data, NaN/Inf refused), or text (".txt"/".csv"): one number per line
+ * (strtod syntax), finite and within the float32 range. Errors as xknn_labels_read. */
+XKNN_API xknn_status xknn_targets_read(const char *path, int64_t *n, float **targets, xknn_error *err);
+
 #ifdef __cplusplus
 }
 #endif
@@ -218,6 +240,7 @@ XKNN_API xknn_status xknn_result_read(const char *path, xknn_result_format fmt, 
 
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -373,7 +396,7 @@ const char *xknn_file_format_name(xknn_file_format format)
 const char *xknn_elem_name(xknn_elem elem)
 {
     static const char *const names[XKNN_ELEM_COUNT] = {"float32", "float16", "float64", "uint8",
-                                                       "int8",    "int16",   "int32"};
+                                                       "int8",    "int16",   "int32",   "int64"};
     if ((int)elem < 0 || elem >= XKNN_ELEM_COUNT) return "unknown";
     return names[elem];
 }
@@ -388,6 +411,7 @@ int xknn_elem_size(xknn_elem elem)
     case XKNN_ELEM_I8: return 1;
     case XKNN_ELEM_I16: return 2;
     case XKNN_ELEM_I32: return 4;
+    case XKNN_ELEM_I64: return 8;
     default: return 0;
     }
 }
@@ -403,7 +427,8 @@ xknn_elem xknn_elem_from_name(const char *name)
         {"f64", XKNN_ELEM_F64},   {"float64", XKNN_ELEM_F64}, {"double", XKNN_ELEM_F64},
         {"u8", XKNN_ELEM_U8},     {"uint8", XKNN_ELEM_U8},    {"i8", XKNN_ELEM_I8},
         {"int8", XKNN_ELEM_I8},   {"i16", XKNN_ELEM_I16},     {"int16", XKNN_ELEM_I16},
-        {"i32", XKNN_ELEM_I32},   {"int32", XKNN_ELEM_I32},
+        {"i32", XKNN_ELEM_I32},   {"int32", XKNN_ELEM_I32},   {"i64", XKNN_ELEM_I64},
+        {"int64", XKNN_ELEM_I64},
     };
     size_t i;
     if (!name) return XKNN_ELEM_COUNT;
@@ -747,6 +772,7 @@ static xknn_status xknn__io_parse_npy(const char *path, const unsigned char *h, 
         {"<f4", XKNN_ELEM_F32}, {"<f2", XKNN_ELEM_F16}, {"<f8", XKNN_ELEM_F64}, {"|u1", XKNN_ELEM_U8},
         {"<u1", XKNN_ELEM_U8},  {">u1", XKNN_ELEM_U8},  {"|i1", XKNN_ELEM_I8},  {"<i1", XKNN_ELEM_I8},
         {">i1", XKNN_ELEM_I8},  {"<i2", XKNN_ELEM_I16}, {"<i4", XKNN_ELEM_I32},
+        {"<i8", XKNN_ELEM_I64},
     };
     int64_t start, hlen, shape[32];
     int ndims = 0, i, found = 0;
@@ -790,7 +816,7 @@ static xknn_status xknn__io_parse_npy(const char *path, const unsigned char *h, 
         }
     if (!found)
         return xknn__fail(err, XKNN_ERROR_FORMAT,
-                          "%s: npy dtype '%s' is not supported (accepted: <f4 <f2 <f8 |u1 |i1 <i2 <i4)", path, descr);
+                          "%s: npy dtype '%s' is not supported (accepted: <f4 <f2 <f8 |u1 |i1 <i2 <i4 <i8)", path, descr);
 
     p = (const char *)h + start;
     q = xknn__npy_key(p, end, "fortran_order");
@@ -1090,6 +1116,17 @@ static xknn_status xknn__io_convert(const char *path, const xknn_file_info *info
                 return xknn__fail(err, XKNN_ERROR_INVALID_VALUE,
                                   "%s: row %lld column %lld is %ld, which float32 cannot hold exactly (|v| > 2^24)",
                                   path, (long long)row, (long long)j, (long)v);
+            dst[j] = f;
+        }
+        break;
+    case XKNN_ELEM_I64:
+        for (j = 0; j < cols; j++) {
+            int64_t v = (int64_t)xknn__io_u64(src + 8 * j, be);
+            float f = (float)v;
+            if (v > ((int64_t)1 << 62) || v < -((int64_t)1 << 62) || (int64_t)f != v)
+                return xknn__fail(err, XKNN_ERROR_INVALID_VALUE,
+                                  "%s: row %lld column %lld is %lld, which float32 cannot hold exactly (|v| > 2^24)",
+                                  path, (long long)row, (long long)j, (long long)v);
             dst[j] = f;
         }
         break;
@@ -1648,6 +1685,249 @@ done:
     free(out_ids);
     xknn__src_close(&src);
     return st;
+}
+
+
+/* ---- labels and targets ------------------------------------------------------------ */
+
+/* 1 if path names a text file (".txt" / ".csv", optionally ".gz"). */
+static int xknn__io_is_text(const char *path, int *compressed)
+{
+    size_t n = strlen(path);
+    *compressed = 0;
+    if (xknn__io_ends(path, n, ".gz")) {
+        *compressed = 1;
+        n -= 3;
+    }
+    return xknn__io_ends(path, n, ".txt") || xknn__io_ends(path, n, ".csv");
+}
+
+/* Whole (decompressed) file into a NUL-terminated malloc'ed buffer. */
+static xknn_status xknn__io_slurp(const char *path, int compressed, char **out, int64_t *len, xknn_error *err)
+{
+    xknn__src src;
+    char *buf = NULL;
+    int64_t cap = 0, used = 0;
+    xknn_status st;
+    *out = NULL;
+    if ((st = xknn__src_open(&src, path, compressed, err)) != XKNN_SUCCESS) return st;
+    for (;;) {
+        size_t got = 0;
+        if (cap - used < (int64_t)XKNN__IO_CHUNK + 1) {
+            char *nb;
+            int64_t ncap = cap ? 2 * cap : (int64_t)XKNN__IO_CHUNK + 1;
+            if ((uint64_t)ncap > (uint64_t)SIZE_MAX || !(nb = (char *)realloc(buf, (size_t)ncap))) {
+                st = xknn__fail(err, XKNN_ERROR_OUT_OF_MEMORY, "%s: cannot allocate %lld bytes to read it", path,
+                                (long long)ncap);
+                break;
+            }
+            buf = nb;
+            cap = ncap;
+        }
+        if ((st = xknn__src_read_at(&src, used, buf + used, (size_t)XKNN__IO_CHUNK, &got, NULL, 0, err)) !=
+            XKNN_SUCCESS)
+            break;
+        used += (int64_t)got;
+        if (got < (size_t)XKNN__IO_CHUNK) break;
+    }
+    xknn__src_close(&src);
+    if (st != XKNN_SUCCESS) {
+        free(buf);
+        return st;
+    }
+    buf[used] = '\0';
+    *out = buf;
+    *len = used;
+    return XKNN_SUCCESS;
+}
+
+/* Parses a text file of one value per line; as_int: int32 into ints, else float. */
+static xknn_status xknn__io_text_values(const char *path, int compressed, int as_int, int64_t *n, int32_t **ints,
+                                        float **floats, xknn_error *err)
+{
+    char *buf, *p, *end;
+    int64_t len, lines = 0, i = 0;
+    xknn_status st;
+    if ((st = xknn__io_slurp(path, compressed, &buf, &len, err)) != XKNN_SUCCESS) return st;
+    if ((int64_t)strlen(buf) != len) {
+        free(buf);
+        return xknn__fail(err, XKNN_ERROR_FORMAT, "%s: holds a NUL byte: not a text file of one number per line", path);
+    }
+    for (p = buf; *p; p++) lines += *p == '\n';
+    if (len > 0 && buf[len - 1] != '\n') lines++;
+    if (lines == 0) {
+        free(buf);
+        return xknn__fail(err, XKNN_ERROR_FORMAT, "%s: file is empty (need one value per line)", path);
+    }
+    if (as_int)
+        *ints = (int32_t *)malloc((size_t)lines * sizeof(int32_t));
+    else
+        *floats = (float *)malloc((size_t)lines * sizeof(float));
+    if (as_int ? !*ints : !*floats) {
+        free(buf);
+        return xknn__fail(err, XKNN_ERROR_OUT_OF_MEMORY, "%s: cannot allocate %lld values", path, (long long)lines);
+    }
+    for (p = buf; i < lines; i++) {
+        char *eol = strchr(p, '\n'), *q;
+        if (eol) *eol = '\0';
+        while (*p == ' ' || *p == '\t') p++;
+        errno = 0;
+        if (as_int) {
+            long long v = strtoll(p, &end, 10);
+            if (end == p || errno == ERANGE || v < INT32_MIN || v > INT32_MAX) {
+                st = xknn__fail(err, end == p ? XKNN_ERROR_FORMAT : XKNN_ERROR_INVALID_VALUE,
+                                "%s: line %lld is '%.40s': %s", path, (long long)(i + 1), p,
+                                end == p ? "not an integer" : "outside the int32 range");
+                goto fail;
+            }
+            (*ints)[i] = (int32_t)v;
+        } else {
+            double v = strtod(p, &end);
+            if (end == p || !isfinite(v) || v > 3.4028234663852886e38 || v < -3.4028234663852886e38) {
+                st = xknn__fail(err, end == p ? XKNN_ERROR_FORMAT : XKNN_ERROR_INVALID_VALUE,
+                                "%s: line %lld is '%.40s': %s", path, (long long)(i + 1), p,
+                                end == p ? "not a number" : "not a finite float32 value");
+                goto fail;
+            }
+            (*floats)[i] = (float)v;
+        }
+        for (q = end; *q == ' ' || *q == '\t' || *q == '\r'; q++) {
+        }
+        if (*q) {
+            st = xknn__fail(err, XKNN_ERROR_FORMAT, "%s: line %lld is '%.40s': one %s per line expected", path,
+                            (long long)(i + 1), p, as_int ? "integer" : "number");
+            goto fail;
+        }
+        p = eol ? eol + 1 : p + strlen(p);
+    }
+    free(buf);
+    *n = lines;
+    return XKNN_SUCCESS;
+fail:
+    free(buf);
+    if (as_int) {
+        free(*ints);
+        *ints = NULL;
+    } else {
+        free(*floats);
+        *floats = NULL;
+    }
+    return st;
+}
+
+static xknn_status xknn__io_one_column(const char *path, const xknn_file_info *info, xknn_error *err)
+{
+    if (info->cols != 1)
+        return xknn__fail(err, XKNN_ERROR_FORMAT,
+                          "%s holds %lld values per row: labels and targets need one value per row", path,
+                          (long long)info->cols);
+    return XKNN_SUCCESS;
+}
+
+xknn_status xknn_labels_read(const char *path, int64_t *n, int32_t **labels, xknn_error *err)
+{
+    xknn_file_info info;
+    xknn__src src;
+    unsigned char *buf = NULL;
+    int64_t es, r, chunk;
+    int compressed;
+    xknn_status st;
+
+    if (!path || !n || !labels)
+        return xknn__fail(err, XKNN_ERROR_INVALID_ARGUMENT, "xknn_labels_read: a NULL argument");
+    *labels = NULL;
+    *n = 0;
+    if (xknn__io_is_text(path, &compressed)) return xknn__io_text_values(path, compressed, 1, n, labels, NULL, err);
+    if ((st = xknn_file_probe(path, NULL, &info, err)) != XKNN_SUCCESS) return st;
+    if ((st = xknn__io_one_column(path, &info, err)) != XKNN_SUCCESS) return st;
+    if (info.elem != XKNN_ELEM_U8 && info.elem != XKNN_ELEM_I8 && info.elem != XKNN_ELEM_I16 &&
+        info.elem != XKNN_ELEM_I32 && info.elem != XKNN_ELEM_I64)
+        return xknn__fail(err, XKNN_ERROR_FORMAT, "%s holds %s values: labels must be integers (uint8 to int64)",
+                          path, xknn_elem_name(info.elem));
+    es = xknn_elem_size(info.elem);
+    if (info.row_bytes != es || (uint64_t)info.rows > (uint64_t)(SIZE_MAX / sizeof(int32_t)))
+        return xknn__fail(err, XKNN_ERROR_FORMAT, "%s: %lld rows of %lld bytes cannot be read as labels", path,
+                          (long long)info.rows, (long long)info.row_bytes);
+    *labels = (int32_t *)malloc((size_t)(info.rows > 0 ? info.rows : 1) * sizeof(int32_t));
+    chunk = XKNN__IO_CHUNK / es;
+    buf = (unsigned char *)malloc((size_t)XKNN__IO_CHUNK);
+    if (!*labels || !buf) {
+        st = xknn__fail(err, XKNN_ERROR_OUT_OF_MEMORY, "%s: cannot allocate %lld labels", path, (long long)info.rows);
+        goto done_nosrc;
+    }
+    if ((st = xknn__src_open(&src, path, info.compressed, err)) != XKNN_SUCCESS) goto done_nosrc;
+    for (r = 0; r < info.rows; r += chunk) {
+        const int64_t c = info.rows - r < chunk ? info.rows - r : chunk;
+        size_t got = 0;
+        int64_t i;
+        if ((st = xknn__src_read_at(&src, info.data_offset + r * es, buf, (size_t)(c * es), &got, buf,
+                                    (size_t)XKNN__IO_CHUNK, err)) != XKNN_SUCCESS)
+            break;
+        if ((int64_t)got < c * es) {
+            st = xknn__io_short(path, r + (int64_t)got / es, err);
+            break;
+        }
+        for (i = 0; i < c; i++) {
+            const unsigned char *q = buf + i * es;
+            int64_t v;
+            switch (info.elem) {
+            case XKNN_ELEM_U8: v = q[0]; break;
+            case XKNN_ELEM_I8: v = (int64_t)q[0] - ((q[0] & 0x80u) ? 256 : 0); break;
+            case XKNN_ELEM_I16: {
+                uint16_t u = xknn__io_u16(q, info.big_endian);
+                v = (int64_t)u - ((u & 0x8000u) ? 65536 : 0);
+                break;
+            }
+            case XKNN_ELEM_I32: v = xknn__io_i32(xknn__io_u32(q, info.big_endian)); break;
+            default: v = (int64_t)xknn__io_u64(q, info.big_endian); break;
+            }
+            if (v < INT32_MIN || v > INT32_MAX) {
+                st = xknn__fail(err, XKNN_ERROR_INVALID_VALUE, "%s: row %lld is %lld, outside the int32 range of labels",
+                                path, (long long)(r + i), (long long)v);
+                break;
+            }
+            (*labels)[r + i] = (int32_t)v;
+        }
+        if (st != XKNN_SUCCESS) break;
+    }
+    xknn__src_close(&src);
+done_nosrc:
+    free(buf);
+    if (st != XKNN_SUCCESS) {
+        free(*labels);
+        *labels = NULL;
+        return st;
+    }
+    *n = info.rows;
+    return xknn__io_ok(err);
+}
+
+xknn_status xknn_targets_read(const char *path, int64_t *n, float **targets, xknn_error *err)
+{
+    xknn_file_info info;
+    int compressed;
+    xknn_status st;
+
+    if (!path || !n || !targets)
+        return xknn__fail(err, XKNN_ERROR_INVALID_ARGUMENT, "xknn_targets_read: a NULL argument");
+    *targets = NULL;
+    *n = 0;
+    if (xknn__io_is_text(path, &compressed)) return xknn__io_text_values(path, compressed, 0, n, NULL, targets, err);
+    if ((st = xknn_file_probe(path, NULL, &info, err)) != XKNN_SUCCESS) return st;
+    if ((st = xknn__io_one_column(path, &info, err)) != XKNN_SUCCESS) return st;
+    if ((uint64_t)info.rows > (uint64_t)(SIZE_MAX / sizeof(float)))
+        return xknn__fail(err, XKNN_ERROR_OUT_OF_MEMORY, "%s: %lld targets do not fit in memory", path,
+                          (long long)info.rows);
+    *targets = (float *)malloc((size_t)(info.rows > 0 ? info.rows : 1) * sizeof(float));
+    if (!*targets)
+        return xknn__fail(err, XKNN_ERROR_OUT_OF_MEMORY, "%s: cannot allocate %lld targets", path, (long long)info.rows);
+    if ((st = xknn_file_read_rows(path, &info, 0, info.rows, *targets, err)) != XKNN_SUCCESS) {
+        free(*targets);
+        *targets = NULL;
+        return st;
+    }
+    *n = info.rows;
+    return XKNN_SUCCESS;
 }
 
 #ifdef __cplusplus

@@ -6,6 +6,7 @@
 #define main knn_mpi_main_unused
 #include "../../mpi/knn_mpi.c"
 #undef main
+#include "../../mpi/knn_predict.c" /* the parser checks the learning options with it */
 
 #include "xknn/impl/backend.h"
 
