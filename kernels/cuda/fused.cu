@@ -1,0 +1,405 @@
+/*
+ * kernels/cuda/fused.cu -- the fused path: distance tiles and warp-level k-selection in
+ * one kernel, for small d (<= kFusedMaxD) and k (<= kFusedMaxKeep / 2).
+ *
+ *   fused_kernel   grid (query blocks, Z): block (x, z) holds kFusedQB queries in shared
+ *                  memory and walks the references of slice z in tiles of kFusedBR;
+ *                  each warp owns kFusedQW queries, each lane kFusedTR references of a
+ *                  tile, so a thread keeps a kFusedQW x kFusedTR register tile of float
+ *                  distances. Selection per query (WarpSelect idea): a sorted warp list
+ *                  of KP keys in registers, a per-thread queue of NT keys; a distance is
+ *                  only queued when below the list's largest; when some thread's queue
+ *                  is full the warp sorts all queues (bitonic, shuffles) and merges them
+ *                  into the list. Output: the sorted list of every (slice, query).
+ *   finish_kernel  one warp per query: merges the Z lists (bitonic merge), checks the
+ *                  certificate, computes canonical distances of the candidates, sorts
+ *                  them by (canonical, id) and writes the first k.
+ *   rescue_kernel  one block per failed query (grid-stride over the state block): an
+ *                  exact scan of all references with a fixed threshold, keys kept in
+ *                  shared memory and cut to the k smallest by radix select when full.
+ *
+ * THE BOUND (direct form; the functor L2Direct). With h_t = fl(q_t - x_t) and
+ * e = fma(h_t, h_t, e) over t (any order), in float without flush to zero:
+ *   h_t = (q_t - x_t)(1 + d_t), |d_t| <= u = 2^-24 (a subnormal difference is exact),
+ *   each fma rounds once: relative u, or absolute <= 2^-150 when the result is subnormal.
+ * All terms are non-negative, so every term carries at most d + 2 factors (1 + theta),
+ * |theta| <= u:  |e - D| <= gamma_{d+2} D + d 2^-149,  gamma_m = m u / (1 - m u),
+ * D the exact squared distance. Hence, with g = gamma_{d+2} and a = d 2^-149,
+ *   L = e (1 - g) - a <= D <= U = e (1 + g / (1 - g)) + a / (1 - g),
+ * evaluated with directed roundings (__fmul_rd/__fsub_rd for L, _ru for U). engine.cu
+ * rounds the four constants outward. A distance that overflows is clamped to FLT_MAX
+ * before selection: its U is +inf, so a certificate that would need it fails and the
+ * query goes to the rescue kernel (exact; huge inputs stay correct, only slower).
+ *
+ * THE CERTIFICATE. Per query the merged list M holds the KP smallest keys (e, id) of all
+ * references (every reference not in M has e >= e(M[KP-1])). With e_k = e(M[kk-1]),
+ * tau = U(e_k) bounds the kk-th smallest D, and tau' = tau (1 + 2^-19) + 16 FLT_MIN (as
+ * everywhere in the backend) separates canonical values: a reference with D > tau' has a
+ * canonical value strictly greater than those of kk references. L is monotone in e, so if
+ * L(e(M[KP-1])) > tau', no reference outside M can be in the top k, and the candidates
+ * are the prefix of M with L <= tau'. If M is not full (its last key is the pad), it
+ * holds every reference. Otherwise the certificate fails: the query is searched again by
+ * rescue_kernel with the same tau' (still a valid threshold), never approximated.
+ */
+#include "block_primitives.cuh"
+#include "kernels.cuh"
+
+namespace xknn_cuda {
+
+/* e = +inf in the high word, the largest id below: sorts after every real key */
+static constexpr unsigned long long kPadKey = (0x7f800000ull << 32) | 0xffffffffull;
+
+__device__ __forceinline__ float fkey_e(unsigned long long key) { return __uint_as_float((unsigned)(key >> 32)); }
+__device__ __forceinline__ unsigned long long fkey(float e, int j)
+{
+    return ((unsigned long long)__float_as_uint(e) << 32) | (unsigned)j;
+}
+
+/* Distance functor: the fast float step, its certified bounds, the canonical step.
+ * Another metric plugs in with its own functor (and bound constants from engine.cu). */
+struct L2Direct {
+    __device__ __forceinline__ static float step(float acc, float q, float x)
+    {
+        const float h = __fsub_rn(q, x);
+        return __fmaf_rn(h, h, acc);
+    }
+    /* NaN and +inf become FLT_MAX: always comparable, U = +inf */
+    __device__ __forceinline__ static float clamp(float e) { return fminf(e, FLT_MAX); }
+    __device__ __forceinline__ static float lower(const FusedParams &p, float e)
+    {
+        return __fsub_rd(__fmul_rd(e, p.lrel), p.labs);
+    }
+    __device__ __forceinline__ static float upper(const FusedParams &p, float e)
+    {
+        return __fadd_ru(__fmul_ru(e, p.urel), p.uabs);
+    }
+    /* canonical value: double, dimension order, explicit fma, one rounding */
+    __device__ __forceinline__ static float canonical(const FusedParams &p, const float *__restrict__ q,
+                                                      const float *__restrict__ x)
+    {
+        double acc = 0.0;
+        for (int64_t t = 0; t < p.d; ++t) {
+            const double h = __dsub_rn((double)__ldg(q + t), (double)__ldg(x + t));
+            acc = __fma_rn(h, h, acc);
+        }
+        return finish_metric(acc, p.euclid);
+    }
+    /* the float distance the fused kernel computes, evaluated the same way */
+    __device__ __forceinline__ static float fast(const FusedParams &p, const float *__restrict__ q,
+                                                 const float *__restrict__ x)
+    {
+        float acc = 0.0f;
+        for (int64_t t = 0; t < p.d; ++t) acc = step(acc, __ldg(q + t), __ldg(x + t));
+        return clamp(acc);
+    }
+};
+
+/* ---- fused distance + selection ----------------------------------------------------- */
+template <int R, int NT>
+struct FusedQueue {
+    typedef unsigned long long Key;
+    Key w[kFusedQW][R];  /* sorted warp lists */
+    Key t[kFusedQW][NT]; /* thread queues (unsorted, pads after cnt) */
+    int cnt[kFusedQW];
+    float thr[kFusedQW]; /* e of the list's last key */
+};
+
+template <int R, int NT>
+__device__ __forceinline__ void fused_flush(FusedQueue<R, NT> &fq, int qi)
+{
+    WarpKeys<NT>::sort(fq.t[qi]);
+    WarpKeys<R>::template merge<NT>(fq.w[qi], fq.t[qi]);
+#pragma unroll
+    for (int s = 0; s < NT; ++s) fq.t[qi][s] = kPadKey;
+    fq.cnt[qi] = 0;
+    fq.thr[qi] = fkey_e(__shfl_sync(0xffffffffu, fq.w[qi][R - 1], kWarp - 1));
+}
+
+/*
+ * Launch: kFusedThreads = 256 threads, grid (ceil(qs / kFusedQB), Z). Static shared
+ * memory 32 KB (queries 128 x 32 floats, one 32 x 128 reference tile), transposed so a
+ * lane reads its 4 references of a dimension as one float4 and a warp its 4 queries as
+ * one broadcast float4: 2 shared loads per 32 FP32 operations. Registers: 16 distances,
+ * 4 queues of 2 x (R + NT) words; for R <= 2, __launch_bounds__(256, 2) (at most 128
+ * registers, 104-112 used, no spills: 2 blocks = 16 warps per SM); for R = 4, 8 the
+ * queues need more, so (256, 1): one block per SM, no spills. Enough blocks come from Z
+ * (engine.cu).
+ * Reference tiles are loaded with 16-byte loads when rows allow it (p.vec), each thread
+ * one reference of a 4-dimension group, so the transposed shared stores are
+ * conflict-free.
+ */
+template <class Dist, int R, int NT>
+__global__ __launch_bounds__(kFusedThreads, R <= 2 ? 2 : 1) void fused_kernel(const FusedParams p)
+{
+    __shared__ __align__(16) float qsm[kFusedMaxD][kFusedQB];
+    __shared__ __align__(16) float xsm[kFusedDC][kFusedBR];
+    const int tid = (int)threadIdx.x, lane = lane_id(), warp = warp_id();
+    const int q0 = (int)blockIdx.x * kFusedQB;
+    const int d = (int)p.d, dpad = (d + 3) & ~3;
+    const int64_t j0 = (int64_t)blockIdx.y * p.rz;
+    const int64_t j1 = j0 + p.rz < p.n ? j0 + p.rz : p.n;
+
+    for (int e = tid; e < dpad * kFusedQB; e += kFusedThreads) {
+        const int i = e % kFusedQB, t = e / kFusedQB;
+        qsm[t][i] = (q0 + i < p.qs && t < d) ? __ldg(p.Q + (int64_t)(q0 + i) * p.ldq + t) : 0.0f;
+    }
+
+    FusedQueue<R, NT> fq;
+    int self[kFusedQW];
+#pragma unroll
+    for (int qi = 0; qi < kFusedQW; ++qi) {
+#pragma unroll
+        for (int r = 0; r < R; ++r) fq.w[qi][r] = kPadKey;
+#pragma unroll
+        for (int s = 0; s < NT; ++s) fq.t[qi][s] = kPadKey;
+        fq.cnt[qi] = 0;
+        fq.thr[qi] = INFINITY;
+        const int64_t sj = p.self_local0 + q0 + warp * kFusedQW + qi;
+        self[qi] = (p.exclude && sj >= 0 && sj < p.n) ? (int)sj : -1;
+    }
+
+    for (int64_t jt = j0; jt < j1; jt += kFusedBR) {
+        float acc[kFusedQW][kFusedTR];
+#pragma unroll
+        for (int qi = 0; qi < kFusedQW; ++qi)
+#pragma unroll
+            for (int r = 0; r < kFusedTR; ++r) acc[qi][r] = 0.0f;
+
+        for (int t0 = 0; t0 < dpad; t0 += kFusedDC) {
+            const int dc = dpad - t0 < kFusedDC ? dpad - t0 : kFusedDC;
+            __syncthreads(); /* previous readers of xsm are done (and qsm is written) */
+            if (p.vec) {
+                for (int e = tid; e < kFusedBR * (dc / 4); e += kFusedThreads) {
+                    const int jj = e % kFusedBR, g = e / kFusedBR;
+                    const int64_t j = jt + jj;
+                    float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                    if (j < j1) v = __ldg(reinterpret_cast<const float4 *>(p.R + j * p.ldr + t0) + g);
+                    xsm[4 * g + 0][jj] = v.x;
+                    xsm[4 * g + 1][jj] = v.y;
+                    xsm[4 * g + 2][jj] = v.z;
+                    xsm[4 * g + 3][jj] = v.w;
+                }
+            } else {
+                for (int e = tid; e < kFusedBR * dc; e += kFusedThreads) {
+                    const int jj = e % kFusedBR, t = e / kFusedBR;
+                    const int64_t j = jt + jj;
+                    xsm[t][jj] = (j < j1 && t0 + t < d) ? __ldg(p.R + j * p.ldr + t0 + t) : 0.0f;
+                }
+            }
+            __syncthreads();
+#pragma unroll 4
+            for (int t = 0; t < dc; ++t) {
+                const float4 xv = *reinterpret_cast<const float4 *>(&xsm[t][4 * lane]);
+                const float4 qv = *reinterpret_cast<const float4 *>(&qsm[t0 + t][kFusedQW * warp]);
+                const float xr[4] = {xv.x, xv.y, xv.z, xv.w};
+                const float qr[4] = {qv.x, qv.y, qv.z, qv.w};
+#pragma unroll
+                for (int qi = 0; qi < kFusedQW; ++qi)
+#pragma unroll
+                    for (int r = 0; r < kFusedTR; ++r) acc[qi][r] = Dist::step(acc[qi][r], qr[qi], xr[r]);
+            }
+        }
+
+        /* selection: one reference column of the register tile at a time */
+#pragma unroll
+        for (int r = 0; r < kFusedTR; ++r) {
+            const int64_t j = jt + 4 * lane + r;
+            bool full = false;
+#pragma unroll
+            for (int qi = 0; qi < kFusedQW; ++qi) {
+                const float e = Dist::clamp(acc[qi][r]);
+                if (e < fq.thr[qi] && j < j1 && (int)j != self[qi]) {
+                    const unsigned long long key = fkey(e, (int)j);
+#pragma unroll
+                    for (int s = 0; s < NT; ++s)
+                        if (fq.cnt[qi] == s) fq.t[qi][s] = key;
+                    ++fq.cnt[qi];
+                }
+                full |= fq.cnt[qi] == NT;
+            }
+            if (__any_sync(0xffffffffu, full)) {
+#pragma unroll
+                for (int qi = 0; qi < kFusedQW; ++qi)
+                    if (__any_sync(0xffffffffu, fq.cnt[qi] == NT)) fused_flush(fq, qi);
+            }
+        }
+    }
+#pragma unroll
+    for (int qi = 0; qi < kFusedQW; ++qi)
+        if (__any_sync(0xffffffffu, fq.cnt[qi] > 0)) fused_flush(fq, qi);
+
+#pragma unroll
+    for (int qi = 0; qi < kFusedQW; ++qi) {
+        const int q = q0 + warp * kFusedQW + qi;
+        if (q < p.qs) {
+            unsigned long long *out = p.part + ((int64_t)blockIdx.y * p.qsp + q) * (kWarp * R);
+#pragma unroll
+            for (int r = 0; r < R; ++r) out[r * kWarp + lane] = fq.w[qi][r];
+        }
+    }
+}
+
+/* ---- merge of the slices, certificate, canonical re-rank, output ------------------- */
+__device__ __forceinline__ void fused_write(const FusedParams &p, int q, int64_t i, unsigned long long key, bool real)
+{
+    const int64_t o = (int64_t)q * p.k + i;
+    p.ids[o] = real ? p.id_offset + (int64_t)key_idx(key) : -1;
+    if (p.dist) p.dist[o] = real ? key_dist(key) : INFINITY;
+}
+
+/* One warp per query, kWarpsPerBlock queries per 256-thread block; registers only
+ * (2R keys per lane), no shared memory: full occupancy. The canonical distances are
+ * computed one candidate per lane, row loads through the read-only cache. */
+template <class Dist, int R>
+__global__ __launch_bounds__(kBlock) void finish_kernel(const FusedParams p)
+{
+    typedef WarpKeys<R> WK;
+    const int q = (int)blockIdx.x * kWarpsPerBlock + warp_id();
+    if (q >= p.qs) return;
+    const int lane = lane_id();
+    unsigned long long w[R], t[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) w[r] = p.part[(int64_t)q * WK::N + r * kWarp + lane];
+    for (int z = 1; z < p.Z; ++z) {
+        const unsigned long long *src = p.part + ((int64_t)z * p.qsp + q) * WK::N;
+#pragma unroll
+        for (int r = 0; r < R; ++r) t[r] = src[r * kWarp + lane];
+        WK::template merge<R>(w, t);
+    }
+    const unsigned long long last = __shfl_sync(0xffffffffu, w[R - 1], kWarp - 1);
+    const float ek = fkey_e(WK::get(w, p.kk - 1));
+    const float tp = ek == INFINITY ? INFINITY : tau_prime(Dist::upper(p, ek));
+    const bool ok = last == kPadKey || Dist::lower(p, fkey_e(last)) > tp;
+    if (lane == 0) {
+        p.flag[q] = ok ? 0 : 1;
+        p.tpv[q] = tp;
+        if (!ok) atomicAdd(p.stats + kStatReruns, 1ull);
+    }
+    if (!ok) return;
+
+    const float *qrow = p.Q + (int64_t)q * p.ldq;
+    int have = 0;
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        const bool cand = w[r] != kPadKey && Dist::lower(p, fkey_e(w[r])) <= tp;
+        const int j = key_idx(w[r]);
+        w[r] = cand ? make_key(Dist::canonical(p, qrow, p.R + (int64_t)j * p.ldr), j) : ~0ull;
+        have += __popc(__ballot_sync(0xffffffffu, cand));
+    }
+    if (lane == 0) atomicAdd(p.stats + kStatAppended, (unsigned long long)have);
+    WK::sort(w);
+    const int lim = have < p.kk ? have : p.kk;
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        const int i = r * kWarp + lane;
+        if (i < p.k) fused_write(p, q, i, w[r], i < lim);
+    }
+    /* pad_missing with k beyond the list (only when fewer than k references exist) */
+    for (int64_t i = WK::N + lane; i < p.k; i += kWarp) fused_write(p, q, i, 0ull, false);
+}
+
+/* ---- rescue: exact search of the queries whose certificate failed ------------------- */
+struct RescueSmem {
+    unsigned long long keys[kRescueCap];
+    union {
+        BlockScan::TempStorage scan;
+        BlockRadixSelect<unsigned long long>::TempStorage sel;
+    } u;
+};
+
+/* Cuts keys[0, cnt) to its kk smallest (unique keys), in place, order kept; returns kk. */
+__device__ __forceinline__ int rescue_shrink(RescueSmem &sm, int cnt, int kk)
+{
+    const unsigned long long K = BlockRadixSelect<unsigned long long>::select(
+        sm.u.sel,
+        [&](auto f) {
+            for (int i = (int)threadIdx.x; i < cnt; i += kBlock) f(sm.keys[i]);
+        },
+        kk);
+    int out = 0;
+    for (int b = 0; b < cnt; b += kBlock) {
+        const int i = b + (int)threadIdx.x;
+        const unsigned long long v = i < cnt ? sm.keys[i] : ~0ull;
+        const bool keep = i < cnt && v <= K;
+        int total;
+        const int pos = BlockScan::exclusive(sm.u.scan, keep ? 1 : 0, total);
+        if (keep) sm.keys[out + pos] = v; /* below every index a later step reads */
+        out += total;
+    }
+    __syncthreads();
+    return out;
+}
+
+/* Launch: 256 threads, grid min(qs, 2 SMs): blocks stride over the state block and skip
+ * certified queries (one flag read). 33 KB static shared memory. The per-reference work
+ * (float distance, bound, and for candidates the canonical distance) reads rows through
+ * the read-only cache; only failed queries pay it. */
+template <class Dist>
+__global__ __launch_bounds__(kBlock) void rescue_kernel(const FusedParams p)
+{
+    __shared__ RescueSmem sm;
+    const int tid = (int)threadIdx.x;
+    for (int q = (int)blockIdx.x; q < p.qs; q += (int)gridDim.x) {
+        if (!p.flag[q]) continue;
+        const float tp = p.tpv[q];
+        const float *qrow = p.Q + (int64_t)q * p.ldq;
+        const int64_t sj = p.self_local0 + q;
+        const int64_t self = p.exclude ? sj : -1;
+        int cnt = 0;
+        for (int64_t b = 0; b < p.n; b += kBlock) {
+            const int64_t j = b + tid;
+            bool cand = false;
+            unsigned long long key = 0;
+            if (j < p.n && j != self) {
+                const float *x = p.R + j * p.ldr;
+                if (Dist::lower(p, Dist::fast(p, qrow, x)) <= tp) {
+                    key = make_key(Dist::canonical(p, qrow, x), (int)j);
+                    cand = true;
+                }
+            }
+            int total;
+            const int pos = BlockScan::exclusive(sm.u.scan, cand ? 1 : 0, total);
+            if (cnt + total > kRescueCap) cnt = rescue_shrink(sm, cnt, p.kk);
+            if (cand) sm.keys[cnt + pos] = key;
+            cnt += total;
+            __syncthreads();
+        }
+        if (cnt > p.kk) cnt = rescue_shrink(sm, cnt, p.kk);
+        int P = 2;
+        while (P < cnt) P <<= 1;
+        for (int i = tid; i < P; i += kBlock)
+            if (i >= cnt) sm.keys[i] = ~0ull;
+        __syncthreads();
+        block_bitonic_sort(sm.keys, P);
+        for (int64_t i = tid; i < p.k; i += kBlock) fused_write(p, q, i, i < cnt ? sm.keys[i] : 0ull, i < cnt);
+        if (tid == 0) atomicAdd(p.stats + kStatAppended, (unsigned long long)cnt);
+        __syncthreads();
+    }
+}
+
+template <class Dist, int R, int NT>
+cudaError_t launch_fused_r(const FusedParams &p, int rescue_blocks, cudaStream_t st)
+{
+    const dim3 grid((unsigned)((p.qs + kFusedQB - 1) / kFusedQB), (unsigned)p.Z);
+    fused_kernel<Dist, R, NT><<<grid, kFusedThreads, 0, st>>>(p);
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return e;
+    finish_kernel<Dist, R><<<(unsigned)((p.qs + kWarpsPerBlock - 1) / kWarpsPerBlock), kBlock, 0, st>>>(p);
+    e = cudaGetLastError();
+    if (e != cudaSuccess) return e;
+    rescue_kernel<Dist><<<(unsigned)rescue_blocks, kBlock, 0, st>>>(p);
+    return cudaGetLastError();
+}
+
+cudaError_t launch_fused(const FusedParams &p, int kp, int rescue_blocks, cudaStream_t st)
+{
+    switch (kp) {
+    case 32: return launch_fused_r<L2Direct, 1, 2>(p, rescue_blocks, st);
+    case 64: return launch_fused_r<L2Direct, 2, 2>(p, rescue_blocks, st);
+    case 128: return launch_fused_r<L2Direct, 4, 4>(p, rescue_blocks, st);
+    case 256: return launch_fused_r<L2Direct, 8, 4>(p, rescue_blocks, st);
+    default: return cudaErrorInvalidValue;
+    }
+}
+
+} // namespace xknn_cuda
