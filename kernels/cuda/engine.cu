@@ -56,6 +56,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
 #include "kernels.cuh"
 #include "xknn/cuda.h"
 #include "xknn/impl/backend.h"
@@ -72,6 +76,11 @@ struct xknn_cuda_context {
     cublasHandle_t blas; /* created by the first search that takes the GEMM path */
     cudaMemPool_t pool;  /* host path's device buffers (NULL: plain cudaMalloc)     */
     cudaStream_t stream; /* host path's stream                                      */
+    /* host path's pinned staging ring, made by the first host call on a caller's context:
+     * two buffers of kStagePiece bytes, a copy stream, one event per buffer */
+    char *stage[2];
+    cudaStream_t copy_stream;
+    cudaEvent_t stage_done[2];
     int sms;
     int cc_major, cc_minor;
     size_t l2;
@@ -270,9 +279,11 @@ int choose_tf32(const xknn_params *prm, int64_t n, int64_t nq, int64_t d)
 
 /* ---- fused path plan ------------------------------------------------------------------
  * Supported: l2 / euclidean, d <= kFusedMaxD, min(k, n) <= kFusedMaxKeep / 2. Chosen by
- * XKNN_CUDA_PATH_FUSED, or by AUTO for d <= kFusedAutoSmallD at any size and otherwise up
- * to kFusedAutoWork = n nq d (above it the tensor-core GEMM path is faster).          */
+ * XKNN_CUDA_PATH_FUSED, or by AUTO for k <= kFusedAutoMaxK and either d <= kFusedAutoSmallD
+ * or n nq d <= kFusedAutoWork (above it the tensor-core GEMM path is faster). The
+ * constants come from the H100 rows in benchmarks/RESULTS.md.                        */
 static const int64_t kFusedAutoSmallD = 16;
+static const int64_t kFusedAutoMaxK = 32; /* larger k: selection work outgrows the GEMM path's */
 static const double kFusedAutoWork = 4e10;
 /* the Z x QS x KP key lists stay below this many bytes (QS shrinks) */
 static const size_t kFusedPartMax = (size_t)256 << 20;
@@ -287,8 +298,9 @@ int choose_path(const xknn_params *prm, int64_t n, int64_t nq, int64_t d, int64_
 {
     if (prm->cuda_path == XKNN_CUDA_PATH_FUSED || prm->cuda_path == XKNN_CUDA_PATH_AUTO) {
         if (fused_supported(prm, n, d, k) &&
-            (prm->cuda_path == XKNN_CUDA_PATH_FUSED || d <= kFusedAutoSmallD ||
-             (double)n * (double)nq * (double)d <= kFusedAutoWork))
+            (prm->cuda_path == XKNN_CUDA_PATH_FUSED ||
+             (min64(k, n) <= kFusedAutoMaxK &&
+              (d <= kFusedAutoSmallD || (double)n * (double)nq * (double)d <= kFusedAutoWork))))
             return XKNN_CUDA_PATH_FUSED;
     }
     return choose_tf32(prm, n, nq, d) ? XKNN_CUDA_PATH_TF32 : XKNN_CUDA_PATH_FP32;
@@ -598,12 +610,10 @@ cleanup:
 
 /* The fused path for one state block of qs queries against all n references (device
  * memory): fused kernel, merge + certificate + re-rank + output, rescue. Enqueue only. */
-xknn_status fused_block(const xknn_cuda_context *ctx, const Plan &p, void *ws, cudaStream_t stream, const float *Q,
-                        int64_t ldq, int64_t qs, const float *R, int64_t ldr, int exclude, int64_t self_local0,
-                        int64_t *ids, float *dist, int64_t id_offset, Err er)
+FusedParams fused_params(const Plan &p, void *ws, const float *Q, int64_t ldq, int64_t qs, const float *R,
+                         int64_t ldr, int exclude, int64_t self_local0, int64_t *ids, float *dist, int64_t id_offset)
 {
     char *b = (char *)ws;
-    xknn_status st = XKNN_SUCCESS;
     FusedParams fp;
     memset(&fp, 0, sizeof fp);
     fp.Q = Q;
@@ -632,8 +642,19 @@ xknn_status fused_block(const xknn_cuda_context *ctx, const Plan &p, void *ws, c
     fp.kk = (int)p.kk;
     fp.exclude = exclude;
     fp.euclid = p.euclid;
-    fp.vec = ((uintptr_t)R % 16 == 0) && ldr % 4 == 0 && p.d % 4 == 0;
-    XKNN__CUDA_CHECK(launch_fused(fp, p.KP, (int)min64(qs, 2 * (int64_t)ctx->sms), stream));
+    return fp;
+}
+
+int rescue_blocks(const xknn_cuda_context *ctx, int64_t qs) { return (int)min64(qs, 2 * (int64_t)ctx->sms); }
+
+xknn_status fused_block(const xknn_cuda_context *ctx, const Plan &p, void *ws, cudaStream_t stream, const float *Q,
+                        int64_t ldq, int64_t qs, const float *R, int64_t ldr, int exclude, int64_t self_local0,
+                        int64_t *ids, float *dist, int64_t id_offset, Err er)
+{
+    xknn_status st = XKNN_SUCCESS;
+    const FusedParams fp = fused_params(p, ws, Q, ldq, qs, R, ldr, exclude, self_local0, ids, dist, id_offset);
+    XKNN__CUDA_CHECK(launch_fused_slices(fp, p.KP, 0, (int)p.Z, stream));
+    XKNN__CUDA_CHECK(launch_fused_finish(fp, p.KP, rescue_blocks(ctx, qs), stream));
 cleanup:
     return st;
 }
@@ -666,19 +687,38 @@ struct HostBuffers {
     float *pinned[2] = {nullptr, nullptr};
     int64_t *dIds = nullptr;
     void *dWs = nullptr;
+    /* device buffers come from the context's pool on its stream when it has one */
+    cudaMemPool_t pool = nullptr;
+    cudaStream_t s = nullptr;
+    cudaError_t alloc(void **p, size_t bytes)
+    {
+        return pool ? cudaMallocFromPoolAsync(p, bytes, pool, s) : cudaMalloc(p, bytes);
+    }
+    void dfree(void *p)
+    {
+        if (!p) return;
+        if (pool)
+            (void)cudaFreeAsync(p, s);
+        else
+            (void)cudaFree(p);
+    }
     void release()
     {
         /* reverse order of allocation */
-        cudaFree(dWs);
-        cudaFree(dDist);
-        cudaFree(dIds);
-        cudaFree(dQ);
-        cudaFree(dChunk[1]);
-        cudaFree(dChunk[0]);
-        cudaFree(dR);
+        dfree(dWs);
+        dfree(dDist);
+        dfree(dIds);
+        dfree(dQ);
+        dfree(dChunk[1]);
+        dfree(dChunk[0]);
+        dfree(dR);
         cudaFreeHost(pinned[1]);
         cudaFreeHost(pinned[0]);
+        const cudaMemPool_t keep_pool = pool;
+        const cudaStream_t keep_s = s;
         *this = HostBuffers();
+        pool = keep_pool;
+        s = keep_s;
     }
 };
 
@@ -696,13 +736,86 @@ size_t budget_of(const xknn_params *prm, Err er, xknn_status *st)
     return (size_t)((double)free_b * 0.9);
 }
 
-/* Host path on the fused plan: one device allocation (from the context's pool: after
- * the first call of a context no cudaMalloc), references and one query block at a time
- * copied in, results copied out, one stream, one synchronisation per query block (the
- * copy to pageable host memory). *alloc_failed = 1 when the allocation fails, so the
- * caller can plan the GEMM path instead. */
-xknn_status host_fused(const xknn__job *job, xknn_cuda_context *ctx, const Plan &plan, int self_res, size_t budget,
-                       int *alloc_failed, Err er)
+/* ---- host path on the fused plan ----------------------------------------------------- */
+/* Pinned staging: pieces of at most kStagePiece bytes alternate between two pinned
+ * buffers; the host copies a piece in (OpenMP threads: host memory bandwidth, not one
+ * core, is the limit), the copy stream moves it to the device, and the buffer is reused
+ * once its copy has completed (its event). */
+static const size_t kStagePiece = (size_t)4 << 20;
+
+cudaError_t stage_make(xknn_cuda_context *ctx)
+{
+    cudaError_t e = cudaSuccess;
+    if (!ctx->copy_stream) e = cudaStreamCreateWithFlags(&ctx->copy_stream, cudaStreamNonBlocking);
+    for (int b = 0; b < 2 && e == cudaSuccess; ++b) {
+        if (!ctx->stage_done[b]) e = cudaEventCreateWithFlags(&ctx->stage_done[b], cudaEventDisableTiming);
+        if (e == cudaSuccess && !ctx->stage[b]) e = cudaHostAlloc((void **)&ctx->stage[b], kStagePiece, cudaHostAllocDefault);
+    }
+    return e;
+}
+
+/* rows x row_bytes from host rows of stride ld_bytes into pinned memory, in parallel */
+void host_rows_copy(char *dst, const char *src, int64_t rows, size_t row_bytes, size_t ld_bytes, int threads)
+{
+    const int64_t total = rows * (int64_t)row_bytes;
+#ifdef _OPENMP
+    if (threads <= 0) threads = omp_get_max_threads();
+#endif
+    if (ld_bytes == row_bytes) {
+        const int64_t part = 256 << 10; /* 256 KiB per task */
+        const int64_t np = (total + part - 1) / part;
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) num_threads(threads) if (np > 1)
+#endif
+        for (int64_t i = 0; i < np; ++i) {
+            const int64_t o = i * part, len = total - o < part ? total - o : part;
+            memcpy(dst + o, src + o, (size_t)len);
+        }
+    } else {
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) num_threads(threads) if (total > (256 << 10))
+#endif
+        for (int64_t i = 0; i < rows; ++i) memcpy(dst + i * (int64_t)row_bytes, src + i * (int64_t)ld_bytes, row_bytes);
+    }
+    (void)threads;
+}
+
+/* Host rows [0, rows) -> packed device rows, through the staging ring; the copies are
+ * ordered on ctx->copy_stream; returns after the last piece is enqueued. */
+xknn_status stage_rows(xknn_cuda_context *ctx, float *dev, const float *host, int64_t rows, int64_t d, int64_t ld,
+                       int threads, int *piece, Err er)
+{
+    xknn_status st = XKNN_SUCCESS;
+    const size_t row_bytes = (size_t)d * sizeof(float);
+    const int64_t per = max64(1, (int64_t)(kStagePiece / row_bytes));
+    for (int64_t r0 = 0; r0 < rows; r0 += per) {
+        const int64_t nr = min64(per, rows - r0);
+        const int b = (*piece)++ & 1;
+        if (nr * (int64_t)row_bytes > (int64_t)kStagePiece) {
+            /* a row longer than a piece: direct pageable copy */
+            XKNN__CUDA_CHECK(cudaMemcpy2DAsync(dev + r0 * d, row_bytes, host + r0 * ld, (size_t)ld * sizeof(float),
+                                               row_bytes, (size_t)nr, cudaMemcpyHostToDevice, ctx->copy_stream));
+            continue;
+        }
+        XKNN__CUDA_CHECK(cudaEventSynchronize(ctx->stage_done[b]));
+        host_rows_copy(ctx->stage[b], (const char *)(host + r0 * ld), nr, row_bytes, (size_t)ld * sizeof(float), threads);
+        XKNN__CUDA_CHECK(cudaMemcpyAsync(dev + r0 * d, ctx->stage[b], (size_t)nr * row_bytes, cudaMemcpyHostToDevice,
+                                         ctx->copy_stream));
+        XKNN__CUDA_CHECK(cudaEventRecord(ctx->stage_done[b], ctx->copy_stream));
+    }
+cleanup:
+    return st;
+}
+
+/* Host path on the fused plan: one device allocation (from the context's pool: after the
+ * first call of a context no cudaMalloc), the context's stream. With a caller's context
+ * (staged = 1) inputs go through the pinned staging ring on the copy stream, and the
+ * first query block's fused kernel runs slice group by slice group as its references
+ * arrive (copies overlap the search); a temporary context copies from pageable memory.
+ * One synchronisation per query block (results are copied to pageable memory).
+ * *alloc_failed = 1 when the allocation fails, so the caller can plan the GEMM path. */
+xknn_status host_fused(const xknn__job *job, xknn_cuda_context *ctx, const Plan &plan, int self_res, int staged,
+                       size_t budget, int *alloc_failed, Err er)
 {
     const xknn_params *prm = &job->params;
     const int64_t n = job->n, nq = job->nq, d = job->d, k = job->k;
@@ -712,6 +825,7 @@ xknn_status host_fused(const xknn__job *job, xknn_cuda_context *ctx, const Plan 
     const size_t o_dist = o_ids + align_up((size_t)plan.QS * k * sizeof(int64_t));
     const size_t o_ws = o_dist + align_up(job->dist ? (size_t)plan.QS * k * sizeof(float) : 0);
     const size_t total = o_ws + plan.bytes;
+    const int threads = prm->num_threads > 0 ? prm->num_threads : 0;
     cudaStream_t s = ctx->stream;
     xknn_status st = XKNN_SUCCESS;
     char *mem = NULL;
@@ -719,8 +833,10 @@ xknn_status host_fused(const xknn__job *job, xknn_cuda_context *ctx, const Plan 
     int64_t *dIds;
     unsigned long long stats[kStatCount];
     cudaError_t e;
+    int piece = 0;
 
     *alloc_failed = 0;
+    if (staged) XKNN__CUDA_CHECK(stage_make(ctx));
     e = ctx->pool ? cudaMallocFromPoolAsync((void **)&mem, total, ctx->pool, s) : cudaMalloc((void **)&mem, total);
     if (e == cudaErrorMemoryAllocation) {
         (void)cudaGetLastError();
@@ -732,22 +848,48 @@ xknn_status host_fused(const xknn__job *job, xknn_cuda_context *ctx, const Plan 
     dQ = (float *)(mem + o_q);
     dIds = (int64_t *)(mem + o_ids);
     dDist = job->dist ? (float *)(mem + o_dist) : NULL;
-    if (prm->verbose) print_plan(ctx, plan, "resident references", budget, 0);
-    XKNN__CUDA_CHECK(cudaMemcpy2DAsync(dR, row_bytes, job->ref, (size_t)job->ldr * sizeof(float), row_bytes, (size_t)n,
-                                       cudaMemcpyHostToDevice, s));
+    if (prm->verbose) print_plan(ctx, plan, staged ? "resident references, staged copies" : "resident references", budget, 0);
     XKNN__CUDA_CHECK(cudaMemsetAsync(mem + o_ws + plan.off_stats, 0, sizeof(unsigned long long) * kStatCount, s));
+    if (!staged)
+        XKNN__CUDA_CHECK(cudaMemcpy2DAsync(dR, row_bytes, job->ref, (size_t)job->ldr * sizeof(float), row_bytes,
+                                           (size_t)n, cudaMemcpyHostToDevice, s));
     for (int64_t q0 = 0; q0 < nq; q0 += plan.QS) {
         const int64_t qs = min64(plan.QS, nq - q0);
-        const float *Q = dQ;
-        if (self_res) {
-            Q = dR + q0 * d;
+        const float *Q = self_res ? dR + q0 * d : dQ;
+        const FusedParams fp = fused_params(plan, mem + o_ws, Q, d, qs, dR, d, prm->exclude_self,
+                                            prm->query_id_offset + q0 - prm->ref_id_offset, dIds, dDist,
+                                            prm->ref_id_offset);
+        if (staged && q0 == 0) {
+            /* slice groups of about a quarter of the references each: the first group's
+             * kernel runs while the later groups are copied (self-join: the queries are
+             * all the references, so one group) */
+            const int64_t groups = self_res ? 1 : min64(plan.Z, 4), per = ceil_div(plan.Z, groups);
+            if (!self_res) {
+                XKNN__TRY(stage_rows(ctx, dQ, job->query, qs, d, job->ldq, threads, &piece, er));
+            }
+            for (int64_t z0 = 0; z0 < plan.Z; z0 += per) {
+                const int64_t nz = min64(per, plan.Z - z0), r0 = z0 * plan.RZ, r1 = min64(n, (z0 + nz) * plan.RZ);
+                XKNN__TRY(stage_rows(ctx, dR + r0 * d, job->ref + r0 * job->ldr, r1 - r0, d, job->ldr, threads,
+                                     &piece, er));
+                XKNN__CUDA_CHECK(cudaStreamWaitEvent(s, ctx->stage_done[(piece - 1) & 1], 0));
+                XKNN__CUDA_CHECK(launch_fused_slices(fp, plan.KP, (int)z0, (int)nz, s));
+            }
         } else {
-            XKNN__CUDA_CHECK(cudaMemcpy2DAsync(dQ, row_bytes, job->query + q0 * job->ldq,
-                                               (size_t)job->ldq * sizeof(float), row_bytes, (size_t)qs,
-                                               cudaMemcpyHostToDevice, s));
+            if (!self_res) {
+                if (staged) {
+                    /* the previous block's kernels read dQ until they finish */
+                    XKNN__CUDA_CHECK(cudaStreamSynchronize(s));
+                    XKNN__TRY(stage_rows(ctx, dQ, job->query + q0 * job->ldq, qs, d, job->ldq, threads, &piece, er));
+                    XKNN__CUDA_CHECK(cudaStreamWaitEvent(s, ctx->stage_done[(piece - 1) & 1], 0));
+                } else {
+                    XKNN__CUDA_CHECK(cudaMemcpy2DAsync(dQ, row_bytes, job->query + q0 * job->ldq,
+                                                       (size_t)job->ldq * sizeof(float), row_bytes, (size_t)qs,
+                                                       cudaMemcpyHostToDevice, s));
+                }
+            }
+            XKNN__CUDA_CHECK(launch_fused_slices(fp, plan.KP, 0, (int)plan.Z, s));
         }
-        XKNN__TRY(fused_block(ctx, plan, mem + o_ws, s, Q, d, qs, dR, d, prm->exclude_self,
-                              prm->query_id_offset + q0 - prm->ref_id_offset, dIds, dDist, prm->ref_id_offset, er));
+        XKNN__CUDA_CHECK(launch_fused_finish(fp, plan.KP, rescue_blocks(ctx, qs), s));
         XKNN__CUDA_CHECK(cudaMemcpyAsync(job->ids + q0 * k, dIds, (size_t)qs * k * sizeof(int64_t),
                                          cudaMemcpyDeviceToHost, s));
         if (job->dist)
@@ -762,6 +904,7 @@ xknn_status host_fused(const xknn__job *job, xknn_cuda_context *ctx, const Plan 
     }
     XKNN__CUDA_CHECK(cudaStreamSynchronize(s));
 cleanup:
+    if (staged && ctx->copy_stream) (void)cudaStreamSynchronize(ctx->copy_stream);
     if (mem) {
         if (ctx->pool)
             (void)cudaFreeAsync(mem, s);
@@ -791,6 +934,7 @@ xknn_status host_search(const xknn__job *job, Err er)
     size_t budget = 0, min_needed = 0;
     int resident = 0, have_plan = 0;
     int64_t chunk = 0;
+    int piece = 0;
     unsigned long long stats[kStatCount];
     xknn_error tmp_err;
 
@@ -814,11 +958,14 @@ xknn_status host_search(const xknn__job *job, Err er)
         int failed = 0;
         if (budget > ref_bytes && plan_fused(ctx, prm, n, nq, d, k, budget - ref_bytes,
                                              per_q_out + (self_res ? 0 : row_bytes), &plan, &min_needed)) {
-            st = host_fused(job, ctx, plan, self_res, budget, &failed, er);
+            st = host_fused(job, ctx, plan, self_res, own_ctx == NULL, budget, &failed, er);
             if (st != XKNN_SUCCESS || !failed) goto cleanup;
         }
         memset(&plan, 0, sizeof plan);
     }
+    sc = ctx->stream;
+    hb.pool = ctx->pool;
+    hb.s = sc;
 
     /* Plan and allocate; an allocation failure shrinks the budget and plans again. */
     for (int attempt = 0; attempt < 6 && !have_plan; ++attempt) {
@@ -855,15 +1002,15 @@ xknn_status host_search(const xknn__job *job, Err er)
             }
         }
         if (resident) {
-            e = cudaMalloc((void **)&hb.dR, (size_t)n * row_bytes);
+            e = hb.alloc((void **)&hb.dR, (size_t)n * row_bytes);
         } else {
-            e = cudaMalloc((void **)&hb.dChunk[0], (size_t)chunk * row_bytes);
-            if (e == cudaSuccess) e = cudaMalloc((void **)&hb.dChunk[1], (size_t)chunk * row_bytes);
+            e = hb.alloc((void **)&hb.dChunk[0], (size_t)chunk * row_bytes);
+            if (e == cudaSuccess) e = hb.alloc((void **)&hb.dChunk[1], (size_t)chunk * row_bytes);
         }
-        if (e == cudaSuccess && !(resident && self_res)) e = cudaMalloc((void **)&hb.dQ, (size_t)plan.QS * row_bytes);
-        if (e == cudaSuccess) e = cudaMalloc((void **)&hb.dIds, (size_t)plan.QS * k * sizeof(int64_t));
-        if (e == cudaSuccess && job->dist) e = cudaMalloc((void **)&hb.dDist, (size_t)plan.QS * k * sizeof(float));
-        if (e == cudaSuccess) e = cudaMalloc(&hb.dWs, plan.bytes);
+        if (e == cudaSuccess && !(resident && self_res)) e = hb.alloc((void **)&hb.dQ, (size_t)plan.QS * row_bytes);
+        if (e == cudaSuccess) e = hb.alloc((void **)&hb.dIds, (size_t)plan.QS * k * sizeof(int64_t));
+        if (e == cudaSuccess && job->dist) e = hb.alloc((void **)&hb.dDist, (size_t)plan.QS * k * sizeof(float));
+        if (e == cudaSuccess) e = hb.alloc(&hb.dWs, plan.bytes);
         if (e == cudaSuccess) {
             have_plan = 1;
         } else {
@@ -884,7 +1031,7 @@ xknn_status host_search(const xknn__job *job, Err er)
     }
     if (prm->verbose) print_plan(ctx, plan, resident ? "resident references" : "streamed references", budget, chunk);
 
-    XKNN__CUDA_CHECK(cudaStreamCreateWithFlags(&sc, cudaStreamNonBlocking));
+    if (own_ctx == NULL && resident) XKNN__CUDA_CHECK(stage_make(ctx));
     if (!resident) {
         XKNN__CUDA_CHECK(cudaStreamCreateWithFlags(&sx, cudaStreamNonBlocking));
         for (int b = 0; b < 2; ++b) {
@@ -895,9 +1042,13 @@ xknn_status host_search(const xknn__job *job, Err er)
     }
     run = run_bind(ctx, &plan, hb.dWs, sc);
     XKNN__TRY(run_start(run, er));
-    if (resident)
+    if (resident && own_ctx == NULL) {
+        XKNN__TRY(stage_rows(ctx, hb.dR, job->ref, n, d, job->ldr, prm->num_threads, &piece, er));
+        XKNN__CUDA_CHECK(cudaStreamWaitEvent(sc, ctx->stage_done[(piece - 1) & 1], 0));
+    } else if (resident) {
         XKNN__CUDA_CHECK(cudaMemcpy2DAsync(hb.dR, row_bytes, job->ref, (size_t)job->ldr * sizeof(float), row_bytes,
                                            (size_t)n, cudaMemcpyHostToDevice, sc));
+    }
 
     for (int64_t q0 = 0; q0 < nq; q0 += plan.QS) {
         const int64_t qs = min64(plan.QS, nq - q0);
@@ -906,6 +1057,11 @@ xknn_status host_search(const xknn__job *job, Err er)
         const int64_t self_local0 = prm->query_id_offset + q0 - prm->ref_id_offset;
         if (resident && self_res) {
             Q = hb.dR + q0 * d;
+            ldq = d;
+        } else if (resident && own_ctx == NULL) {
+            XKNN__TRY(stage_rows(ctx, hb.dQ, job->query + q0 * job->ldq, qs, d, job->ldq, prm->num_threads, &piece, er));
+            XKNN__CUDA_CHECK(cudaStreamWaitEvent(sc, ctx->stage_done[(piece - 1) & 1], 0));
+            Q = hb.dQ;
             ldq = d;
         } else {
             XKNN__CUDA_CHECK(cudaMemcpy2DAsync(hb.dQ, row_bytes, job->query + q0 * job->ldq,
@@ -961,8 +1117,9 @@ cleanup:
         if (h2d_done[b]) cudaEventDestroy(h2d_done[b]);
     }
     if (sx) cudaStreamDestroy(sx);
-    if (sc) cudaStreamDestroy(sc);
-    hb.release();
+    if (ctx && ctx->copy_stream) (void)cudaStreamSynchronize(ctx->copy_stream);
+    hb.release(); /* sc is the context's stream: not destroyed */
+    if (sc) (void)cudaStreamSynchronize(sc);
     if (own_ctx) {
         /* a temporary context's cuBLAS handle must not keep pointing at freed memory */
         xknn_cuda_context_destroy(own_ctx);
@@ -1135,6 +1292,11 @@ void xknn_cuda_context_destroy(xknn_cuda_context *ctx)
     if (!ctx) return;
     DeviceScope scope;
     if (scope.enter(ctx->device) == cudaSuccess) {
+        for (int b = 1; b >= 0; --b) {
+            if (ctx->stage_done[b]) cudaEventDestroy(ctx->stage_done[b]);
+            if (ctx->stage[b]) cudaFreeHost(ctx->stage[b]);
+        }
+        if (ctx->copy_stream) cudaStreamDestroy(ctx->copy_stream);
         if (ctx->blas) cublasDestroy(ctx->blas);
         if (ctx->pool) cudaMemPoolDestroy(ctx->pool);
         if (ctx->stream) cudaStreamDestroy(ctx->stream);

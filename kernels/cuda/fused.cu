@@ -115,37 +115,65 @@ __device__ __forceinline__ void fused_flush(FusedQueue<R, NT> &fq, int qi)
     fq.thr[qi] = fkey_e(__shfl_sync(0xffffffffu, fq.w[qi][R - 1], kWarp - 1));
 }
 
+/* 4-byte asynchronous copy global -> shared (sm_80+); valid = 0 writes a zero and reads
+ * nothing. No registers hold the data in flight. */
+__device__ __forceinline__ void cp_async4(float *dst, const float *src, bool valid)
+{
+    const unsigned s = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(s), "l"(src), "r"(valid ? 4 : 0) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
+
+/* Dynamic shared memory of the fused kernel: queries dpad x kFusedQB floats, then two
+ * reference stages of kFusedDC rows x kFusedPitch floats. */
+static constexpr int kFusedPitch = kFusedBR + 4;
+__host__ __device__ constexpr size_t fused_smem_bytes(int dpad)
+{
+    return ((size_t)dpad * kFusedQB + 2 * (size_t)kFusedDC * kFusedPitch) * sizeof(float);
+}
+
 /*
- * Launch: kFusedThreads = 256 threads, grid (ceil(qs / kFusedQB), Z). Static shared
- * memory 32 KB (queries 128 x 32 floats, one 32 x 128 reference tile), transposed so a
- * lane reads its 4 references of a dimension as one float4 and a warp its 4 queries as
- * one broadcast float4: 2 shared loads per 32 FP32 operations. Registers: 16 distances,
- * 4 queues of 2 x (R + NT) words; for R <= 2, __launch_bounds__(256, 2) (at most 128
- * registers, 104-112 used, no spills: 2 blocks = 16 warps per SM); for R = 4, 8 the
- * queues need more, so (256, 1): one block per SM, no spills. Enough blocks come from Z
- * (engine.cu).
- * Reference tiles are loaded with 16-byte loads when rows allow it (p.vec), each thread
- * one reference of a 4-dimension group, so the transposed shared stores are
- * conflict-free.
+ * Launch: kFusedThreads = 256 threads, grid (ceil(qs / kFusedQB), Z), dynamic shared
+ * memory fused_smem_bytes(dpad) (17-50 KB). Queries and references are stored
+ * transposed so a lane reads its 4 references of a dimension as one float4 and a warp
+ * its 4 queries as one broadcast float4: 2 shared loads per 32 FP32 operations. The
+ * reference stages are double-buffered with 4-byte cp.async: lanes of a warp fetch 8
+ * consecutive dimensions of 4 references (32-byte sectors fully used), and the row pitch
+ * of 132 floats makes those shared stores conflict-free while keeping float4 alignment.
+ * Registers: 16 distances, 4 queues of 2 (R + NT) words; for R <= 2
+ * __launch_bounds__(256, 2) (2 blocks = 16 warps per SM), for R = 4, 8 the queues need
+ * more registers, so (256, 1). Enough blocks come from Z (engine.cu).
  */
 template <class Dist, int R, int NT>
 __global__ __launch_bounds__(kFusedThreads, R <= 2 ? 2 : 1) void fused_kernel(const FusedParams p)
 {
-    __shared__ __align__(16) float qsm[kFusedMaxD][kFusedQB];
-    __shared__ __align__(16) float xsm[kFusedDC][kFusedBR];
+    extern __shared__ __align__(16) float fsm[];
     const int tid = (int)threadIdx.x, lane = lane_id(), warp = warp_id();
     const int q0 = (int)blockIdx.x * kFusedQB;
     const int d = (int)p.d, dpad = (d + 3) & ~3;
-    const int64_t j0 = (int64_t)blockIdx.y * p.rz;
-    const int64_t j1 = j0 + p.rz < p.n ? j0 + p.rz : p.n;
+    float *qsm = fsm;                         /* [dpad][kFusedQB] */
+    float *xsm = fsm + dpad * kFusedQB;       /* [2][kFusedDC][kFusedPitch] */
+    /* local reference indices fit in int (n < 2^31); int64 only for addresses */
+    const int z = p.z0 + (int)blockIdx.y;
+    const int j0 = (int)((int64_t)z * p.rz);
+    const int j1 = (int)((int64_t)j0 + p.rz < p.n ? (int64_t)j0 + p.rz : p.n);
 
     for (int e = tid; e < dpad * kFusedQB; e += kFusedThreads) {
         const int i = e % kFusedQB, t = e / kFusedQB;
-        qsm[t][i] = (q0 + i < p.qs && t < d) ? __ldg(p.Q + (int64_t)(q0 + i) * p.ldq + t) : 0.0f;
+        qsm[e] = (q0 + i < p.qs && t < d) ? __ldg(p.Q + (int64_t)(q0 + i) * p.ldq + t) : 0.0f;
     }
 
     FusedQueue<R, NT> fq;
-    int self[kFusedQW];
+    /* the warp's queries are the local references sb + qi (exclude_self); sb = -8 when
+     * none is in range, which no index matches. (unsigned)(j - sb) == qi is exact: both
+     * j and sb + qi lie in [-8, 2^31). */
+    int sb = -8;
+    {
+        const int64_t s64 = p.self_local0 + q0 + warp * kFusedQW;
+        if (p.exclude && s64 + kFusedQW > 0 && s64 < p.n) sb = (int)s64;
+    }
 #pragma unroll
     for (int qi = 0; qi < kFusedQW; ++qi) {
 #pragma unroll
@@ -154,62 +182,68 @@ __global__ __launch_bounds__(kFusedThreads, R <= 2 ? 2 : 1) void fused_kernel(co
         for (int s = 0; s < NT; ++s) fq.t[qi][s] = kPadKey;
         fq.cnt[qi] = 0;
         fq.thr[qi] = INFINITY;
-        const int64_t sj = p.self_local0 + q0 + warp * kFusedQW + qi;
-        self[qi] = (p.exclude && sj >= 0 && sj < p.n) ? (int)sj : -1;
     }
 
-    for (int64_t jt = j0; jt < j1; jt += kFusedBR) {
-        float acc[kFusedQW][kFusedTR];
+    /* Stages: for dpad <= kFusedDC a stage holds tps = kFusedDC / dpad whole tiles (all
+     * dimensions), so small d still gives each barrier pair enough work; for larger d a
+     * stage is one kFusedDC-dimension chunk of one tile. */
+    const int nchunk = dpad <= kFusedDC ? 1 : (dpad + kFusedDC - 1) / kFusedDC;
+    const int tps = dpad <= kFusedDC ? kFusedDC / dpad : 1;
+    const int rows = dpad <= kFusedDC ? tps * dpad : kFusedDC; /* shared rows of a stage */
+    const int ntile = (j1 - j0 + kFusedBR - 1) / kFusedBR;
+    const int nstage = ntile <= 0 ? 0 : ((ntile + tps - 1) / tps) * nchunk;
+    constexpr int kPer = kFusedDC * kFusedBR / kFusedThreads; /* 16 copies per thread */
+
+    /* global -> shared buffer b for stage st; element (row rho, column jj), rho = sub *
+     * dpad + t; a warp covers 8 rows x 4 columns */
+    auto fetch = [&](int st, int b) {
+        const int jt = j0 + (st / nchunk) * tps * kFusedBR;
+        const int t0 = (st % nchunk) * kFusedDC;
+        float *buf = xsm + b * (kFusedDC * kFusedPitch);
+#pragma unroll
+        for (int i = 0; i < kPer; ++i) {
+            const int e = tid + i * kFusedThreads;
+            const int rest = e >> 3, jj = rest % kFusedBR, rho = (rest / kFusedBR) * 8 + (e & 7);
+            const int sub = dpad <= kFusedDC ? rho / dpad : 0, t = dpad <= kFusedDC ? rho - sub * dpad : rho;
+            const int j = jt + sub * kFusedBR + jj;
+            const bool valid = rho < rows && j < j1 && t0 + t < d;
+            cp_async4(buf + rho * kFusedPitch + jj, valid ? p.R + (int64_t)j * p.ldr + t0 + t : p.R, valid);
+        }
+        cp_async_commit();
+    };
+
+    float acc[kFusedQW][kFusedTR];
+    /* distances of shared rows [row0, row0 + nt) against query dimensions [t0, t0 + nt) */
+    auto dot = [&](const float *buf, int row0, int t0, int nt) {
+#pragma unroll 2
+        for (int t = 0; t < nt; ++t) {
+            const float4 xv = *reinterpret_cast<const float4 *>(buf + (row0 + t) * kFusedPitch + 4 * lane);
+            const float4 qv = *reinterpret_cast<const float4 *>(qsm + (t0 + t) * kFusedQB + kFusedQW * warp);
+            const float xr[4] = {xv.x, xv.y, xv.z, xv.w};
+            const float qr[4] = {qv.x, qv.y, qv.z, qv.w};
+#pragma unroll
+            for (int qi = 0; qi < kFusedQW; ++qi)
+#pragma unroll
+                for (int r = 0; r < kFusedTR; ++r) acc[qi][r] = Dist::step(acc[qi][r], qr[qi], xr[r]);
+        }
+    };
+    auto zero = [&]() {
 #pragma unroll
         for (int qi = 0; qi < kFusedQW; ++qi)
 #pragma unroll
             for (int r = 0; r < kFusedTR; ++r) acc[qi][r] = 0.0f;
-
-        for (int t0 = 0; t0 < dpad; t0 += kFusedDC) {
-            const int dc = dpad - t0 < kFusedDC ? dpad - t0 : kFusedDC;
-            __syncthreads(); /* previous readers of xsm are done (and qsm is written) */
-            if (p.vec) {
-                for (int e = tid; e < kFusedBR * (dc / 4); e += kFusedThreads) {
-                    const int jj = e % kFusedBR, g = e / kFusedBR;
-                    const int64_t j = jt + jj;
-                    float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-                    if (j < j1) v = __ldg(reinterpret_cast<const float4 *>(p.R + j * p.ldr + t0) + g);
-                    xsm[4 * g + 0][jj] = v.x;
-                    xsm[4 * g + 1][jj] = v.y;
-                    xsm[4 * g + 2][jj] = v.z;
-                    xsm[4 * g + 3][jj] = v.w;
-                }
-            } else {
-                for (int e = tid; e < kFusedBR * dc; e += kFusedThreads) {
-                    const int jj = e % kFusedBR, t = e / kFusedBR;
-                    const int64_t j = jt + jj;
-                    xsm[t][jj] = (j < j1 && t0 + t < d) ? __ldg(p.R + j * p.ldr + t0 + t) : 0.0f;
-                }
-            }
-            __syncthreads();
-#pragma unroll 4
-            for (int t = 0; t < dc; ++t) {
-                const float4 xv = *reinterpret_cast<const float4 *>(&xsm[t][4 * lane]);
-                const float4 qv = *reinterpret_cast<const float4 *>(&qsm[t0 + t][kFusedQW * warp]);
-                const float xr[4] = {xv.x, xv.y, xv.z, xv.w};
-                const float qr[4] = {qv.x, qv.y, qv.z, qv.w};
-#pragma unroll
-                for (int qi = 0; qi < kFusedQW; ++qi)
-#pragma unroll
-                    for (int r = 0; r < kFusedTR; ++r) acc[qi][r] = Dist::step(acc[qi][r], qr[qi], xr[r]);
-            }
-        }
-
-        /* selection: one reference column of the register tile at a time */
+    };
+    /* selection of one tile: one reference column of the register tile at a time */
+    auto select = [&](int jt) {
 #pragma unroll
         for (int r = 0; r < kFusedTR; ++r) {
-            const int64_t j = jt + 4 * lane + r;
+            const int j = jt + 4 * lane + r;
             bool full = false;
 #pragma unroll
             for (int qi = 0; qi < kFusedQW; ++qi) {
                 const float e = Dist::clamp(acc[qi][r]);
-                if (e < fq.thr[qi] && j < j1 && (int)j != self[qi]) {
-                    const unsigned long long key = fkey(e, (int)j);
+                if (e < fq.thr[qi] && j < j1 && (unsigned)j - (unsigned)sb != (unsigned)qi) {
+                    const unsigned long long key = fkey(e, j);
 #pragma unroll
                     for (int s = 0; s < NT; ++s)
                         if (fq.cnt[qi] == s) fq.t[qi][s] = key;
@@ -223,6 +257,33 @@ __global__ __launch_bounds__(kFusedThreads, R <= 2 ? 2 : 1) void fused_kernel(co
                     if (__any_sync(0xffffffffu, fq.cnt[qi] == NT)) fused_flush(fq, qi);
             }
         }
+    };
+
+    if (nstage > 0) fetch(0, 0);
+    for (int st = 0; st < nstage; ++st) {
+        if (st + 1 < nstage) {
+            fetch(st + 1, (st + 1) & 1);
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads(); /* stage st (and, the first time, qsm) is visible to all */
+        const float *buf = xsm + (st & 1) * (kFusedDC * kFusedPitch);
+        const int jt = j0 + (st / nchunk) * tps * kFusedBR;
+        if (dpad <= kFusedDC) {
+            for (int sub = 0; sub < tps; ++sub) {
+                if (jt + sub * kFusedBR >= j1) break; /* block-uniform */
+                zero();
+                dot(buf, sub * dpad, 0, dpad);
+                select(jt + sub * kFusedBR);
+            }
+        } else {
+            const int c = st % nchunk, t0 = c * kFusedDC;
+            if (c == 0) zero();
+            dot(buf, 0, t0, dpad - t0 < kFusedDC ? dpad - t0 : kFusedDC);
+            if (c == nchunk - 1) select(jt);
+        }
+        __syncthreads(); /* buffer st & 1 is refilled by the next iteration's fetch */
     }
 #pragma unroll
     for (int qi = 0; qi < kFusedQW; ++qi)
@@ -232,7 +293,7 @@ __global__ __launch_bounds__(kFusedThreads, R <= 2 ? 2 : 1) void fused_kernel(co
     for (int qi = 0; qi < kFusedQW; ++qi) {
         const int q = q0 + warp * kFusedQW + qi;
         if (q < p.qs) {
-            unsigned long long *out = p.part + ((int64_t)blockIdx.y * p.qsp + q) * (kWarp * R);
+            unsigned long long *out = p.part + ((int64_t)z * p.qsp + q) * (kWarp * R);
 #pragma unroll
             for (int r = 0; r < R; ++r) out[r * kWarp + lane] = fq.w[qi][r];
         }
@@ -378,26 +439,47 @@ __global__ __launch_bounds__(kBlock) void rescue_kernel(const FusedParams p)
 }
 
 template <class Dist, int R, int NT>
-cudaError_t launch_fused_r(const FusedParams &p, int rescue_blocks, cudaStream_t st)
+cudaError_t launch_fused_r(const FusedParams &p, int z0, int nz, cudaStream_t st)
 {
-    const dim3 grid((unsigned)((p.qs + kFusedQB - 1) / kFusedQB), (unsigned)p.Z);
-    fused_kernel<Dist, R, NT><<<grid, kFusedThreads, 0, st>>>(p);
-    cudaError_t e = cudaGetLastError();
+    FusedParams q = p;
+    q.z0 = z0;
+    const dim3 grid((unsigned)((p.qs + kFusedQB - 1) / kFusedQB), (unsigned)nz);
+    const size_t smem = fused_smem_bytes((int)((p.d + 3) & ~3));
+    cudaError_t e = cudaFuncSetAttribute(fused_kernel<Dist, R, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         (int)smem);
     if (e != cudaSuccess) return e;
+    fused_kernel<Dist, R, NT><<<grid, kFusedThreads, smem, st>>>(q);
+    return cudaGetLastError();
+}
+
+template <class Dist, int R>
+cudaError_t launch_finish_r(const FusedParams &p, int rescue_blocks, cudaStream_t st)
+{
     finish_kernel<Dist, R><<<(unsigned)((p.qs + kWarpsPerBlock - 1) / kWarpsPerBlock), kBlock, 0, st>>>(p);
-    e = cudaGetLastError();
+    cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return e;
     rescue_kernel<Dist><<<(unsigned)rescue_blocks, kBlock, 0, st>>>(p);
     return cudaGetLastError();
 }
 
-cudaError_t launch_fused(const FusedParams &p, int kp, int rescue_blocks, cudaStream_t st)
+cudaError_t launch_fused_slices(const FusedParams &p, int kp, int z0, int nz, cudaStream_t st)
 {
     switch (kp) {
-    case 32: return launch_fused_r<L2Direct, 1, 2>(p, rescue_blocks, st);
-    case 64: return launch_fused_r<L2Direct, 2, 2>(p, rescue_blocks, st);
-    case 128: return launch_fused_r<L2Direct, 4, 4>(p, rescue_blocks, st);
-    case 256: return launch_fused_r<L2Direct, 8, 4>(p, rescue_blocks, st);
+    case 32: return launch_fused_r<L2Direct, 1, 2>(p, z0, nz, st);
+    case 64: return launch_fused_r<L2Direct, 2, 2>(p, z0, nz, st);
+    case 128: return launch_fused_r<L2Direct, 4, 4>(p, z0, nz, st);
+    case 256: return launch_fused_r<L2Direct, 8, 4>(p, z0, nz, st);
+    default: return cudaErrorInvalidValue;
+    }
+}
+
+cudaError_t launch_fused_finish(const FusedParams &p, int kp, int rescue_blocks, cudaStream_t st)
+{
+    switch (kp) {
+    case 32: return launch_finish_r<L2Direct, 1>(p, rescue_blocks, st);
+    case 64: return launch_finish_r<L2Direct, 2>(p, rescue_blocks, st);
+    case 128: return launch_finish_r<L2Direct, 4>(p, rescue_blocks, st);
+    case 256: return launch_finish_r<L2Direct, 8>(p, rescue_blocks, st);
     default: return cudaErrorInvalidValue;
     }
 }

@@ -99,7 +99,8 @@ struct FusedParams {
     int64_t k, id_offset;
     unsigned long long *stats;
     float lrel, labs, urel, uabs; /* bound: L = e lrel - labs (down), U = e urel + uabs (up) */
-    int qs, Z, kk, exclude, euclid, vec;
+    int qs, Z, kk, exclude, euclid;
+    int z0;                /* first slice of a launch (launch_fused_slices sets it)      */
 };
 
 cudaError_t launch_sqnorms(const float *X, int64_t ld, int64_t rows, int64_t d, float *out, cudaStream_t st);
@@ -107,8 +108,10 @@ cudaError_t launch_init_state(float *tau, int *cnt, int qs, int S, cudaStream_t 
 cudaError_t launch_filter(const FilterParams &p, int qb, cudaStream_t st);
 cudaError_t launch_resolve(const ResolveParams &p, int qs, cudaStream_t st);
 cudaError_t launch_final(const FinalParams &p, int qs, cudaStream_t st);
-/* kp: keys kept per (slice, query), one of 32, 64, 128, 256 (kFusedMaxKeep). */
-cudaError_t launch_fused(const FusedParams &p, int kp, int rescue_blocks, cudaStream_t st);
+/* kp: keys kept per (slice, query), one of 32, 64, 128, 256 (kFusedMaxKeep). The fused
+ * kernel over slices [z0, z0 + nz); then, once every slice is done, finish + rescue. */
+cudaError_t launch_fused_slices(const FusedParams &p, int kp, int z0, int nz, cudaStream_t st);
+cudaError_t launch_fused_finish(const FusedParams &p, int kp, int rescue_blocks, cudaStream_t st);
 
 } // namespace xknn_cuda
 
