@@ -9,7 +9,7 @@
 #   test       meson test --suite cuda (cuda-t and the particles example)
 #   bench      bench_knn: W4 / W5 (device and host modes; auto, fused, tf32), few queries at
 #              d = 3 and d = 32 (fused vs fp32), and the dispatcher's crossover rows
-#              (1M x 10k at d = 32 and d = 128, fused vs tf32)
+#              (1M x 10k at d = 32 and d = 128, fused vs tf32; at d = 3, fused vs fp32)
 #   particles  examples/particles 1000000 32 5 (d = 3 self-join of 1M points, k = 32)
 # Files in OUT: fused.log (everything), test.log, bench_*.json, summary.txt. The summary
 # table is printed last.
@@ -67,6 +67,8 @@ main() {
             --repeats 5 --json "$OUT/bench_D.json"
         step X 90 "$B" --backend cuda --n 1M --nq 10k --d 32,128 --k 10 --path fused,tf32 --repeats 3 \
             --json "$OUT/bench_X.json"
+        step D3N 60 "$B" --backend cuda --n 1M --nq 10k --d 3 --k 10,32 --path fused,fp32 --repeats 3 \
+            --json "$OUT/bench_D3N.json"
     fi
     if has_step particles && [ -x "$BUILD/examples/particles" ]; then
         step particles 90 "$BUILD/examples/particles" 1000000 32 5

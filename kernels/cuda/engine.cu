@@ -642,6 +642,7 @@ FusedParams fused_params(const Plan &p, void *ws, const float *Q, int64_t ldq, i
     fp.kk = (int)p.kk;
     fp.exclude = exclude;
     fp.euclid = p.euclid;
+    fp.vec = ((uintptr_t)R % 16 == 0) && ldr % 4 == 0 && p.d % 4 == 0;
     return fp;
 }
 

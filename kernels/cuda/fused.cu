@@ -7,10 +7,10 @@
  *                  each warp owns kFusedQW queries, each lane kFusedTR references of a
  *                  tile, so a thread keeps a kFusedQW x kFusedTR register tile of float
  *                  distances. Selection per query (WarpSelect idea): a sorted warp list
- *                  of KP keys in registers, a per-thread queue of NT keys; a distance is
- *                  only queued when below the list's largest; when some thread's queue
- *                  is full the warp sorts all queues (bitonic, shuffles) and merges them
- *                  into the list. Output: the sorted list of every (slice, query).
+ *                  of KP keys in registers; a distance is only queued when below the
+ *                  list's largest, in a per-warp queue in shared memory; every 32 queued
+ *                  keys the warp sorts them (bitonic, shuffles) and merges them into the
+ *                  list (bitonic merge). Output: the sorted list of every (slice, query).
  *   finish_kernel  one warp per query: merges the Z lists (bitonic merge), checks the
  *                  certificate, computes canonical distances of the candidates, sorts
  *                  them by (canonical, id) and writes the first k.
@@ -95,66 +95,72 @@ struct L2Direct {
 };
 
 /* ---- fused distance + selection ----------------------------------------------------- */
-template <int R, int NT>
-struct FusedQueue {
+/* Selection state of one warp for its kFusedQW queries: the sorted lists in registers,
+ * the thresholds, and the count of keys waiting in the warp's shared-memory queue of each
+ * query (warp-uniform values). */
+template <int R>
+struct FusedSel {
     typedef unsigned long long Key;
-    Key w[kFusedQW][R];  /* sorted warp lists */
-    Key t[kFusedQW][NT]; /* thread queues (unsorted, pads after cnt) */
-    int cnt[kFusedQW];
-    float thr[kFusedQW]; /* e of the list's last key */
+    Key w[kFusedQW][R];
+    float thr[kFusedQW]; /* e of the list's last key: only smaller distances are queued */
+    int qc[kFusedQW];
 };
 
-template <int R, int NT>
-__device__ __forceinline__ void fused_flush(FusedQueue<R, NT> &fq, int qi)
+/* Merges the first min(qc, 32) queued keys of query qi into its list: one 32-key warp
+ * sort and a bitonic merge; keys beyond 32 move to the front of the queue. */
+template <int R>
+__device__ __forceinline__ void fused_flush(FusedSel<R> &fs, unsigned long long *queue, int qi)
 {
-    WarpKeys<NT>::sort(fq.t[qi]);
-    WarpKeys<R>::template merge<NT>(fq.w[qi], fq.t[qi]);
-#pragma unroll
-    for (int s = 0; s < NT; ++s) fq.t[qi][s] = kPadKey;
-    fq.cnt[qi] = 0;
-    fq.thr[qi] = fkey_e(__shfl_sync(0xffffffffu, fq.w[qi][R - 1], kWarp - 1));
+    const int lane = lane_id();
+    const int c = fs.qc[qi];
+    __syncwarp();
+    unsigned long long t[1] = {lane < c ? queue[lane] : kPadKey};
+    const int rem = c > kWarp ? c - kWarp : 0;
+    const unsigned long long v = lane < rem ? queue[kWarp + lane] : 0ull;
+    __syncwarp();
+    if (lane < rem) queue[lane] = v;
+    fs.qc[qi] = rem;
+    WarpKeys<1>::sort(t);
+    WarpKeys<R>::template merge<1>(fs.w[qi], t);
+    fs.thr[qi] = fkey_e(__shfl_sync(0xffffffffu, fs.w[qi][R - 1], kWarp - 1));
 }
 
-/* 4-byte asynchronous copy global -> shared (sm_80+); valid = 0 writes a zero and reads
- * nothing. No registers hold the data in flight. */
-__device__ __forceinline__ void cp_async4(float *dst, const float *src, bool valid)
-{
-    const unsigned s = (unsigned)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(s), "l"(src), "r"(valid ? 4 : 0) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
-
-/* Dynamic shared memory of the fused kernel: queries dpad x kFusedQB floats, then two
- * reference stages of kFusedDC rows x kFusedPitch floats. */
-static constexpr int kFusedPitch = kFusedBR + 4;
+/* Dynamic shared memory of the fused kernel: per warp and query a queue of kFusedQueue
+ * keys, the block's queries (dpad x kFusedQB floats, transposed), one reference stage of
+ * kFusedDC rows x kFusedBR floats (transposed). */
+static constexpr int kFusedQueue = 2 * kWarp;
 __host__ __device__ constexpr size_t fused_smem_bytes(int dpad)
 {
-    return ((size_t)dpad * kFusedQB + 2 * (size_t)kFusedDC * kFusedPitch) * sizeof(float);
+    return (size_t)kFusedWarps * kFusedQW * kFusedQueue * sizeof(unsigned long long) +
+           ((size_t)dpad * kFusedQB + (size_t)kFusedDC * kFusedBR) * sizeof(float);
 }
 
 /*
- * Launch: kFusedThreads = 256 threads, grid (ceil(qs / kFusedQB), Z), dynamic shared
- * memory fused_smem_bytes(dpad) (17-50 KB). Queries and references are stored
- * transposed so a lane reads its 4 references of a dimension as one float4 and a warp
- * its 4 queries as one broadcast float4: 2 shared loads per 32 FP32 operations. The
- * reference stages are double-buffered with 4-byte cp.async: lanes of a warp fetch 8
- * consecutive dimensions of 4 references (32-byte sectors fully used), and the row pitch
- * of 132 floats makes those shared stores conflict-free while keeping float4 alignment.
- * Registers: 16 distances, 4 queues of 2 (R + NT) words; for R <= 2
- * __launch_bounds__(256, 2) (2 blocks = 16 warps per SM), for R = 4, 8 the queues need
- * more registers, so (256, 1). Enough blocks come from Z (engine.cu).
+ * Launch: kFusedThreads = 256 threads, grid (ceil(qs / kFusedQB), slices), dynamic shared
+ * memory fused_smem_bytes(dpad) (33-65 KB). Queries and references are stored transposed
+ * so a lane reads its 4 references of a dimension as one float4 and a warp its 4 queries
+ * as one broadcast float4: 2 shared loads per 32 FP32 operations. Reference stages are
+ * loaded with 16-byte loads when rows allow it (p.vec), consecutive threads taking
+ * consecutive references, so the transposed shared stores are conflict-free.
+ * Selection (WarpSelect idea, with the queue in shared memory): a lane whose distance is
+ * below the list's largest appends it to the warp's queue of that query (ballot + popc
+ * positions); when 32 keys wait, one 32-key bitonic sort and one bitonic merge (shuffles)
+ * fold them into the list. Measured on an H100, per-thread register queues of 2-4 keys
+ * flushed the warp about every 8 insertions and made the merges the bottleneck for small
+ * d; this flushes every 32. Registers: 16 distances and 2R words per query;
+ * __launch_bounds__(256, 2) for R <= 4 (2 blocks = 16 warps per SM, 100-122 registers,
+ * no spills), (256, 1) for R = 8 (155 registers).
  */
-template <class Dist, int R, int NT>
-__global__ __launch_bounds__(kFusedThreads, R <= 2 ? 2 : 1) void fused_kernel(const FusedParams p)
+template <class Dist, int R>
+__global__ __launch_bounds__(kFusedThreads, R <= 4 ? 2 : 1) void fused_kernel(const FusedParams p)
 {
-    extern __shared__ __align__(16) float fsm[];
+    extern __shared__ __align__(16) unsigned long long fsm_keys[];
     const int tid = (int)threadIdx.x, lane = lane_id(), warp = warp_id();
     const int q0 = (int)blockIdx.x * kFusedQB;
     const int d = (int)p.d, dpad = (d + 3) & ~3;
-    float *qsm = fsm;                         /* [dpad][kFusedQB] */
-    float *xsm = fsm + dpad * kFusedQB;       /* [2][kFusedDC][kFusedPitch] */
+    unsigned long long *queues = fsm_keys + warp * kFusedQW * kFusedQueue; /* this warp's */
+    float *qsm = reinterpret_cast<float *>(fsm_keys + kFusedWarps * kFusedQW * kFusedQueue); /* [dpad][QB] */
+    float *xsm = qsm + dpad * kFusedQB;                                                      /* [DC][BR]   */
     /* local reference indices fit in int (n < 2^31); int64 only for addresses */
     const int z = p.z0 + (int)blockIdx.y;
     const int j0 = (int)((int64_t)z * p.rz);
@@ -165,7 +171,7 @@ __global__ __launch_bounds__(kFusedThreads, R <= 2 ? 2 : 1) void fused_kernel(co
         qsm[e] = (q0 + i < p.qs && t < d) ? __ldg(p.Q + (int64_t)(q0 + i) * p.ldq + t) : 0.0f;
     }
 
-    FusedQueue<R, NT> fq;
+    FusedSel<R> fs;
     /* the warp's queries are the local references sb + qi (exclude_self); sb = -8 when
      * none is in range, which no index matches. (unsigned)(j - sb) == qi is exact: both
      * j and sb + qi lie in [-8, 2^31). */
@@ -177,47 +183,51 @@ __global__ __launch_bounds__(kFusedThreads, R <= 2 ? 2 : 1) void fused_kernel(co
 #pragma unroll
     for (int qi = 0; qi < kFusedQW; ++qi) {
 #pragma unroll
-        for (int r = 0; r < R; ++r) fq.w[qi][r] = kPadKey;
-#pragma unroll
-        for (int s = 0; s < NT; ++s) fq.t[qi][s] = kPadKey;
-        fq.cnt[qi] = 0;
-        fq.thr[qi] = INFINITY;
+        for (int r = 0; r < R; ++r) fs.w[qi][r] = kPadKey;
+        fs.thr[qi] = INFINITY;
+        fs.qc[qi] = 0;
     }
 
     /* Stages: for dpad <= kFusedDC a stage holds tps = kFusedDC / dpad whole tiles (all
      * dimensions), so small d still gives each barrier pair enough work; for larger d a
-     * stage is one kFusedDC-dimension chunk of one tile. */
+     * stage is one kFusedDC-dimension chunk of one tile. Shared row rho = sub * dpad + t. */
     const int nchunk = dpad <= kFusedDC ? 1 : (dpad + kFusedDC - 1) / kFusedDC;
     const int tps = dpad <= kFusedDC ? kFusedDC / dpad : 1;
-    const int rows = dpad <= kFusedDC ? tps * dpad : kFusedDC; /* shared rows of a stage */
+    const int rows = dpad <= kFusedDC ? tps * dpad : kFusedDC;
     const int ntile = (j1 - j0 + kFusedBR - 1) / kFusedBR;
     const int nstage = ntile <= 0 ? 0 : ((ntile + tps - 1) / tps) * nchunk;
-    constexpr int kPer = kFusedDC * kFusedBR / kFusedThreads; /* 16 copies per thread */
 
-    /* global -> shared buffer b for stage st; element (row rho, column jj), rho = sub *
-     * dpad + t; a warp covers 8 rows x 4 columns */
-    auto fetch = [&](int st, int b) {
+    auto load = [&](int st) {
         const int jt = j0 + (st / nchunk) * tps * kFusedBR;
         const int t0 = (st % nchunk) * kFusedDC;
-        float *buf = xsm + b * (kFusedDC * kFusedPitch);
-#pragma unroll
-        for (int i = 0; i < kPer; ++i) {
-            const int e = tid + i * kFusedThreads;
-            const int rest = e >> 3, jj = rest % kFusedBR, rho = (rest / kFusedBR) * 8 + (e & 7);
-            const int sub = dpad <= kFusedDC ? rho / dpad : 0, t = dpad <= kFusedDC ? rho - sub * dpad : rho;
-            const int j = jt + sub * kFusedBR + jj;
-            const bool valid = rho < rows && j < j1 && t0 + t < d;
-            cp_async4(buf + rho * kFusedPitch + jj, valid ? p.R + (int64_t)j * p.ldr + t0 + t : p.R, valid);
+        if (p.vec) {
+            for (int e = tid; e < kFusedBR * (rows / 4); e += kFusedThreads) {
+                const int jj = e % kFusedBR, rho = 4 * (e / kFusedBR);
+                const int sub = dpad <= kFusedDC ? rho / dpad : 0, t = rho - sub * dpad;
+                const int j = jt + sub * kFusedBR + jj;
+                float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                if (j < j1 && t0 + t < d) v = __ldg(reinterpret_cast<const float4 *>(p.R + (int64_t)j * p.ldr + t0 + t));
+                xsm[(rho + 0) * kFusedBR + jj] = v.x;
+                xsm[(rho + 1) * kFusedBR + jj] = v.y;
+                xsm[(rho + 2) * kFusedBR + jj] = v.z;
+                xsm[(rho + 3) * kFusedBR + jj] = v.w;
+            }
+        } else {
+            for (int e = tid; e < kFusedBR * rows; e += kFusedThreads) {
+                const int jj = e % kFusedBR, rho = e / kFusedBR;
+                const int sub = dpad <= kFusedDC ? rho / dpad : 0, t = rho - sub * dpad;
+                const int j = jt + sub * kFusedBR + jj;
+                xsm[e] = (j < j1 && t0 + t < d) ? __ldg(p.R + (int64_t)j * p.ldr + t0 + t) : 0.0f;
+            }
         }
-        cp_async_commit();
     };
 
     float acc[kFusedQW][kFusedTR];
     /* distances of shared rows [row0, row0 + nt) against query dimensions [t0, t0 + nt) */
-    auto dot = [&](const float *buf, int row0, int t0, int nt) {
-#pragma unroll 2
+    auto dot = [&](int row0, int t0, int nt) {
+#pragma unroll 4
         for (int t = 0; t < nt; ++t) {
-            const float4 xv = *reinterpret_cast<const float4 *>(buf + (row0 + t) * kFusedPitch + 4 * lane);
+            const float4 xv = *reinterpret_cast<const float4 *>(xsm + (row0 + t) * kFusedBR + 4 * lane);
             const float4 qv = *reinterpret_cast<const float4 *>(qsm + (t0 + t) * kFusedQB + kFusedQW * warp);
             const float xr[4] = {xv.x, xv.y, xv.z, xv.w};
             const float qr[4] = {qv.x, qv.y, qv.z, qv.w};
@@ -233,61 +243,49 @@ __global__ __launch_bounds__(kFusedThreads, R <= 2 ? 2 : 1) void fused_kernel(co
 #pragma unroll
             for (int r = 0; r < kFusedTR; ++r) acc[qi][r] = 0.0f;
     };
-    /* selection of one tile: one reference column of the register tile at a time */
+    /* selection of one tile, one reference column of the register tile at a time */
+    const unsigned lt_mask = (1u << lane) - 1u;
     auto select = [&](int jt) {
 #pragma unroll
         for (int r = 0; r < kFusedTR; ++r) {
             const int j = jt + 4 * lane + r;
-            bool full = false;
 #pragma unroll
             for (int qi = 0; qi < kFusedQW; ++qi) {
                 const float e = Dist::clamp(acc[qi][r]);
-                if (e < fq.thr[qi] && j < j1 && (unsigned)j - (unsigned)sb != (unsigned)qi) {
-                    const unsigned long long key = fkey(e, j);
-#pragma unroll
-                    for (int s = 0; s < NT; ++s)
-                        if (fq.cnt[qi] == s) fq.t[qi][s] = key;
-                    ++fq.cnt[qi];
+                const bool in = e < fs.thr[qi] && j < j1 && (unsigned)j - (unsigned)sb != (unsigned)qi;
+                const unsigned m = __ballot_sync(0xffffffffu, in);
+                if (m) { /* warp-uniform */
+                    unsigned long long *queue = queues + qi * kFusedQueue;
+                    if (in) queue[fs.qc[qi] + __popc(m & lt_mask)] = fkey(e, j);
+                    fs.qc[qi] += __popc(m);
+                    if (fs.qc[qi] >= kWarp) fused_flush(fs, queue, qi);
                 }
-                full |= fq.cnt[qi] == NT;
-            }
-            if (__any_sync(0xffffffffu, full)) {
-#pragma unroll
-                for (int qi = 0; qi < kFusedQW; ++qi)
-                    if (__any_sync(0xffffffffu, fq.cnt[qi] == NT)) fused_flush(fq, qi);
             }
         }
     };
 
-    if (nstage > 0) fetch(0, 0);
     for (int st = 0; st < nstage; ++st) {
-        if (st + 1 < nstage) {
-            fetch(st + 1, (st + 1) & 1);
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
-        }
-        __syncthreads(); /* stage st (and, the first time, qsm) is visible to all */
-        const float *buf = xsm + (st & 1) * (kFusedDC * kFusedPitch);
+        __syncthreads(); /* readers of the previous stage are done */
+        load(st);
+        __syncthreads(); /* the stage (and, the first time, qsm) is visible to all */
         const int jt = j0 + (st / nchunk) * tps * kFusedBR;
         if (dpad <= kFusedDC) {
             for (int sub = 0; sub < tps; ++sub) {
                 if (jt + sub * kFusedBR >= j1) break; /* block-uniform */
                 zero();
-                dot(buf, sub * dpad, 0, dpad);
+                dot(sub * dpad, 0, dpad);
                 select(jt + sub * kFusedBR);
             }
         } else {
             const int c = st % nchunk, t0 = c * kFusedDC;
             if (c == 0) zero();
-            dot(buf, 0, t0, dpad - t0 < kFusedDC ? dpad - t0 : kFusedDC);
+            dot(0, t0, dpad - t0 < kFusedDC ? dpad - t0 : kFusedDC);
             if (c == nchunk - 1) select(jt);
         }
-        __syncthreads(); /* buffer st & 1 is refilled by the next iteration's fetch */
     }
 #pragma unroll
     for (int qi = 0; qi < kFusedQW; ++qi)
-        if (__any_sync(0xffffffffu, fq.cnt[qi] > 0)) fused_flush(fq, qi);
+        if (fs.qc[qi] > 0) fused_flush(fs, queues + qi * kFusedQueue, qi);
 
 #pragma unroll
     for (int qi = 0; qi < kFusedQW; ++qi) {
@@ -295,7 +293,7 @@ __global__ __launch_bounds__(kFusedThreads, R <= 2 ? 2 : 1) void fused_kernel(co
         if (q < p.qs) {
             unsigned long long *out = p.part + ((int64_t)z * p.qsp + q) * (kWarp * R);
 #pragma unroll
-            for (int r = 0; r < R; ++r) out[r * kWarp + lane] = fq.w[qi][r];
+            for (int r = 0; r < R; ++r) out[r * kWarp + lane] = fs.w[qi][r];
         }
     }
 }
@@ -438,17 +436,17 @@ __global__ __launch_bounds__(kBlock) void rescue_kernel(const FusedParams p)
     }
 }
 
-template <class Dist, int R, int NT>
+template <class Dist, int R>
 cudaError_t launch_fused_r(const FusedParams &p, int z0, int nz, cudaStream_t st)
 {
     FusedParams q = p;
     q.z0 = z0;
     const dim3 grid((unsigned)((p.qs + kFusedQB - 1) / kFusedQB), (unsigned)nz);
     const size_t smem = fused_smem_bytes((int)((p.d + 3) & ~3));
-    cudaError_t e = cudaFuncSetAttribute(fused_kernel<Dist, R, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    cudaError_t e = cudaFuncSetAttribute(fused_kernel<Dist, R>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          (int)smem);
     if (e != cudaSuccess) return e;
-    fused_kernel<Dist, R, NT><<<grid, kFusedThreads, smem, st>>>(q);
+    fused_kernel<Dist, R><<<grid, kFusedThreads, smem, st>>>(q);
     return cudaGetLastError();
 }
 
@@ -465,10 +463,10 @@ cudaError_t launch_finish_r(const FusedParams &p, int rescue_blocks, cudaStream_
 cudaError_t launch_fused_slices(const FusedParams &p, int kp, int z0, int nz, cudaStream_t st)
 {
     switch (kp) {
-    case 32: return launch_fused_r<L2Direct, 1, 2>(p, z0, nz, st);
-    case 64: return launch_fused_r<L2Direct, 2, 2>(p, z0, nz, st);
-    case 128: return launch_fused_r<L2Direct, 4, 4>(p, z0, nz, st);
-    case 256: return launch_fused_r<L2Direct, 8, 4>(p, z0, nz, st);
+    case 32: return launch_fused_r<L2Direct, 1>(p, z0, nz, st);
+    case 64: return launch_fused_r<L2Direct, 2>(p, z0, nz, st);
+    case 128: return launch_fused_r<L2Direct, 4>(p, z0, nz, st);
+    case 256: return launch_fused_r<L2Direct, 8>(p, z0, nz, st);
     default: return cudaErrorInvalidValue;
     }
 }

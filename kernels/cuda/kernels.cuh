@@ -100,6 +100,7 @@ struct FusedParams {
     unsigned long long *stats;
     float lrel, labs, urel, uabs; /* bound: L = e lrel - labs (down), U = e urel + uabs (up) */
     int qs, Z, kk, exclude, euclid;
+    int vec;               /* 16-byte loads of reference rows (aligned, ldr % 4 == 0, d % 4 == 0) */
     int z0;                /* first slice of a launch (launch_fused_slices sets it)      */
 };
 
