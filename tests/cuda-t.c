@@ -110,7 +110,7 @@ static const tcase cases[] = {
     {"fused k=1024 falls back", DATA_UNIFORM, 2500, 65, 32, 1024, 0, L2, FU, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
     {"fused d=784 falls back", DATA_CLUSTERED, 3000, 40, 784, 16, 0, L2, FU, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
     {"fused n=300k nq=37 d=3", DATA_GAUSSIAN, 300007, 37, 3, 10, 0, L2, FU, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
-    {"fused auto W4-like", DATA_UNIFORM, 16384, 4096, 128, 16, 0, L2, AU, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1},
+    {"auto d=128 W4-like", DATA_UNIFORM, 16384, 4096, 128, 16, 0, L2, AU, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1},
 };
 #define NCASES (int)(sizeof cases / sizeof cases[0])
 

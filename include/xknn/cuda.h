@@ -53,8 +53,9 @@ struct CUstream_st; /* = cudaStream_t's pointee; NULL means the legacy default s
 
 /* Values of xknn_params.cuda_path: how the CUDA backend generates candidates. Results are
  * identical for all values (the canonical distance decides).
- * AUTO: FUSED where it is supported and d <= 16 or n*nq*d <= 4e10; otherwise TF32 for
- * large problems (d >= 32, n*nq*d >= 1e10), else FP32 (xknn_cuda_path_for tells).
+ * AUTO: FUSED where it is supported, min(k, n) <= 32 and either d <= 16, or d <= 32 and
+ * n*nq*d <= 4e9; otherwise TF32 for large problems (d >= 32, n*nq*d >= 1e10), else FP32
+ * (xknn_cuda_path_for tells).
  * FUSED is supported for metric l2 / euclidean, d <= 128 and min(k, n) <= 128; beyond
  * that, or when its workspace does not fit, FUSED behaves as AUTO on the GEMM paths. */
 #define XKNN_CUDA_PATH_AUTO 0  /* see above                                                 */

@@ -279,12 +279,17 @@ int choose_tf32(const xknn_params *prm, int64_t n, int64_t nq, int64_t d)
 
 /* ---- fused path plan ------------------------------------------------------------------
  * Supported: l2 / euclidean, d <= kFusedMaxD, min(k, n) <= kFusedMaxKeep / 2. Chosen by
- * XKNN_CUDA_PATH_FUSED, or by AUTO for k <= kFusedAutoMaxK and either d <= kFusedAutoSmallD
- * or n nq d <= kFusedAutoWork (above it the tensor-core GEMM path is faster). The
- * constants come from the H100 rows in benchmarks/RESULTS.md.                        */
+ * XKNN_CUDA_PATH_FUSED, or by AUTO for min(k, n) <= kFusedAutoMaxK and either
+ * d <= kFusedAutoSmallD, or d <= kFusedAutoMidD and n nq d <= kFusedAutoWork. From the
+ * H100 rows in benchmarks/RESULTS.md: at d = 3 the fused path beats the GEMM path by
+ * 1.5x (1M refs, 100 queries) to 2.7x (10k queries) and 3.5x on the 1M self-join; at
+ * d = 32 it wins with 100 queries (0.86 vs 0.96 ms) and loses with 10k (64 vs 47 ms, TF32
+ * tensor cores); at d = 128 TF32 wins (W4 1.17 vs 1.59 ms); at k = 100 the selection
+ * work makes it 5x slower than the GEMM path with few queries.                       */
 static const int64_t kFusedAutoSmallD = 16;
-static const int64_t kFusedAutoMaxK = 32; /* larger k: selection work outgrows the GEMM path's */
-static const double kFusedAutoWork = 4e10;
+static const int64_t kFusedAutoMidD = 32;
+static const int64_t kFusedAutoMaxK = 32;
+static const double kFusedAutoWork = 4e9;
 /* the Z x QS x KP key lists stay below this many bytes (QS shrinks) */
 static const size_t kFusedPartMax = (size_t)256 << 20;
 
@@ -300,7 +305,8 @@ int choose_path(const xknn_params *prm, int64_t n, int64_t nq, int64_t d, int64_
         if (fused_supported(prm, n, d, k) &&
             (prm->cuda_path == XKNN_CUDA_PATH_FUSED ||
              (min64(k, n) <= kFusedAutoMaxK &&
-              (d <= kFusedAutoSmallD || (double)n * (double)nq * (double)d <= kFusedAutoWork))))
+              (d <= kFusedAutoSmallD ||
+               (d <= kFusedAutoMidD && (double)n * (double)nq * (double)d <= kFusedAutoWork)))))
             return XKNN_CUDA_PATH_FUSED;
     }
     return choose_tf32(prm, n, nq, d) ? XKNN_CUDA_PATH_TF32 : XKNN_CUDA_PATH_FP32;
