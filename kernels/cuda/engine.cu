@@ -3,7 +3,18 @@
  * workspace layout, the device-level pipeline, the embedding API (include/xknn/cuda.h)
  * and the host-array entry point xknn__cuda_search (include/xknn/impl/backend.h).
  *
- * PIPELINE (one state block of QS queries; all on one stream, no host synchronisation)
+ * PATHS: choose_path picks the fused path (fused.cu: distances and warp selection in one
+ * kernel, for small d and k) or the GEMM pipeline below (fp32 or TF32 candidates); the
+ * fused plan and workspace come from plan_fused, the GEMM ones from plan_fit.
+ *
+ * FUSED PIPELINE (one state block of QS queries, one stream): fused kernel over Z slices
+ * of RZ references (one launch, or on the host path one launch per quarter of the slices
+ * as their references arrive), then finish + rescue. Workspace:
+ *   stats 64 B | part Z*QS*KP*8 (sorted keys per slice and query) | flag QS*4 | tpv QS*4
+ *   KP = smallest power of two >= max(32, 2 min(k, n)); Z about 4 blocks per SM; QS as
+ *   large as fits, with part <= 256 MiB.
+ *
+ * GEMM PIPELINE (one state block of QS queries; all on one stream, no host synchronisation)
  *   begin    tau = +inf, buffer counts = 0, query norms |q|^2 (double, stored as float)
  *   pass     over the references on the device (all of them, or one streamed chunk):
  *              reference norms (once per pass; per tile if the workspace is too small)
@@ -14,9 +25,11 @@
  *   finish   gather + sort + write the first k per query (final.cu)
  * Device API: one pass over all references per state block. Host path: references
  * resident (one pass) or streamed from host memory in chunks through two pinned buffers
- * and two device buffers, copies on a second stream overlapping the passes.
+ * and two device buffers, copies on a second stream overlapping the passes. Resident
+ * host inputs of a caller's context go through its pinned staging ring; device buffers
+ * come from its memory pool (see host_fused and stage_rows).
  *
- * WORKSPACE (one layout function, used by the size query and by the search)
+ * GEMM WORKSPACE (one layout function, used by the size query and by the search)
  *   stats 64 B | qn QS*4 | tau QS*4 | cnt QS*S*4 | mcount QS*8 | cand QS*S*cap*16 |
  *   rn RN*4 | tile QB*RC*4 | cuBLAS workspace (32 MiB preferred, 64 KiB minimum)
  *   RN = rows of a pass (norms computed once per pass) when that fits, else RC.
