@@ -44,6 +44,7 @@ typedef struct {
 #define FP XKNN_CUDA_PATH_FP32
 #define TF XKNN_CUDA_PATH_TF32
 #define AU XKNN_CUDA_PATH_AUTO
+#define FU XKNN_CUDA_PATH_FUSED
 
 static const tcase cases[] = {
     /* what                    kind             n      nq    d    k     self met path budget qb rb ldp roff qoff ex pad cmp heavy */
@@ -86,6 +87,30 @@ static const tcase cases[] = {
     {"big d=960", DATA_UNIFORM, 50000, 500, 960, 10, 0, EU, TF, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1},
     {"big n=1M nq=37", DATA_GAUSSIAN, 1000003, 37, 32, 10, 0, L2, FP, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1},
     {"big clustered", DATA_CLUSTERED, 100000, 200, 128, 64, 0, L2, TF, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1},
+    /* the fused path (forced; beyond its limits it must fall back to the GEMM paths) */
+    {"fused d=1 k=1", DATA_UNIFORM, 1237, 101, 1, 1, 0, L2, FU, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"fused d=3 k=16", DATA_UNIFORM, 5003, 333, 3, 16, 0, EU, FU, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"fused d=32 k=100", DATA_GAUSSIAN, 4001, 77, 32, 100, 0, L2, FU, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"fused d=100 k=16", DATA_GAUSSIAN, 3001, 53, 100, 16, 0, EU, FU, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"fused d=128 k=128", DATA_UNIFORM, 2500, 65, 128, 128, 0, L2, FU, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"fused d=128 k=16", DATA_UNIFORM, 16411, 203, 128, 16, 0, L2, FU, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"fused ties d=32", DATA_INTEGER, 1500, 40, 32, 100, 0, L2, FU, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"fused dups d=3 k=100", DATA_DUPLICATES, 600, 50, 3, 100, 0, EU, FU, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"fused dups re-run", DATA_DUPLICATES, 20000, 20, 8, 16, 0, L2, FU, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"fused int d=1 re-run", DATA_INTEGER, 30001, 10, 1, 1, 0, L2, FU, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"fused clustered d=64", DATA_CLUSTERED, 3000, 40, 64, 16, 0, L2, FU, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"fused blocks 7 x 129", DATA_GAUSSIAN, 2001, 77, 32, 33, 0, L2, FU, 0, 7, 129, 0, 0, 0, 0, 0, 0, 0},
+    {"fused ld+3 d=17", DATA_UNIFORM, 9000, 11, 17, 33, 0, EU, FU, 0, 3, 5000, 3, 0, 0, 0, 0, 0, 0},
+    {"fused self d=3 k=32", DATA_UNIFORM, 3001, 0, 3, 32, 1, L2, FU, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"fused self ties k=100", DATA_INTEGER, 350, 0, 5, 100, 1, L2, FU, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"fused offsets exclude", DATA_INTEGER, 800, 300, 5, 20, 0, L2, FU, 0, 0, 0, 0, 1000, 1100, 1, 0, 0, 0},
+    {"fused pad_missing", DATA_GAUSSIAN, 50, 9, 7, 60, 0, L2, FU, 0, 0, 0, 0, 7, 0, 0, 1, 0, 0},
+    {"fused pad_missing self", DATA_INTEGER, 40, 0, 2, 45, 1, EU, FU, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0},
+    {"fused n=1", DATA_GAUSSIAN, 1, 3, 5, 1, 0, L2, FU, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"fused k=1024 falls back", DATA_UNIFORM, 2500, 65, 32, 1024, 0, L2, FU, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"fused d=784 falls back", DATA_CLUSTERED, 3000, 40, 784, 16, 0, L2, FU, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"fused n=300k nq=37 d=3", DATA_GAUSSIAN, 300007, 37, 3, 10, 0, L2, FU, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"auto d=128 W4-like", DATA_UNIFORM, 16384, 4096, 128, 16, 0, L2, AU, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1},
 };
 #define NCASES (int)(sizeof cases / sizeof cases[0])
 
@@ -96,7 +121,8 @@ static const tcase cases[] = {
 static int quick;
 static const char *const tiny_cases[] = {
     "d=3 k=16", "d=32 k=100 fp32", "dups exact compaction", "d=100 k=4096", "blocks 7 x 129",
-    "self k=n-1", "pad_missing self", "stream 1 MB ties",
+    "self k=n-1", "pad_missing self", "stream 1 MB ties", "fused d=3 k=16", "fused dups d=3 k=100",
+    "fused blocks 7 x 129", "fused pad_missing self",
 };
 
 static int skipped_by_quick(const tcase *c)
@@ -169,7 +195,7 @@ static void run_case(const tcase *c)
 
     snprintf(name, sizeof name, "%s: %s n=%lld nq=%lld d=%lld k=%lld %s%s path=%s%s", c->what, ref_data_name(c->kind),
              (long long)c->n, (long long)nq, (long long)c->d, (long long)k, xknn_metric_name((xknn_metric)c->metric),
-             c->self ? " self" : "", c->path == TF ? "tf32" : c->path == FP ? "fp32" : "auto",
+             c->self ? " self" : "", c->path == TF ? "tf32" : c->path == FP ? "fp32" : c->path == FU ? "fused" : "auto",
              c->budget ? " (streamed)" : "");
     if (skipped_by_quick(c)) {
         skip(2, "%s: not in the XKNN_CUDA_TEST_QUICK=%d list", name, quick);
@@ -199,7 +225,7 @@ static void run_case(const tcase *c)
         else
             is_knn_equal(ids, dist, wid, wd, nq, k, "%s vs cpu backend (second run)", name);
     } else {
-        const int other = c->path == TF ? FP : TF;
+        const int other = c->path == TF ? FP : c->path == FU ? FP : TF;
         xknn_error cerr;
         const xknn_status cst = search(c, XKNN_BACKEND_CPU, 0, ref, qry, nq, k, wid, wd, &cerr);
         if (cst != XKNN_SUCCESS) bail("cpu backend failed: %s", cerr.message);
@@ -294,8 +320,8 @@ static void run_errors(void)
 }
 #define NERRORS 7
 
-/* ---- the embedding API on device buffers (12 tests) --------------------------------- */
-#define NDEVICE 12
+/* ---- the embedding API on device buffers (14 tests) --------------------------------- */
+#define NDEVICE 14
 #ifdef XKNN_TEST_HAVE_CUDA_RT
 #define CK(call)                                                                                       \
     do {                                                                                               \
@@ -411,6 +437,7 @@ static void run_device_api(void)
         const int64_t hn = 20000, hq = 16, hd = 8, hk = 16;
         float *href = make_matrix(DATA_DUPLICATES, hn, hd, hd, 21), *hqry = make_matrix(DATA_DUPLICATES, hq, hd, hd, 22);
         p = xknn_params_default();
+        p.cuda_path = XKNN_CUDA_PATH_FP32;
         p.ref_id_offset = 5;
         p.ref_block = 2048; /* one split per query: ~4000 ties per value reach one buffer */
         st = xknn_cuda_workspace_size(ctx, &p, hn, hq, hd, hk, &bytes, &err);
@@ -422,6 +449,18 @@ static void run_device_api(void)
             is_knn_equal(ids, dist, wid, wd, hq, hk, "device API, 20000 rows of 5 distinct values");
         ok(st == XKNN_SUCCESS && stats[XKNN_CUDA_STAT_EXACT_COMPACTIONS] > 0,
            "heavy ties forced exact compactions (%llu)", stats[XKNN_CUDA_STAT_EXACT_COMPACTIONS]);
+        /* the fused path: thousands of exact ties at the k-th distance cannot be certified
+         * from a 32-key list, so every query must be re-run exactly */
+        p.cuda_path = XKNN_CUDA_PATH_FUSED;
+        st = xknn_cuda_workspace_size(ctx, &p, hn, hq, hd, hk, &bytes, &err);
+        if (st == XKNN_SUCCESS) st = dsearch(ctx, &p, href, hn, hqry, hq, hd, hk, ids, dist, bytes, 0, stats, &err);
+        if (st != XKNN_SUCCESS)
+            ok(0, "device API, fused path, 20000 rows of 5 distinct values: %s", err.message);
+        else
+            is_knn_equal(ids, dist, wid, wd, hq, hk, "device API, fused path, 20000 rows of 5 distinct values");
+        ok(st == XKNN_SUCCESS && stats[XKNN_CUDA_STAT_RERUNS] > 0 && stats[XKNN_CUDA_STAT_UNRESOLVED] == 0,
+           "fused path: failed certificates re-run exactly (%llu of %lld queries)", stats[XKNN_CUDA_STAT_RERUNS],
+           (long long)hq);
         free(href);
         free(hqry);
     }

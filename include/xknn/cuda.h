@@ -34,7 +34,8 @@
  *   Leading dimensions and d must fit in int (cuBLAS). Rows of ref and query should be
  *   4-byte aligned (float); 16-byte alignment of ld*4 lets cuBLAS use its fast kernels.
  *   Transient device memory other than the workspace: none (cuBLAS gets its workspace
- *   from ours through cublasSetWorkspace).
+ *   from ours through cublasSetWorkspace), except the cuBLAS handle a context creates on
+ *   its first GEMM-path search.
  */
 #ifndef XKNN_CUDA_H
 #define XKNN_CUDA_H
@@ -51,10 +52,19 @@ extern "C" {
 struct CUstream_st; /* = cudaStream_t's pointee; NULL means the legacy default stream */
 
 /* Values of xknn_params.cuda_path: how the CUDA backend generates candidates. Results are
- * identical for all values (the canonical distance decides). */
-#define XKNN_CUDA_PATH_AUTO 0 /* TF32 for large problems (d >= 32, n*nq*d >= 1e10), else FP32 */
-#define XKNN_CUDA_PATH_FP32 1 /* cuBLAS SGEMM, pedantic FP32 (no tensor cores)              */
-#define XKNN_CUDA_PATH_TF32 2 /* cuBLAS GEMM on TF32 tensor cores, wider certified margin   */
+ * identical for all values (the canonical distance decides).
+ * AUTO: FUSED where it is supported, min(k, n) <= 32 and either d <= 16, or d <= 32 and
+ * n*nq*d <= 4e9; otherwise TF32 for large problems (d >= 32, n*nq*d >= 1e10), else FP32
+ * (xknn_cuda_path_for tells).
+ * FUSED is supported for metric l2 / euclidean, d <= 128 and min(k, n) <= 128; beyond
+ * that, or when its workspace does not fit, FUSED behaves as AUTO on the GEMM paths. */
+#define XKNN_CUDA_PATH_AUTO 0  /* see above                                                 */
+#define XKNN_CUDA_PATH_FP32 1  /* cuBLAS SGEMM, pedantic FP32 (no tensor cores)              */
+#define XKNN_CUDA_PATH_TF32 2  /* cuBLAS GEMM on TF32 tensor cores, wider certified margin   */
+#define XKNN_CUDA_PATH_FUSED 3 /* one kernel: float distances of the direct form (q - x)^2
+                                  with a relative error bound, warp-level selection of 2k or
+                                  more candidates, canonical re-rank; a query whose candidates
+                                  cannot be certified is searched again exactly (RERUNS)  */
 
 /* Diagnostics: the workspace begins with XKNN_CUDA_STAT_COUNT unsigned 64-bit counters,
  * zeroed by each xknn_cuda_search and valid once its work on the stream has completed
@@ -65,9 +75,13 @@ struct CUstream_st; /* = cudaStream_t's pointee; NULL means the legacy default s
 #define XKNN_CUDA_STAT_EXACT_COMPACTIONS 1
 #define XKNN_CUDA_STAT_CANDIDATES 2
 #define XKNN_CUDA_STAT_UNRESOLVED 3
+#define XKNN_CUDA_STAT_RERUNS 4 /* fused path: queries whose certificate failed (re-run exactly) */
 #define XKNN_CUDA_STAT_COUNT 8
 
-/* Opaque reusable context: device ordinal, cuBLAS handle, device properties. */
+/* Opaque reusable context: device ordinal, device properties, a stream and a device
+ * memory pool for the host-array path (xknn_search with params.cuda_context keeps the
+ * memory of its largest call in that pool until the context is destroyed, so repeated
+ * calls allocate nothing), and a cuBLAS handle created by the first GEMM-path search. */
 typedef struct xknn_cuda_context xknn_cuda_context;
 
 /*
@@ -82,6 +96,12 @@ XKNN_API void xknn_cuda_context_destroy(xknn_cuda_context *ctx);
 
 /* Device ordinal of a context (-1 for NULL). */
 XKNN_API int xknn_cuda_context_device(const xknn_cuda_context *ctx);
+
+/* The candidate path (XKNN_CUDA_PATH_FP32, _TF32 or _FUSED) that params->cuda_path selects
+ * for these sizes (params NULL: defaults). Touches no device; a fused choice still falls
+ * back to the GEMM paths when its workspace does not fit. Returns XKNN_CUDA_PATH_AUTO
+ * when the CUDA backend is not built. Not collective. */
+XKNN_API int xknn_cuda_path_for(const xknn_params *params, int64_t n, int64_t nq, int64_t d, int64_t k);
 
 /*
  * Bytes of device workspace xknn_cuda_search needs for these sizes (host memory out

@@ -41,6 +41,24 @@ enum : int {
     kNormRowsPerBlock = kWarpsPerBlock,
 };
 
+/* Fused path (fused.cu). A block of kFusedWarps warps owns kFusedQW queries per warp
+ * (kFusedQB per block); each lane takes kFusedTR references of a kFusedBR-wide tile, whose
+ * dimensions pass through shared memory kFusedDC at a time; queries stay in shared memory
+ * whole, so d <= kFusedMaxD. Each (slice, query) keeps KP <= kFusedMaxKeep keys, KP >= 2k,
+ * so k <= kFusedMaxKeep / 2. The rescue kernel keeps kRescueCap keys in shared memory. */
+enum : int {
+    kFusedWarps = 8,
+    kFusedThreads = kFusedWarps * kWarp,
+    kFusedQW = 4,
+    kFusedQB = kFusedWarps * kFusedQW,
+    kFusedTR = 4,
+    kFusedBR = kWarp * kFusedTR,
+    kFusedDC = 32,
+    kFusedMaxD = 128,
+    kFusedMaxKeep = 256,
+    kRescueCap = 4096,
+};
+
 /* Candidate slots per (query, split) beyond 2k: one filter chunk plus slack, so that
  * after an exact compaction (k entries left) a whole chunk always fits. */
 static const int64_t kCapSlack = kChunk + 1024;

@@ -3,7 +3,18 @@
  * workspace layout, the device-level pipeline, the embedding API (include/xknn/cuda.h)
  * and the host-array entry point xknn__cuda_search (include/xknn/impl/backend.h).
  *
- * PIPELINE (one state block of QS queries; all on one stream, no host synchronisation)
+ * PATHS: choose_path picks the fused path (fused.cu: distances and warp selection in one
+ * kernel, for small d and k) or the GEMM pipeline below (fp32 or TF32 candidates); the
+ * fused plan and workspace come from plan_fused, the GEMM ones from plan_fit.
+ *
+ * FUSED PIPELINE (one state block of QS queries, one stream): fused kernel over Z slices
+ * of RZ references (one launch, or on the host path one launch per quarter of the slices
+ * as their references arrive), then finish + rescue. Workspace:
+ *   stats 64 B | part Z*QS*KP*8 (sorted keys per slice and query) | flag QS*4 | tpv QS*4
+ *   KP = smallest power of two >= max(32, 2 min(k, n)); Z about 4 blocks per SM; QS as
+ *   large as fits, with part <= 256 MiB.
+ *
+ * GEMM PIPELINE (one state block of QS queries; all on one stream, no host synchronisation)
  *   begin    tau = +inf, buffer counts = 0, query norms |q|^2 (double, stored as float)
  *   pass     over the references on the device (all of them, or one streamed chunk):
  *              reference norms (once per pass; per tile if the workspace is too small)
@@ -14,9 +25,11 @@
  *   finish   gather + sort + write the first k per query (final.cu)
  * Device API: one pass over all references per state block. Host path: references
  * resident (one pass) or streamed from host memory in chunks through two pinned buffers
- * and two device buffers, copies on a second stream overlapping the passes.
+ * and two device buffers, copies on a second stream overlapping the passes. Resident
+ * host inputs of a caller's context go through its pinned staging ring; device buffers
+ * come from its memory pool (see host_fused and stage_rows).
  *
- * WORKSPACE (one layout function, used by the size query and by the search)
+ * GEMM WORKSPACE (one layout function, used by the size query and by the search)
  *   stats 64 B | qn QS*4 | tau QS*4 | cnt QS*S*4 | mcount QS*8 | cand QS*S*cap*16 |
  *   rn RN*4 | tile QB*RC*4 | cuBLAS workspace (32 MiB preferred, 64 KiB minimum)
  *   RN = rows of a pass (norms computed once per pass) when that fits, else RC.
@@ -56,6 +69,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
 #include "kernels.cuh"
 #include "xknn/cuda.h"
 #include "xknn/impl/backend.h"
@@ -64,12 +81,19 @@ using namespace xknn_cuda;
 
 static_assert(kStatUnion == XKNN_CUDA_STAT_BOUND_COMPACTIONS && kStatExact == XKNN_CUDA_STAT_EXACT_COMPACTIONS &&
                   kStatAppended == XKNN_CUDA_STAT_CANDIDATES && kStatUnresolved == XKNN_CUDA_STAT_UNRESOLVED &&
-                  kStatCount == XKNN_CUDA_STAT_COUNT,
+                  kStatReruns == XKNN_CUDA_STAT_RERUNS && kStatCount == XKNN_CUDA_STAT_COUNT,
               "workspace counters and their public names disagree");
 
 struct xknn_cuda_context {
     int device;
-    cublasHandle_t blas;
+    cublasHandle_t blas; /* created by the first search that takes the GEMM path */
+    cudaMemPool_t pool;  /* host path's device buffers (NULL: plain cudaMalloc)     */
+    cudaStream_t stream; /* host path's stream                                      */
+    /* host path's pinned staging ring, made by the first host call on a caller's context:
+     * two buffers of kStagePiece bytes, a copy stream, one event per buffer */
+    char *stage[2];
+    cudaStream_t copy_stream;
+    cudaEvent_t stage_done[2];
     int sms;
     int cc_major, cc_minor;
     size_t l2;
@@ -163,6 +187,13 @@ float round_up_float(double x)
     return f;
 }
 
+float round_down_float(double x)
+{
+    float f = (float)x;
+    if ((double)f > x) f = nextafterf(f, -INFINITY);
+    return f;
+}
+
 /* Makes ctx->device current for the duration of a call; restores the previous one. */
 struct DeviceScope {
     int prev = -1;
@@ -194,6 +225,11 @@ struct Plan {
     size_t cublas_ws;
     size_t off_stats, off_qn, off_tau, off_cnt, off_mcount, off_cand, off_rn, off_tile, off_cublas, bytes;
     float mrel, mabs;
+    /* fused path (fused = 1): KP keys per (slice, query), Z slices of RZ references */
+    int fused, KP;
+    int64_t Z, RZ;
+    size_t off_part, off_flag, off_tpv;
+    float lrel, labs, urel, uabs;
 };
 
 void plan_bounds(Plan &p)
@@ -252,6 +288,109 @@ int choose_tf32(const xknn_params *prm, int64_t n, int64_t nq, int64_t d)
     if (prm->cuda_path == XKNN_CUDA_PATH_TF32) return 1;
     if (prm->cuda_path == XKNN_CUDA_PATH_FP32) return 0;
     return d >= 32 && (double)n * (double)nq * (double)d >= 1e10;
+}
+
+/* ---- fused path plan ------------------------------------------------------------------
+ * Supported: l2 / euclidean, d <= kFusedMaxD, min(k, n) <= kFusedMaxKeep / 2. Chosen by
+ * XKNN_CUDA_PATH_FUSED, or by AUTO for min(k, n) <= kFusedAutoMaxK and either
+ * d <= kFusedAutoSmallD, or d <= kFusedAutoMidD and n nq d <= kFusedAutoWork. From the
+ * H100 rows in benchmarks/RESULTS.md: at d = 3 the fused path beats the GEMM path by
+ * 1.5x (1M refs, 100 queries) to 2.7x (10k queries) and 3.5x on the 1M self-join; at
+ * d = 32 it wins with 100 queries (0.86 vs 0.96 ms) and loses with 10k (64 vs 47 ms, TF32
+ * tensor cores); at d = 128 TF32 wins (W4 1.17 vs 1.59 ms); at k = 100 the selection
+ * work makes it 5x slower than the GEMM path with few queries.                       */
+static const int64_t kFusedAutoSmallD = 16;
+static const int64_t kFusedAutoMidD = 32;
+static const int64_t kFusedAutoMaxK = 32;
+static const double kFusedAutoWork = 4e9;
+/* the Z x QS x KP key lists stay below this many bytes (QS shrinks) */
+static const size_t kFusedPartMax = (size_t)256 << 20;
+
+int fused_supported(const xknn_params *prm, int64_t n, int64_t d, int64_t k)
+{
+    return (prm->metric == XKNN_METRIC_L2 || prm->metric == XKNN_METRIC_EUCLIDEAN) && d <= kFusedMaxD &&
+           min64(k, n) <= kFusedMaxKeep / 2;
+}
+
+int choose_path(const xknn_params *prm, int64_t n, int64_t nq, int64_t d, int64_t k)
+{
+    if (prm->cuda_path == XKNN_CUDA_PATH_FUSED || prm->cuda_path == XKNN_CUDA_PATH_AUTO) {
+        if (fused_supported(prm, n, d, k) &&
+            (prm->cuda_path == XKNN_CUDA_PATH_FUSED ||
+             (min64(k, n) <= kFusedAutoMaxK &&
+              (d <= kFusedAutoSmallD ||
+               (d <= kFusedAutoMidD && (double)n * (double)nq * (double)d <= kFusedAutoWork)))))
+            return XKNN_CUDA_PATH_FUSED;
+    }
+    return choose_tf32(prm, n, nq, d) ? XKNN_CUDA_PATH_TF32 : XKNN_CUDA_PATH_FP32;
+}
+
+/* Slices of the caller's ref_block references (0: automatic). */
+int64_t ref_block_slices(const xknn_params *prm, int64_t n)
+{
+    return prm->ref_block > 0 ? ceil_div(n, round_up(prm->ref_block, kFusedBR)) : 0;
+}
+
+/* Bound constants of the direct form (fused.cu): g = gamma_{d+2}, a = d 2^-149. */
+void plan_fused_bounds(Plan &p)
+{
+    const double u = 0x1p-24, m = (double)p.d + 2.0;
+    const double g = m * u / (1.0 - m * u) * (1.0 + 0x1p-40);
+    const double a = (double)p.d * 0x1p-149;
+    p.lrel = round_down_float(1.0 - g);
+    p.labs = round_up_float(a);
+    p.urel = round_up_float(1.0 + g / (1.0 - g) * (1.0 + 0x1p-40));
+    p.uabs = round_up_float(a * (1.0 + 4.0 * g));
+}
+
+/* The fused plan with the largest state block QS whose workspace plus QS *
+ * per_query_extra fits in `limit`. Returns 0 and the minimum in *min_needed if none. */
+int plan_fused(const xknn_cuda_context *ctx, const xknn_params *prm, int64_t n, int64_t nq, int64_t d, int64_t k,
+               size_t limit, size_t per_query_extra, Plan *out, size_t *min_needed)
+{
+    Plan p;
+    memset(&p, 0, sizeof p);
+    p.n = n;
+    p.nq = nq;
+    p.d = d;
+    p.k = k;
+    p.kk = min64(k, n);
+    p.euclid = prm->metric == XKNN_METRIC_EUCLIDEAN;
+    p.fused = 1;
+    p.KP = 32;
+    while (p.KP < 2 * p.kk) p.KP *= 2;
+    plan_fused_bounds(p);
+    int64_t QS = prm->query_block > 0 ? min64(prm->query_block, nq) : nq;
+    for (;; QS = (QS + 1) / 2) {
+        const int64_t xb = ceil_div(QS, kFusedQB);
+        /* slices: about 4 blocks per SM in all (2 resident, 2 waves), each slice at least
+         * 8 tiles; or the caller's ref_block as the slice width */
+        int64_t Z = ref_block_slices(prm, n);
+        if (!Z) Z = max64(1, min64(ceil_div(4 * (int64_t)ctx->sms, xb), ceil_div(n, 8 * kFusedBR)));
+        Z = min64(Z, 65535); /* gridDim.y */
+        p.RZ = round_up(ceil_div(n, Z), kFusedBR);
+        p.Z = ceil_div(n, p.RZ);
+        p.QS = QS;
+        size_t o = 0;
+        auto take = [&o](size_t b) {
+            const size_t r = o;
+            o = align_up(o + b);
+            return r;
+        };
+        const size_t part = (size_t)p.Z * (size_t)QS * (size_t)p.KP * sizeof(unsigned long long);
+        p.off_stats = take(sizeof(unsigned long long) * kStatCount);
+        p.off_part = take(part);
+        p.off_flag = take((size_t)QS * sizeof(int));
+        p.off_tpv = take((size_t)QS * sizeof(float));
+        p.bytes = o;
+        if ((part <= kFusedPartMax || QS == 1) && p.bytes + (size_t)QS * per_query_extra <= limit) {
+            *out = p;
+            return 1;
+        }
+        if (QS == 1) break;
+    }
+    *min_needed = p.bytes + per_query_extra;
+    return 0;
 }
 
 /* The largest plan whose workspace plus QS * per_query_extra fits in `limit` bytes.
@@ -329,7 +468,7 @@ xknn_status check_sizes(Err er, const xknn_params *prm, int64_t n, int64_t nq, i
     if (2 * min64(k, n) + kCapSlack > INT_MAX / 2)
         return failf(er, XKNN_ERROR_INVALID_ARGUMENT, "cuda backend: k=%lld is too large (at most %lld)",
                      (long long)k, (long long)((INT_MAX / 2 - kCapSlack) / 2));
-    if (prm->cuda_path < XKNN_CUDA_PATH_AUTO || prm->cuda_path > XKNN_CUDA_PATH_TF32)
+    if (prm->cuda_path < XKNN_CUDA_PATH_AUTO || prm->cuda_path > XKNN_CUDA_PATH_FUSED)
         return failf(er, XKNN_ERROR_INVALID_ARGUMENT, "cuda backend: unknown cuda_path %d", prm->cuda_path);
     if ((int)prm->metric < 0 || prm->metric >= XKNN_METRIC_COUNT)
         return failf(er, XKNN_ERROR_INVALID_ARGUMENT, "unknown metric %d", (int)prm->metric);
@@ -373,6 +512,7 @@ Run run_bind(xknn_cuda_context *ctx, const Plan *p, void *ws, cudaStream_t st)
 xknn_status run_start(const Run &r, Err er)
 {
     xknn_status st = XKNN_SUCCESS;
+    if (!r.ctx->blas) XKNN__CUBLAS_CHECK(cublasCreate(&r.ctx->blas));
     XKNN__CUBLAS_CHECK(cublasSetStream(r.ctx->blas, r.st));
     XKNN__CUBLAS_CHECK(cublasSetWorkspace(r.ctx->blas, r.cublas_ws, r.p->cublas_ws));
     XKNN__CUBLAS_CHECK(cublasSetPointerMode(r.ctx->blas, CUBLAS_POINTER_MODE_HOST));
@@ -487,8 +627,70 @@ cleanup:
     return st;
 }
 
+/* The fused path for one state block of qs queries against all n references (device
+ * memory): fused kernel, merge + certificate + re-rank + output, rescue. Enqueue only. */
+FusedParams fused_params(const Plan &p, void *ws, const float *Q, int64_t ldq, int64_t qs, const float *R,
+                         int64_t ldr, int exclude, int64_t self_local0, int64_t *ids, float *dist, int64_t id_offset)
+{
+    char *b = (char *)ws;
+    FusedParams fp;
+    memset(&fp, 0, sizeof fp);
+    fp.Q = Q;
+    fp.ldq = ldq;
+    fp.R = R;
+    fp.ldr = ldr;
+    fp.n = p.n;
+    fp.d = p.d;
+    fp.rz = p.RZ;
+    fp.self_local0 = self_local0;
+    fp.part = (unsigned long long *)(b + p.off_part);
+    fp.qsp = p.QS;
+    fp.flag = (int *)(b + p.off_flag);
+    fp.tpv = (float *)(b + p.off_tpv);
+    fp.ids = ids;
+    fp.dist = dist;
+    fp.k = p.k;
+    fp.id_offset = id_offset;
+    fp.stats = (unsigned long long *)(b + p.off_stats);
+    fp.lrel = p.lrel;
+    fp.labs = p.labs;
+    fp.urel = p.urel;
+    fp.uabs = p.uabs;
+    fp.qs = (int)qs;
+    fp.Z = (int)p.Z;
+    fp.kk = (int)p.kk;
+    fp.exclude = exclude;
+    fp.euclid = p.euclid;
+    fp.vec = ((uintptr_t)R % 16 == 0) && ldr % 4 == 0 && p.d % 4 == 0;
+    return fp;
+}
+
+int rescue_blocks(const xknn_cuda_context *ctx, int64_t qs) { return (int)min64(qs, 2 * (int64_t)ctx->sms); }
+
+xknn_status fused_block(const xknn_cuda_context *ctx, const Plan &p, void *ws, cudaStream_t stream, const float *Q,
+                        int64_t ldq, int64_t qs, const float *R, int64_t ldr, int exclude, int64_t self_local0,
+                        int64_t *ids, float *dist, int64_t id_offset, Err er)
+{
+    xknn_status st = XKNN_SUCCESS;
+    const FusedParams fp = fused_params(p, ws, Q, ldq, qs, R, ldr, exclude, self_local0, ids, dist, id_offset);
+    XKNN__CUDA_CHECK(launch_fused_slices(fp, p.KP, 0, (int)p.Z, stream));
+    XKNN__CUDA_CHECK(launch_fused_finish(fp, p.KP, rescue_blocks(ctx, qs), stream));
+cleanup:
+    return st;
+}
+
 void print_plan(const xknn_cuda_context *ctx, const Plan &p, const char *mode, size_t budget, int64_t chunk)
 {
+    if (p.fused) {
+        fprintf(stderr,
+                "xknn: cuda: device %d (%s, %d SMs): %s, path fused, n=%lld nq=%lld d=%lld k=%lld; state block "
+                "%lld, %lld slice(s) of %lld references, %d keys kept per query and slice, workspace %.1f MiB, "
+                "budget %.1f MiB\n",
+                ctx->device, ctx->name, ctx->sms, mode, (long long)p.n, (long long)p.nq, (long long)p.d,
+                (long long)p.k, (long long)p.QS, (long long)p.Z, (long long)p.RZ, p.KP,
+                (double)p.bytes / 1048576.0, (double)budget / 1048576.0);
+        return;
+    }
     fprintf(stderr,
             "xknn: cuda: device %d (%s, %d SMs, L2 %zu MiB): %s, path %s, n=%lld nq=%lld d=%lld k=%lld; "
             "state block %lld, tile %lld x %lld, %d split(s), %lld slots/buffer, workspace %.1f MiB, "
@@ -505,19 +707,38 @@ struct HostBuffers {
     float *pinned[2] = {nullptr, nullptr};
     int64_t *dIds = nullptr;
     void *dWs = nullptr;
+    /* device buffers come from the context's pool on its stream when it has one */
+    cudaMemPool_t pool = nullptr;
+    cudaStream_t s = nullptr;
+    cudaError_t alloc(void **p, size_t bytes)
+    {
+        return pool ? cudaMallocFromPoolAsync(p, bytes, pool, s) : cudaMalloc(p, bytes);
+    }
+    void dfree(void *p)
+    {
+        if (!p) return;
+        if (pool)
+            (void)cudaFreeAsync(p, s);
+        else
+            (void)cudaFree(p);
+    }
     void release()
     {
         /* reverse order of allocation */
-        cudaFree(dWs);
-        cudaFree(dDist);
-        cudaFree(dIds);
-        cudaFree(dQ);
-        cudaFree(dChunk[1]);
-        cudaFree(dChunk[0]);
-        cudaFree(dR);
+        dfree(dWs);
+        dfree(dDist);
+        dfree(dIds);
+        dfree(dQ);
+        dfree(dChunk[1]);
+        dfree(dChunk[0]);
+        dfree(dR);
         cudaFreeHost(pinned[1]);
         cudaFreeHost(pinned[0]);
+        const cudaMemPool_t keep_pool = pool;
+        const cudaStream_t keep_s = s;
         *this = HostBuffers();
+        pool = keep_pool;
+        s = keep_s;
     }
 };
 
@@ -533,6 +754,185 @@ size_t budget_of(const xknn_params *prm, Err er, xknn_status *st)
         return 0;
     }
     return (size_t)((double)free_b * 0.9);
+}
+
+/* ---- host path on the fused plan ----------------------------------------------------- */
+/* Pinned staging: pieces of at most kStagePiece bytes alternate between two pinned
+ * buffers; the host copies a piece in (OpenMP threads: host memory bandwidth, not one
+ * core, is the limit), the copy stream moves it to the device, and the buffer is reused
+ * once its copy has completed (its event). */
+static const size_t kStagePiece = (size_t)4 << 20;
+
+cudaError_t stage_make(xknn_cuda_context *ctx)
+{
+    cudaError_t e = cudaSuccess;
+    if (!ctx->copy_stream) e = cudaStreamCreateWithFlags(&ctx->copy_stream, cudaStreamNonBlocking);
+    for (int b = 0; b < 2 && e == cudaSuccess; ++b) {
+        if (!ctx->stage_done[b]) e = cudaEventCreateWithFlags(&ctx->stage_done[b], cudaEventDisableTiming);
+        if (e == cudaSuccess && !ctx->stage[b]) e = cudaHostAlloc((void **)&ctx->stage[b], kStagePiece, cudaHostAllocDefault);
+    }
+    return e;
+}
+
+/* rows x row_bytes from host rows of stride ld_bytes into pinned memory, in parallel */
+void host_rows_copy(char *dst, const char *src, int64_t rows, size_t row_bytes, size_t ld_bytes, int threads)
+{
+    const int64_t total = rows * (int64_t)row_bytes;
+#ifdef _OPENMP
+    if (threads <= 0) threads = omp_get_max_threads();
+#endif
+    if (ld_bytes == row_bytes) {
+        const int64_t part = 256 << 10; /* 256 KiB per task */
+        const int64_t np = (total + part - 1) / part;
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) num_threads(threads) if (np > 1)
+#endif
+        for (int64_t i = 0; i < np; ++i) {
+            const int64_t o = i * part, len = total - o < part ? total - o : part;
+            memcpy(dst + o, src + o, (size_t)len);
+        }
+    } else {
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) num_threads(threads) if (total > (256 << 10))
+#endif
+        for (int64_t i = 0; i < rows; ++i) memcpy(dst + i * (int64_t)row_bytes, src + i * (int64_t)ld_bytes, row_bytes);
+    }
+    (void)threads;
+}
+
+/* Host rows [0, rows) -> packed device rows, through the staging ring; the copies are
+ * ordered on ctx->copy_stream; returns after the last piece is enqueued. */
+xknn_status stage_rows(xknn_cuda_context *ctx, float *dev, const float *host, int64_t rows, int64_t d, int64_t ld,
+                       int threads, int *piece, Err er)
+{
+    xknn_status st = XKNN_SUCCESS;
+    const size_t row_bytes = (size_t)d * sizeof(float);
+    const int64_t per = max64(1, (int64_t)(kStagePiece / row_bytes));
+    for (int64_t r0 = 0; r0 < rows; r0 += per) {
+        const int64_t nr = min64(per, rows - r0);
+        const int b = (*piece)++ & 1;
+        if (nr * (int64_t)row_bytes > (int64_t)kStagePiece) {
+            /* a row longer than a piece: direct pageable copy */
+            XKNN__CUDA_CHECK(cudaMemcpy2DAsync(dev + r0 * d, row_bytes, host + r0 * ld, (size_t)ld * sizeof(float),
+                                               row_bytes, (size_t)nr, cudaMemcpyHostToDevice, ctx->copy_stream));
+            continue;
+        }
+        XKNN__CUDA_CHECK(cudaEventSynchronize(ctx->stage_done[b]));
+        host_rows_copy(ctx->stage[b], (const char *)(host + r0 * ld), nr, row_bytes, (size_t)ld * sizeof(float), threads);
+        XKNN__CUDA_CHECK(cudaMemcpyAsync(dev + r0 * d, ctx->stage[b], (size_t)nr * row_bytes, cudaMemcpyHostToDevice,
+                                         ctx->copy_stream));
+        XKNN__CUDA_CHECK(cudaEventRecord(ctx->stage_done[b], ctx->copy_stream));
+    }
+cleanup:
+    return st;
+}
+
+/* Host path on the fused plan: one device allocation (from the context's pool: after the
+ * first call of a context no cudaMalloc), the context's stream. With a caller's context
+ * (staged = 1) inputs go through the pinned staging ring on the copy stream, and the
+ * first query block's fused kernel runs slice group by slice group as its references
+ * arrive (copies overlap the search); a temporary context copies from pageable memory.
+ * One synchronisation per query block (results are copied to pageable memory).
+ * *alloc_failed = 1 when the allocation fails, so the caller can plan the GEMM path. */
+xknn_status host_fused(const xknn__job *job, xknn_cuda_context *ctx, const Plan &plan, int self_res, int staged,
+                       size_t budget, int *alloc_failed, Err er)
+{
+    const xknn_params *prm = &job->params;
+    const int64_t n = job->n, nq = job->nq, d = job->d, k = job->k;
+    const size_t row_bytes = (size_t)d * sizeof(float);
+    const size_t o_q = align_up((size_t)n * row_bytes);
+    const size_t o_ids = o_q + align_up(self_res ? 0 : (size_t)plan.QS * row_bytes);
+    const size_t o_dist = o_ids + align_up((size_t)plan.QS * k * sizeof(int64_t));
+    const size_t o_ws = o_dist + align_up(job->dist ? (size_t)plan.QS * k * sizeof(float) : 0);
+    const size_t total = o_ws + plan.bytes;
+    const int threads = prm->num_threads > 0 ? prm->num_threads : 0;
+    cudaStream_t s = ctx->stream;
+    xknn_status st = XKNN_SUCCESS;
+    char *mem = NULL;
+    float *dR, *dQ, *dDist;
+    int64_t *dIds;
+    unsigned long long stats[kStatCount];
+    cudaError_t e;
+    int piece = 0;
+
+    *alloc_failed = 0;
+    if (staged) XKNN__CUDA_CHECK(stage_make(ctx));
+    e = ctx->pool ? cudaMallocFromPoolAsync((void **)&mem, total, ctx->pool, s) : cudaMalloc((void **)&mem, total);
+    if (e == cudaErrorMemoryAllocation) {
+        (void)cudaGetLastError();
+        *alloc_failed = 1;
+        return XKNN_SUCCESS;
+    }
+    XKNN__CUDA_CHECK(e);
+    dR = (float *)mem;
+    dQ = (float *)(mem + o_q);
+    dIds = (int64_t *)(mem + o_ids);
+    dDist = job->dist ? (float *)(mem + o_dist) : NULL;
+    if (prm->verbose) print_plan(ctx, plan, staged ? "resident references, staged copies" : "resident references", budget, 0);
+    XKNN__CUDA_CHECK(cudaMemsetAsync(mem + o_ws + plan.off_stats, 0, sizeof(unsigned long long) * kStatCount, s));
+    if (!staged)
+        XKNN__CUDA_CHECK(cudaMemcpy2DAsync(dR, row_bytes, job->ref, (size_t)job->ldr * sizeof(float), row_bytes,
+                                           (size_t)n, cudaMemcpyHostToDevice, s));
+    for (int64_t q0 = 0; q0 < nq; q0 += plan.QS) {
+        const int64_t qs = min64(plan.QS, nq - q0);
+        const float *Q = self_res ? dR + q0 * d : dQ;
+        const FusedParams fp = fused_params(plan, mem + o_ws, Q, d, qs, dR, d, prm->exclude_self,
+                                            prm->query_id_offset + q0 - prm->ref_id_offset, dIds, dDist,
+                                            prm->ref_id_offset);
+        if (staged && q0 == 0) {
+            /* slice groups of about a quarter of the references each: the first group's
+             * kernel runs while the later groups are copied (self-join: the queries are
+             * all the references, so one group) */
+            const int64_t groups = self_res ? 1 : min64(plan.Z, 4), per = ceil_div(plan.Z, groups);
+            if (!self_res) {
+                XKNN__TRY(stage_rows(ctx, dQ, job->query, qs, d, job->ldq, threads, &piece, er));
+            }
+            for (int64_t z0 = 0; z0 < plan.Z; z0 += per) {
+                const int64_t nz = min64(per, plan.Z - z0), r0 = z0 * plan.RZ, r1 = min64(n, (z0 + nz) * plan.RZ);
+                XKNN__TRY(stage_rows(ctx, dR + r0 * d, job->ref + r0 * job->ldr, r1 - r0, d, job->ldr, threads,
+                                     &piece, er));
+                XKNN__CUDA_CHECK(cudaStreamWaitEvent(s, ctx->stage_done[(piece - 1) & 1], 0));
+                XKNN__CUDA_CHECK(launch_fused_slices(fp, plan.KP, (int)z0, (int)nz, s));
+            }
+        } else {
+            if (!self_res) {
+                if (staged) {
+                    /* the previous block's kernels read dQ until they finish */
+                    XKNN__CUDA_CHECK(cudaStreamSynchronize(s));
+                    XKNN__TRY(stage_rows(ctx, dQ, job->query + q0 * job->ldq, qs, d, job->ldq, threads, &piece, er));
+                    XKNN__CUDA_CHECK(cudaStreamWaitEvent(s, ctx->stage_done[(piece - 1) & 1], 0));
+                } else {
+                    XKNN__CUDA_CHECK(cudaMemcpy2DAsync(dQ, row_bytes, job->query + q0 * job->ldq,
+                                                       (size_t)job->ldq * sizeof(float), row_bytes, (size_t)qs,
+                                                       cudaMemcpyHostToDevice, s));
+                }
+            }
+            XKNN__CUDA_CHECK(launch_fused_slices(fp, plan.KP, 0, (int)plan.Z, s));
+        }
+        XKNN__CUDA_CHECK(launch_fused_finish(fp, plan.KP, rescue_blocks(ctx, qs), s));
+        XKNN__CUDA_CHECK(cudaMemcpyAsync(job->ids + q0 * k, dIds, (size_t)qs * k * sizeof(int64_t),
+                                         cudaMemcpyDeviceToHost, s));
+        if (job->dist)
+            XKNN__CUDA_CHECK(cudaMemcpyAsync(job->dist + q0 * k, dDist, (size_t)qs * k * sizeof(float),
+                                             cudaMemcpyDeviceToHost, s));
+    }
+    if (prm->verbose) {
+        XKNN__CUDA_CHECK(cudaMemcpyAsync(stats, mem + o_ws + plan.off_stats, sizeof stats, cudaMemcpyDeviceToHost, s));
+        XKNN__CUDA_CHECK(cudaStreamSynchronize(s));
+        fprintf(stderr, "xknn: cuda: fused path: %llu candidates re-ranked, %llu queries re-run exactly\n",
+                stats[kStatAppended], stats[kStatReruns]);
+    }
+    XKNN__CUDA_CHECK(cudaStreamSynchronize(s));
+cleanup:
+    if (staged && ctx->copy_stream) (void)cudaStreamSynchronize(ctx->copy_stream);
+    if (mem) {
+        if (ctx->pool)
+            (void)cudaFreeAsync(mem, s);
+        else
+            (void)cudaFree(mem);
+    }
+    (void)cudaStreamSynchronize(s);
+    return st;
 }
 
 xknn_status host_search(const xknn__job *job, Err er)
@@ -554,6 +954,7 @@ xknn_status host_search(const xknn__job *job, Err er)
     size_t budget = 0, min_needed = 0;
     int resident = 0, have_plan = 0;
     int64_t chunk = 0;
+    int piece = 0;
     unsigned long long stats[kStatCount];
     xknn_error tmp_err;
 
@@ -570,6 +971,21 @@ xknn_status host_search(const xknn__job *job, Err er)
     XKNN__CUDA_CHECK(scope.enter(ctx->device));
     budget = budget_of(prm, er, &st);
     if (st != XKNN_SUCCESS) goto cleanup;
+
+    /* Fused path when chosen and the references fit the budget with the plan. */
+    if (choose_path(prm, n, nq, d, k) == XKNN_CUDA_PATH_FUSED) {
+        const size_t ref_bytes = (size_t)n * row_bytes;
+        int failed = 0;
+        if (budget > ref_bytes && plan_fused(ctx, prm, n, nq, d, k, budget - ref_bytes,
+                                             per_q_out + (self_res ? 0 : row_bytes), &plan, &min_needed)) {
+            st = host_fused(job, ctx, plan, self_res, own_ctx == NULL, budget, &failed, er);
+            if (st != XKNN_SUCCESS || !failed) goto cleanup;
+        }
+        memset(&plan, 0, sizeof plan);
+    }
+    sc = ctx->stream;
+    hb.pool = ctx->pool;
+    hb.s = sc;
 
     /* Plan and allocate; an allocation failure shrinks the budget and plans again. */
     for (int attempt = 0; attempt < 6 && !have_plan; ++attempt) {
@@ -606,15 +1022,15 @@ xknn_status host_search(const xknn__job *job, Err er)
             }
         }
         if (resident) {
-            e = cudaMalloc((void **)&hb.dR, (size_t)n * row_bytes);
+            e = hb.alloc((void **)&hb.dR, (size_t)n * row_bytes);
         } else {
-            e = cudaMalloc((void **)&hb.dChunk[0], (size_t)chunk * row_bytes);
-            if (e == cudaSuccess) e = cudaMalloc((void **)&hb.dChunk[1], (size_t)chunk * row_bytes);
+            e = hb.alloc((void **)&hb.dChunk[0], (size_t)chunk * row_bytes);
+            if (e == cudaSuccess) e = hb.alloc((void **)&hb.dChunk[1], (size_t)chunk * row_bytes);
         }
-        if (e == cudaSuccess && !(resident && self_res)) e = cudaMalloc((void **)&hb.dQ, (size_t)plan.QS * row_bytes);
-        if (e == cudaSuccess) e = cudaMalloc((void **)&hb.dIds, (size_t)plan.QS * k * sizeof(int64_t));
-        if (e == cudaSuccess && job->dist) e = cudaMalloc((void **)&hb.dDist, (size_t)plan.QS * k * sizeof(float));
-        if (e == cudaSuccess) e = cudaMalloc(&hb.dWs, plan.bytes);
+        if (e == cudaSuccess && !(resident && self_res)) e = hb.alloc((void **)&hb.dQ, (size_t)plan.QS * row_bytes);
+        if (e == cudaSuccess) e = hb.alloc((void **)&hb.dIds, (size_t)plan.QS * k * sizeof(int64_t));
+        if (e == cudaSuccess && job->dist) e = hb.alloc((void **)&hb.dDist, (size_t)plan.QS * k * sizeof(float));
+        if (e == cudaSuccess) e = hb.alloc(&hb.dWs, plan.bytes);
         if (e == cudaSuccess) {
             have_plan = 1;
         } else {
@@ -635,7 +1051,7 @@ xknn_status host_search(const xknn__job *job, Err er)
     }
     if (prm->verbose) print_plan(ctx, plan, resident ? "resident references" : "streamed references", budget, chunk);
 
-    XKNN__CUDA_CHECK(cudaStreamCreateWithFlags(&sc, cudaStreamNonBlocking));
+    if (own_ctx == NULL && resident) XKNN__CUDA_CHECK(stage_make(ctx));
     if (!resident) {
         XKNN__CUDA_CHECK(cudaStreamCreateWithFlags(&sx, cudaStreamNonBlocking));
         for (int b = 0; b < 2; ++b) {
@@ -646,9 +1062,13 @@ xknn_status host_search(const xknn__job *job, Err er)
     }
     run = run_bind(ctx, &plan, hb.dWs, sc);
     XKNN__TRY(run_start(run, er));
-    if (resident)
+    if (resident && own_ctx == NULL) {
+        XKNN__TRY(stage_rows(ctx, hb.dR, job->ref, n, d, job->ldr, prm->num_threads, &piece, er));
+        XKNN__CUDA_CHECK(cudaStreamWaitEvent(sc, ctx->stage_done[(piece - 1) & 1], 0));
+    } else if (resident) {
         XKNN__CUDA_CHECK(cudaMemcpy2DAsync(hb.dR, row_bytes, job->ref, (size_t)job->ldr * sizeof(float), row_bytes,
                                            (size_t)n, cudaMemcpyHostToDevice, sc));
+    }
 
     for (int64_t q0 = 0; q0 < nq; q0 += plan.QS) {
         const int64_t qs = min64(plan.QS, nq - q0);
@@ -657,6 +1077,11 @@ xknn_status host_search(const xknn__job *job, Err er)
         const int64_t self_local0 = prm->query_id_offset + q0 - prm->ref_id_offset;
         if (resident && self_res) {
             Q = hb.dR + q0 * d;
+            ldq = d;
+        } else if (resident && own_ctx == NULL) {
+            XKNN__TRY(stage_rows(ctx, hb.dQ, job->query + q0 * job->ldq, qs, d, job->ldq, prm->num_threads, &piece, er));
+            XKNN__CUDA_CHECK(cudaStreamWaitEvent(sc, ctx->stage_done[(piece - 1) & 1], 0));
+            Q = hb.dQ;
             ldq = d;
         } else {
             XKNN__CUDA_CHECK(cudaMemcpy2DAsync(hb.dQ, row_bytes, job->query + q0 * job->ldq,
@@ -712,8 +1137,9 @@ cleanup:
         if (h2d_done[b]) cudaEventDestroy(h2d_done[b]);
     }
     if (sx) cudaStreamDestroy(sx);
-    if (sc) cudaStreamDestroy(sc);
-    hb.release();
+    if (ctx && ctx->copy_stream) (void)cudaStreamSynchronize(ctx->copy_stream);
+    hb.release(); /* sc is the context's stream: not destroyed */
+    if (sc) (void)cudaStreamSynchronize(sc);
     if (own_ctx) {
         /* a temporary context's cuBLAS handle must not keep pointing at freed memory */
         xknn_cuda_context_destroy(own_ctx);
@@ -825,7 +1251,7 @@ xknn_status xknn_cuda_context_create(int device, xknn_cuda_context **out, xknn_e
     xknn_cuda_context *c = NULL;
     DeviceScope scope;
     cudaDeviceProp prop;
-    int count = 0, l2 = 0, optin = 0;
+    int count = 0, l2 = 0, optin = 0, pools = 0;
     if (!out) return finish_err(err, failf(er, XKNN_ERROR_INVALID_ARGUMENT, "xknn_cuda_context_create: ctx is NULL"));
     *out = NULL;
     count = xknn__cuda_device_count();
@@ -855,12 +1281,27 @@ xknn_status xknn_cuda_context_create(int device, xknn_cuda_context **out, xknn_e
     c->smem_optin = (size_t)optin;
     c->global_mem = prop.totalGlobalMem;
     snprintf(c->name, sizeof c->name, "%s", prop.name);
-    XKNN__CUBLAS_CHECK(cublasCreate(&c->blas));
+    XKNN__CUDA_CHECK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
+    /* a pool of its own that keeps freed memory (release threshold: all), so repeated host
+     * calls on one context do not pay cudaMalloc; without pool support, plain cudaMalloc */
+    XKNN__CUDA_CHECK(cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, device));
+    if (pools) {
+        cudaMemPoolProps pp;
+        memset(&pp, 0, sizeof pp);
+        pp.allocType = cudaMemAllocationTypePinned;
+        pp.handleTypes = cudaMemHandleTypeNone;
+        pp.location.type = cudaMemLocationTypeDevice;
+        pp.location.id = device;
+        XKNN__CUDA_CHECK(cudaMemPoolCreate(&c->pool, &pp));
+        uint64_t keep = UINT64_MAX;
+        XKNN__CUDA_CHECK(cudaMemPoolSetAttribute(c->pool, cudaMemPoolAttrReleaseThreshold, &keep));
+    }
     *out = c;
     c = NULL;
 cleanup:
     if (c) {
-        if (c->blas) cublasDestroy(c->blas);
+        if (c->pool) cudaMemPoolDestroy(c->pool);
+        if (c->stream) cudaStreamDestroy(c->stream);
         free(c);
     }
     return finish_err(err, st);
@@ -870,11 +1311,26 @@ void xknn_cuda_context_destroy(xknn_cuda_context *ctx)
 {
     if (!ctx) return;
     DeviceScope scope;
-    if (scope.enter(ctx->device) == cudaSuccess && ctx->blas) cublasDestroy(ctx->blas);
+    if (scope.enter(ctx->device) == cudaSuccess) {
+        for (int b = 1; b >= 0; --b) {
+            if (ctx->stage_done[b]) cudaEventDestroy(ctx->stage_done[b]);
+            if (ctx->stage[b]) cudaFreeHost(ctx->stage[b]);
+        }
+        if (ctx->copy_stream) cudaStreamDestroy(ctx->copy_stream);
+        if (ctx->blas) cublasDestroy(ctx->blas);
+        if (ctx->pool) cudaMemPoolDestroy(ctx->pool);
+        if (ctx->stream) cudaStreamDestroy(ctx->stream);
+    }
     free(ctx);
 }
 
 int xknn_cuda_context_device(const xknn_cuda_context *ctx) { return ctx ? ctx->device : -1; }
+
+int xknn_cuda_path_for(const xknn_params *params, int64_t n, int64_t nq, int64_t d, int64_t k)
+{
+    const xknn_params prm = params ? *params : xknn_params_default();
+    return choose_path(&prm, n, nq, d, k);
+}
 
 xknn_status xknn_cuda_workspace_size(xknn_cuda_context *ctx, const xknn_params *params, int64_t n, int64_t nq,
                                      int64_t d, int64_t k, size_t *bytes, xknn_error *err)
@@ -892,6 +1348,11 @@ xknn_status xknn_cuda_workspace_size(xknn_cuda_context *ctx, const xknn_params *
     if (!prm.device_memory_budget) XKNN__CUDA_CHECK(scope.enter(ctx->device));
     budget = budget_of(&prm, er, &st);
     if (st != XKNN_SUCCESS) goto cleanup;
+    if (choose_path(&prm, n, nq, d, k) == XKNN_CUDA_PATH_FUSED &&
+        plan_fused(ctx, &prm, n, nq, d, k, budget, 0, &plan, &min_needed)) {
+        *bytes = plan.bytes;
+        goto cleanup;
+    }
     if (!plan_fit(ctx, &prm, n, nq, d, k, n, budget, 0, 0, &plan, &min_needed)) {
         st = failf(er, XKNN_ERROR_OUT_OF_MEMORY,
                    "cuda backend: device memory budget of %zu bytes is below the minimum workspace of %zu bytes "
@@ -970,6 +1431,18 @@ xknn_status xknn_cuda_search(xknn_cuda_context *ctx, const xknn_params *params, 
     }
     if (((uintptr_t)workspace) % kAlign) {
         st = failf(er, XKNN_ERROR_INVALID_ARGUMENT, "xknn_cuda_search: workspace must be 256-byte aligned");
+        goto cleanup;
+    }
+    if (choose_path(&prm, n, nq, d, k) == XKNN_CUDA_PATH_FUSED &&
+        plan_fused(ctx, &prm, n, nq, d, k, workspace_bytes, 0, &plan, &min_needed)) {
+        XKNN__CUDA_CHECK(scope.enter(ctx->device));
+        XKNN__CUDA_CHECK(cudaMemsetAsync((char *)workspace + plan.off_stats, 0, sizeof(unsigned long long) * kStatCount, cs));
+        for (int64_t q0 = 0; q0 < nq; q0 += plan.QS) {
+            const int64_t qs = min64(plan.QS, nq - q0);
+            XKNN__TRY(fused_block(ctx, plan, workspace, cs, Q + q0 * ldq, ldq, qs, R, ldr, prm.exclude_self,
+                                  prm.query_id_offset + q0 - prm.ref_id_offset, ids + q0 * k, dist ? dist + q0 * k : NULL,
+                                  prm.ref_id_offset, er));
+        }
         goto cleanup;
     }
     if (!plan_fit(ctx, &prm, n, nq, d, k, n, workspace_bytes, 0, 0, &plan, &min_needed)) {

@@ -18,6 +18,7 @@ enum {
     kStatExact = 1,     /* exact compactions (canonical top k of a full buffer)               */
     kStatAppended = 2,  /* candidates appended                                                */
     kStatUnresolved = 3, /* final candidates without a canonical value: must stay 0 (a bug)  */
+    kStatReruns = 4,    /* fused path: queries whose certificate failed, searched again exactly */
     kStatCount = 8
 };
 
@@ -78,11 +79,40 @@ struct FinalParams {
     int S, cap, kk;
 };
 
+/* Fused path (fused.cu): distances and selection in one kernel, then per query the merge
+ * of the z-slices' lists, the certificate, canonical re-rank and output; queries whose
+ * certificate fails are searched again by the exact rescue kernel. */
+struct FusedParams {
+    const float *Q;        /* state block queries, row stride ldq                       */
+    int64_t ldq;
+    const float *R;        /* all references of the call, row stride ldr                */
+    int64_t ldr;
+    int64_t n, d;
+    int64_t rz;            /* references per z-slice (multiple of the tile width)       */
+    int64_t self_local0;   /* local reference index equal to state query 0's global id  */
+    unsigned long long *part; /* Z x qsp x KP keys: sorted list of each (slice, query)   */
+    int64_t qsp;           /* queries per slice in part (the plan's state block)        */
+    int *flag;             /* per state query: 1 = certificate failed                  */
+    float *tpv;            /* per state query: the threshold tau' of the fused pass     */
+    int64_t *ids;          /* output rows of the block, ld = k                          */
+    float *dist;           /* or NULL                                                   */
+    int64_t k, id_offset;
+    unsigned long long *stats;
+    float lrel, labs, urel, uabs; /* bound: L = e lrel - labs (down), U = e urel + uabs (up) */
+    int qs, Z, kk, exclude, euclid;
+    int vec;               /* 16-byte loads of reference rows (aligned, ldr % 4 == 0, d % 4 == 0) */
+    int z0;                /* first slice of a launch (launch_fused_slices sets it)      */
+};
+
 cudaError_t launch_sqnorms(const float *X, int64_t ld, int64_t rows, int64_t d, float *out, cudaStream_t st);
 cudaError_t launch_init_state(float *tau, int *cnt, int qs, int S, cudaStream_t st);
 cudaError_t launch_filter(const FilterParams &p, int qb, cudaStream_t st);
 cudaError_t launch_resolve(const ResolveParams &p, int qs, cudaStream_t st);
 cudaError_t launch_final(const FinalParams &p, int qs, cudaStream_t st);
+/* kp: keys kept per (slice, query), one of 32, 64, 128, 256 (kFusedMaxKeep). The fused
+ * kernel over slices [z0, z0 + nz); then, once every slice is done, finish + rescue. */
+cudaError_t launch_fused_slices(const FusedParams &p, int kp, int z0, int nz, cudaStream_t st);
+cudaError_t launch_fused_finish(const FusedParams &p, int kp, int rescue_blocks, cudaStream_t st);
 
 } // namespace xknn_cuda
 

@@ -41,6 +41,16 @@ int xknn_cuda_context_device(const xknn_cuda_context *ctx)
     return -1;
 }
 
+int xknn_cuda_path_for(const xknn_params *params, int64_t n, int64_t nq, int64_t d, int64_t k)
+{
+    (void)params;
+    (void)n;
+    (void)nq;
+    (void)d;
+    (void)k;
+    return XKNN_CUDA_PATH_AUTO;
+}
+
 xknn_status xknn_cuda_workspace_size(xknn_cuda_context *ctx, const xknn_params *params, int64_t n, int64_t nq,
                                      int64_t d, int64_t k, size_t *bytes, xknn_error *err)
 {

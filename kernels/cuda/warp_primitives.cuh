@@ -6,6 +6,8 @@
  *                           only (every register index is a compile-time constant)
  *   WarpCanonical           canonical squared distances of one query to up to 32
  *                           reference rows, one row per lane, dimension order, double
+ *   WarpKeys<R>             sort / bitonic clean / merge of 32R 64-bit keys held striped
+ *                           in registers (element i: lane i % 32, register i / 32)
  *
  * All functions must be called by the 32 lanes of a warp together (full mask).
  */
@@ -110,6 +112,97 @@ struct WarpCanonical {
             __syncwarp();
         }
         return acc;
+    }
+};
+
+
+/* A warp array of N = 32 R unsigned 64-bit keys (R a power of two), striped: element i
+ * is register i / 32 of lane i % 32. Every register index is a compile-time constant
+ * (all loops unroll), so the array never leaves registers. Compare-exchange distances
+ * >= 32 pair two registers of the same lane; shorter ones pair lanes through shuffles. */
+template <int R>
+struct WarpKeys {
+    static_assert(R >= 1 && (R & (R - 1)) == 0, "R must be a power of two");
+    static constexpr int N = kWarp * R;
+    typedef unsigned long long Key;
+
+    __device__ __forceinline__ static Key kmin(Key a, Key b) { return a < b ? a : b; }
+    __device__ __forceinline__ static Key kmax(Key a, Key b) { return a < b ? b : a; }
+
+    /* One network stage: elements i and i ^ stride exchange so that the lower index gets
+     * the minimum when (i & size) == 0 (ascending run) and the maximum otherwise;
+     * size = 0 means "ascending everywhere" (a clean of one bitonic sequence). */
+    template <int SIZE, int STRIDE>
+    __device__ __forceinline__ static void stage(Key (&v)[R])
+    {
+        const int lane = lane_id();
+        if (STRIDE >= kWarp) {
+            constexpr int rs = STRIDE / kWarp;
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                if ((r & rs) == 0) {
+                    const bool asc = SIZE == 0 || ((r * kWarp) & SIZE) == 0;
+                    const Key a = v[r], b = v[r | rs];
+                    v[r] = asc ? kmin(a, b) : kmax(a, b);
+                    v[r | rs] = asc ? kmax(a, b) : kmin(a, b);
+                }
+            }
+        } else {
+            const bool lower = (lane & STRIDE) == 0;
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                const Key o = __shfl_xor_sync(0xffffffffu, v[r], STRIDE);
+                const bool asc = SIZE == 0 || ((r * kWarp + lane) & SIZE) == 0;
+                v[r] = (lower == asc) ? kmin(v[r], o) : kmax(v[r], o);
+            }
+        }
+    }
+
+    template <int SIZE, int STRIDE>
+    __device__ __forceinline__ static void strides(Key (&v)[R])
+    {
+        stage<SIZE, STRIDE>(v);
+        if constexpr (STRIDE > 1) strides<SIZE, STRIDE / 2>(v);
+    }
+
+    template <int SIZE>
+    __device__ __forceinline__ static void sizes(Key (&v)[R])
+    {
+        strides<SIZE, SIZE / 2>(v);
+        if constexpr (SIZE < N) sizes<SIZE * 2>(v);
+    }
+
+    /* Ascending sort of all N keys. */
+    __device__ __forceinline__ static void sort(Key (&v)[R]) { sizes<2>(v); }
+
+    /* Ascending order of a bitonic sequence (half-cleaner cascade). */
+    __device__ __forceinline__ static void clean(Key (&v)[R]) { strides<0, N / 2>(v); }
+
+    /* w (sorted, N keys) becomes the N smallest of w and t (sorted, 32 RT keys), sorted.
+     * The last M = 32 min(R, RT) keys of w meet the first M of t reversed: the minima
+     * are the M smallest of those 2M, every earlier key of w is among the N smallest,
+     * and the result is bitonic, so one clean sorts it. */
+    template <int RT>
+    __device__ __forceinline__ static void merge(Key (&w)[R], const Key (&t)[RT])
+    {
+        constexpr int m = R < RT ? R : RT;
+        const int lane = lane_id();
+#pragma unroll
+        for (int r = 0; r < m; ++r) {
+            const Key o = __shfl_sync(0xffffffffu, t[m - 1 - r], kWarp - 1 - lane);
+            w[R - m + r] = kmin(w[R - m + r], o);
+        }
+        clean(w);
+    }
+
+    /* Element i (0 <= i < N, warp-uniform) in every lane. */
+    __device__ __forceinline__ static Key get(const Key (&v)[R], int i)
+    {
+        Key x = 0;
+#pragma unroll
+        for (int r = 0; r < R; ++r)
+            if (r == i / kWarp) x = v[r];
+        return __shfl_sync(0xffffffffu, x, i % kWarp);
     }
 };
 
