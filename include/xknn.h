@@ -229,6 +229,12 @@ XKNN_API const char *xknn_dtype_name(xknn_dtype dtype);
 /* Parses the names above (and "float32", "float16", "bfloat16", "uint8", "int8",
  * "bits"); XKNN_DTYPE_COUNT if unknown. */
 XKNN_API xknn_dtype xknn_dtype_from_name(const char *name);
+/* Not collective. Bytes of one dense row of cols elements of dtype (BIN: cols bits in
+ * ceil(cols/64) uint64 words); 0 for an unknown dtype or cols < 0. */
+XKNN_API int64_t xknn_row_bytes(xknn_dtype dtype, int64_t cols);
+/* Not collective. Elements of a dense row (its default ld): cols, or ceil(cols/64)
+ * words for BIN. */
+XKNN_API int64_t xknn_row_elems(xknn_dtype dtype, int64_t cols);
 XKNN_API const char *xknn_backend_name(xknn_backend backend);
 XKNN_API xknn_params xknn_params_default(void);
 
@@ -462,11 +468,20 @@ static xknn_status xknn__check_finite(const char *what, const xknn_matrix *m, in
 }
 
 static xknn_status xknn__check_matrix(const char *what, const xknn_matrix *m, xknn_error *err);
+static size_t xknn__elem_bytes(xknn_dtype dtype);
 
 /* Elements (BIN: uint64 words) in one row of m, and its leading dimension. */
 static int64_t xknn__row_elems(xknn_dtype dtype, int64_t cols)
 {
     return dtype == XKNN_DTYPE_BIN ? (cols + 63) / 64 : cols;
+}
+
+int64_t xknn_row_elems(xknn_dtype dtype, int64_t cols) { return xknn__row_elems(dtype, cols); }
+
+int64_t xknn_row_bytes(xknn_dtype dtype, int64_t cols)
+{
+    if ((int)dtype < 0 || dtype >= XKNN_DTYPE_COUNT || cols < 0) return 0;
+    return xknn__row_elems(dtype, cols) * (int64_t)xknn__elem_bytes(dtype);
 }
 
 static int64_t xknn__ld(const xknn_matrix *m) { return m->ld ? m->ld : xknn__row_elems(m->dtype, m->cols); }
