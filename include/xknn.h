@@ -53,6 +53,10 @@
  *     ceil(d/64)). Bits at positions >= d in the last word are ignored (any value).
  *     hamming and whamming need BIN; every other metric rejects it.
  *   - hamming distances are exact integers up to 2^24 bits (rounded once above).
+ *   - u8/i8 with l2, euclidean or ip and d <= XKNN_INT8_EXACT_MAX_D (33025): the CPU
+ *     computes the distances exactly in int32 (AVX-512 VNNI where the CPU has it); the
+ *     values are the canonical ones (integers, rounded once to float). Larger d takes
+ *     the canonical double loop (same results, slower).
  *   - Minkowski: p >= 1, finite; integer p <= XKNN_MINKOWSKI_INT_MAX (64) by repeated
  *     multiplication, other p through the library's own exp/log (not libm's), so every
  *     backend computes the same bits.
@@ -101,6 +105,9 @@
 #define XKNN_VERSION_MINOR 1
 #define XKNN_VERSION_PATCH 0
 #define XKNN_VERSION_STRING "0.1.0"
+
+/* Largest d for which u8/i8 l2/euclidean/ip distances fit int32: 65025 d < 2^31. */
+#define XKNN_INT8_EXACT_MAX_D 33025
 
 #ifdef __cplusplus
 extern "C" {

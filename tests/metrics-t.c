@@ -69,6 +69,17 @@ static float *make_weights(int64_t bits, uint64_t seed)
     return w;
 }
 
+/* Larger shapes for the integer path (u8/i8 with l2, euclidean, ip): several packed
+ * reference blocks, query counts not multiples of the kernel tile, k = 1 / 100. */
+static const shape big_shapes[] = {
+    {DATA_GAUSSIAN, 2100, 150, 61, 7, 0, 0},
+    {DATA_INTEGER, 1500, 0, 13, 100, 0, 0}, /* self-join, ties */
+    {DATA_UNIFORM, 1100, 77, 784, 1, 0, 0},
+};
+#define NBIG (int)(sizeof big_shapes / sizeof big_shapes[0])
+
+static xknn_cpu_path cur_path = XKNN_CPU_PATH_AUTO;
+
 /* One search vs the oracle. */
 static void run_case(xknn_metric metric, double p, xknn_dtype dtype, const shape *sh)
 {
@@ -104,10 +115,11 @@ static void run_case(xknn_metric metric, double p, xknn_dtype dtype, const shape
     prm.weights_count = w ? d : 0;
     prm.query_block = sh->qblock;
     prm.ref_block = sh->rblock;
+    prm.cpu_path = cur_path;
     memset(ids, 0xab, (size_t)(nq * k) * sizeof(int64_t));
     memset(dist, 0xab, (size_t)(nq * k) * sizeof(float));
-    snprintf(name, sizeof name, "%s p=%g %s %s n=%lld nq=%lld d=%lld k=%lld%s", xknn_metric_name(metric), p,
-             xknn_dtype_name(dtype), ref_data_name(sh->kind), (long long)sh->n, (long long)nq, (long long)d,
+    snprintf(name, sizeof name, "%s%s p=%g %s %s n=%lld nq=%lld d=%lld k=%lld%s", xknn_metric_name(metric),
+             cur_path == XKNN_CPU_PATH_LOOP ? " (loop path)" : "", p, xknn_dtype_name(dtype), ref_data_name(sh->kind), (long long)sh->n, (long long)nq, (long long)d,
              (long long)k, self ? " self" : "");
     if (xknn_search(&prm, &r, self ? NULL : &q, k, ids, dist, &err) != XKNN_SUCCESS)
         ok(0, "%s: %s", name, err.message);
@@ -321,7 +333,7 @@ static void math_case(void)
 int main(void)
 {
     int m, t, s;
-    plan(1 + 1 + NREAL * NDT + 2 + NREAL * NDT * NSHAPES + 2 * NSHAPES + 21);
+    plan(1 + 1 + NREAL * NDT + 2 + NREAL * NDT * NSHAPES + 2 * NSHAPES + 2 * 2 * 3 * NBIG + 21);
 
     ok((int)REF_L1 == (int)XKNN_METRIC_L1 && (int)REF_WHAMMING == (int)XKNN_METRIC_WHAMMING &&
            (int)REF_IP == (int)XKNN_METRIC_IP && (int)REF_BIN == (int)XKNN_DTYPE_BIN &&
@@ -345,6 +357,19 @@ int main(void)
             for (s = 0; s < NSHAPES; s++) run_case(real_metrics[m].metric, real_metrics[m].p, real_dtypes[t], &shapes[s]);
     for (s = 0; s < NSHAPES; s++) run_case(XKNN_METRIC_HAMMING, 0, XKNN_DTYPE_BIN, &shapes[s]);
     for (s = 0; s < NSHAPES; s++) run_case(XKNN_METRIC_WHAMMING, 0, XKNN_DTYPE_BIN, &shapes[s]);
+
+    {
+        static const xknn_metric im[] = {XKNN_METRIC_L2, XKNN_METRIC_EUCLIDEAN, XKNN_METRIC_IP};
+        static const xknn_dtype it[] = {XKNN_DTYPE_U8, XKNN_DTYPE_I8};
+        int pth;
+        for (pth = 0; pth < 2; pth++) {
+            cur_path = pth ? XKNN_CPU_PATH_LOOP : XKNN_CPU_PATH_AUTO;
+            for (m = 0; m < 3; m++)
+                for (t = 0; t < 2; t++)
+                    for (s = 0; s < NBIG; s++) run_case(im[m], 0, it[t], &big_shapes[s]);
+        }
+        cur_path = XKNN_CPU_PATH_AUTO;
+    }
 
     error_cases();
     math_case();

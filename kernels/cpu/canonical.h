@@ -38,4 +38,8 @@ void xknn__canonical_block(xknn_metric metric, const float *q, const float *rt, 
                            int64_t nb, int64_t d, double *acc, float *out);
 void xknn__sqnorms(const float *x, int64_t rows, int64_t ld, int64_t d, double *out);
 
+/* kernels/cpu/int8_search.c: u8/i8 with l2, euclidean, ip, exact in integers. */
+int xknn__cpu_int8_applies(const xknn__job *job);
+xknn_status xknn__cpu_int8(const xknn__job *job);
+
 #endif

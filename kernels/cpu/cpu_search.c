@@ -721,6 +721,9 @@ static xknn_status xknn__cpu_generic(const xknn__job *job)
 xknn_status xknn__cpu_search(const xknn__job *job)
 {
     xknn_cpu_path path = job->params.cpu_path;
+    /* u8/i8 with l2, euclidean, ip: exact integer dot products (VNNI where present);
+     * cpu_path LOOP keeps the canonical loop (same results, used to cross-check). */
+    if (path != XKNN_CPU_PATH_LOOP && xknn__cpu_int8_applies(job)) return xknn__cpu_int8(job);
     if (job->dtype != XKNN_DTYPE_F32 ||
         (job->params.metric != XKNN_METRIC_L2 && job->params.metric != XKNN_METRIC_EUCLIDEAN))
         return xknn__cpu_generic(job);
