@@ -90,8 +90,9 @@ static void knn__usage(FILE *f)
             "      --backend NAME   auto (default), cpu or cuda\n"
             "      --query-block N  queries per broadcast block (default: automatic)\n"
             "      --dtype T        element type of '.bin' inputs: f32 (default), u8, i8, f16.\n"
-            "                       Values are searched in their own type (u8, i8, f16) except for\n"
-            "                       l2/euclidean, which widen to float32 exactly (same results)\n"
+            "                       Values are searched in their own type (u8 and i8 l2/euclidean/ip\n"
+            "                       exactly in integers); f16 with l2/euclidean widens to float32\n"
+            "                       exactly (same results, faster)\n"
             "      --threads N      CPU threads per rank (default: OpenMP default)\n"
             "      --json FILE      write sizes, ranks, backend, per-phase times (read, broadcast,\n"
             "                       search, reduce, write) and queries/s as JSON\n"
@@ -589,8 +590,10 @@ static xknn_status knn__plan(knn_run *r, xknn_error *err)
     if ((st = knn__agree(r, st, err)) != XKNN_SUCCESS) return st;
 
     /* The searched dtype (rank 0 decides: it alone probed QUERY): bits for --bits and
-     * --binarize; float32 for l2/euclidean (the BLAS path; widening is exact, so the
-     * results are those of the stored type); otherwise the files' own type. */
+     * --binarize; the files' own type, except float32 (widening is exact, so the results
+     * are those of the stored type) for l2/euclidean when the stored type has no faster
+     * path of its own (f16, the CUDA backend, or u8/i8 beyond XKNN_INT8_EXACT_MAX_D),
+     * and when REF and QUERY differ in type. */
     if (r->rank == 0) {
         const xknn_dtype rn = xknn_file_native_dtype(&r->rinfo);
         const xknn_dtype qn = o->query ? xknn_file_native_dtype(&r->qinfo) : rn;
@@ -606,7 +609,10 @@ static xknn_status knn__plan(knn_run *r, xknn_error *err)
             r->dtype = XKNN_DTYPE_BIN;
         } else if (o->binarize) {
             r->dtype = XKNN_DTYPE_BIN;
-        } else if (o->metric == XKNN_METRIC_L2 || o->metric == XKNN_METRIC_EUCLIDEAN || rn != qn) {
+        } else if (rn != qn ||
+                   ((o->metric == XKNN_METRIC_L2 || o->metric == XKNN_METRIC_EUCLIDEAN) &&
+                    (!(rn == XKNN_DTYPE_U8 || rn == XKNN_DTYPE_I8) || r->rinfo.cols > XKNN_INT8_EXACT_MAX_D ||
+                     strcmp(r->backend_used, "cpu") != 0))) {
             r->dtype = XKNN_DTYPE_F32;
         } else {
             r->dtype = rn;
