@@ -69,8 +69,9 @@ static float *make_weights(int64_t bits, uint64_t seed)
     return w;
 }
 
-/* Larger shapes for the integer path (u8/i8 with l2, euclidean, ip): several packed
- * reference blocks, query counts not multiples of the kernel tile, k = 1 / 100. */
+/* Larger shapes for the integer path (u8/i8 with l2, euclidean, ip) and the sgemm path
+ * (f32 ip, cosine): several reference panels and tiles, query counts not multiples of
+ * the kernel tile, k = 1 / 7 / 100, ties. */
 static const shape big_shapes[] = {
     {DATA_GAUSSIAN, 2100, 150, 61, 7, 0, 0},
     {DATA_INTEGER, 1500, 0, 13, 100, 0, 0}, /* self-join, ties */
@@ -333,7 +334,7 @@ static void math_case(void)
 int main(void)
 {
     int m, t, s;
-    plan(1 + 1 + NREAL * NDT + 2 + NREAL * NDT * NSHAPES + 2 * NSHAPES + 2 * 2 * 3 * NBIG + 21);
+    plan(1 + 1 + NREAL * NDT + 2 + NREAL * NDT * NSHAPES + 2 * NSHAPES + 2 * (2 * 3 + 2) * NBIG + 21);
 
     ok((int)REF_L1 == (int)XKNN_METRIC_L1 && (int)REF_WHAMMING == (int)XKNN_METRIC_WHAMMING &&
            (int)REF_IP == (int)XKNN_METRIC_IP && (int)REF_BIN == (int)XKNN_DTYPE_BIN &&
@@ -367,6 +368,9 @@ int main(void)
             for (m = 0; m < 3; m++)
                 for (t = 0; t < 2; t++)
                     for (s = 0; s < NBIG; s++) run_case(im[m], 0, it[t], &big_shapes[s]);
+            /* f32 ip and cosine: the certified sgemm path (auto) and the loop */
+            for (s = 0; s < NBIG; s++) run_case(XKNN_METRIC_IP, 0, XKNN_DTYPE_F32, &big_shapes[s]);
+            for (s = 0; s < NBIG; s++) run_case(XKNN_METRIC_COSINE, 0, XKNN_DTYPE_F32, &big_shapes[s]);
         }
         cur_path = XKNN_CPU_PATH_AUTO;
     }

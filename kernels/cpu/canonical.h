@@ -42,4 +42,8 @@ void xknn__sqnorms(const float *x, int64_t rows, int64_t ld, int64_t d, double *
 int xknn__cpu_int8_applies(const xknn__job *job);
 xknn_status xknn__cpu_int8(const xknn__job *job);
 
+/* kernels/cpu/gemm_ip.c (CBLAS only): f32 ip and cosine through certified sgemm
+ * candidates; returns (xknn_status)-1 when values or sizes are out of its range. */
+xknn_status xknn__cpu_gemm_ip(const xknn__job *job);
+
 #endif

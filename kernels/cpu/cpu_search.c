@@ -724,6 +724,17 @@ xknn_status xknn__cpu_search(const xknn__job *job)
     /* u8/i8 with l2, euclidean, ip: exact integer dot products (VNNI where present);
      * cpu_path LOOP keeps the canonical loop (same results, used to cross-check). */
     if (path != XKNN_CPU_PATH_LOOP && xknn__cpu_int8_applies(job)) return xknn__cpu_int8(job);
+#ifdef XKNN_HAVE_CBLAS
+    /* f32 ip and cosine: certified sgemm candidates, canonical re-rank */
+    if (path != XKNN_CPU_PATH_LOOP && job->dtype == XKNN_DTYPE_F32 &&
+        (job->params.metric == XKNN_METRIC_IP || job->params.metric == XKNN_METRIC_COSINE)) {
+        xknn_status st = xknn__cpu_gemm_ip(job);
+        if (st != (xknn_status)-1) return st;
+        if (job->params.verbose)
+            fprintf(stderr, "xknn: cpu backend: values or sizes out of the BLAS path's range; exact loop\n");
+        return xknn__cpu_generic(job);
+    }
+#endif
     if (job->dtype != XKNN_DTYPE_F32 ||
         (job->params.metric != XKNN_METRIC_L2 && job->params.metric != XKNN_METRIC_EUCLIDEAN))
         return xknn__cpu_generic(job);
