@@ -62,7 +62,11 @@
  *     backend computes the same bits.
  *   - The CUDA backend covers l2 and euclidean on f32; other metrics and dtypes run on
  *     the CPU with backend auto, and are an INVALID_ARGUMENT error with backend cuda.
- *   - Values whose squared norm exceeds about 1e36 make the CPU BLAS path fall back to
+ *   - CPU paths (identical results): f32 l2/euclidean and f32 ip/cosine take sgemm
+ *     candidates with a proven error bound and a canonical re-rank (with CBLAS); u8/i8
+ *     l2/euclidean/ip the integer path below; everything else the canonical double loop
+ *     (params.cpu_path = XKNN_CPU_PATH_LOOP forces the loop everywhere).
+ *   - Values whose squared norm exceeds about 1e36 make the CPU BLAS paths fall back to
  *     the exact loop (still exact, slower).
  *   - Memory of the CPU backend: O(query_block * (ref_block + k)) per call, never nq*n.
  *
@@ -260,7 +264,8 @@ XKNN_API int xknn_cuda_device_count(void);
 
 /*
  * Exact k-nearest-neighbour search on host arrays.
- *   ref    n x d reference matrix, host memory, row-major with leading dimension.
+ *   ref    n x d reference matrix, host memory, row-major with leading dimension; any
+ *          dtype (query the same), d in bits for XKNN_DTYPE_BIN.
  *   query  nq x d query matrix, host memory; NULL: self-join of ref (exclude_self is
  *          forced on and query_id_offset = ref_id_offset).
  *   k      neighbours per query, 1 <= k <= n (n - 1 with exclude_self).
@@ -269,8 +274,10 @@ XKNN_API int xknn_cuda_device_count(void);
  *   err    filled on failure (may be NULL).
  * Synchronous; uses params->num_threads CPU threads, or the CUDA device (host arrays
  * are copied in and results out). Thread-safe: no state is shared between calls.
- * Errors: INVALID_ARGUMENT, INVALID_VALUE (NaN/Inf with row and column),
- * OUT_OF_MEMORY, NOT_BUILT / NO_DEVICE (backend cuda), DEVICE.
+ * Errors: INVALID_ARGUMENT (also: metric/dtype pair, p, weights, a metric or dtype the
+ * CUDA backend does not cover yet with backend cuda), INVALID_VALUE (NaN/Inf, or a
+ * negative value with hellinger, with row and column), OUT_OF_MEMORY, NOT_BUILT /
+ * NO_DEVICE (backend cuda), DEVICE.
  */
 XKNN_API xknn_status xknn_search(const xknn_params *params, const xknn_matrix *ref,
                                  const xknn_matrix *query, int64_t k, int64_t *ids,
@@ -279,7 +286,10 @@ XKNN_API xknn_status xknn_search(const xknn_params *params, const xknn_matrix *r
 /*
  * Canonical distance between two float vectors of length d (host memory), the value
  * every backend reports: double accumulation in dimension order with fma, rounded once
- * to float (sqrt of the double sum for XKNN_METRIC_EUCLIDEAN). Not collective.
+ * to float (sqrt of the double sum for XKNN_METRIC_EUCLIDEAN); see METRICS. Real-valued
+ * metrics only, minkowski with p = 2; NaN for hamming, whamming and unknown values
+ * (use xknn_distance_ex for those, for p, and for other dtypes). No input checks. Not
+ * collective.
  */
 XKNN_API float xknn_distance(xknn_metric metric, const float *a, const float *b, int64_t d);
 
@@ -411,7 +421,14 @@ int xknn_cuda_device_count(void) { return xknn__cuda_built() ? xknn__cuda_device
 
 float xknn_distance(xknn_metric metric, const float *a, const float *b, int64_t d)
 {
-    return xknn__canonical(metric, a, b, d);
+    xknn__cm_spec spec;
+    if (metric == XKNN_METRIC_L2 || metric == XKNN_METRIC_EUCLIDEAN) return xknn__canonical(metric, a, b, d);
+    if ((int)metric < 0 || metric >= XKNN_METRIC_HAMMING) return NAN;
+    spec.metric = metric;
+    spec.dtype = XKNN_DTYPE_F32;
+    spec.p = 2.0;
+    spec.weights = NULL;
+    return xknn__cm_dist_f32(&spec, a, b, d);
 }
 
 /* What the CUDA backend covers today; everything else runs on the CPU (backend auto)

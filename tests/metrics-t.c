@@ -220,6 +220,22 @@ static void error_cases(void)
            "cosine: a vector against itself is at distance ~0 and never negative (%g)", c);
     }
 
+    /* the float-only xknn_distance covers the real-valued metrics */
+    {
+        ref_spec sp;
+        float w1, w2;
+        sp.dtype = REF_F32;
+        sp.p = 2.0;
+        sp.weights = NULL;
+        sp.metric = REF_L1;
+        w1 = ref_distance_ex(&sp, a, a + 6, 3);
+        sp.metric = REF_CHEBYSHEV;
+        w2 = ref_distance_ex(&sp, a, a + 6, 3);
+        ok(xknn_distance(XKNN_METRIC_L1, a, a + 6, 3) == w1 && xknn_distance(XKNN_METRIC_CHEBYSHEV, a, a + 6, 3) == w2 &&
+               isnan(xknn_distance(XKNN_METRIC_HAMMING, a, a + 6, 3)),
+           "xknn_distance: l1 and chebyshev canonical, hamming NaN");
+    }
+
     /* whamming weights */
     p = xknn_params_default();
     p.metric = XKNN_METRIC_WHAMMING;
@@ -334,7 +350,7 @@ static void math_case(void)
 int main(void)
 {
     int m, t, s;
-    plan(1 + 1 + NREAL * NDT + 2 + NREAL * NDT * NSHAPES + 2 * NSHAPES + 2 * (2 * 3 + 2) * NBIG + 21);
+    plan(1 + 1 + NREAL * NDT + 2 + NREAL * NDT * NSHAPES + 2 * NSHAPES + 2 * (2 * 3 + 2) * NBIG + 22);
 
     ok((int)REF_L1 == (int)XKNN_METRIC_L1 && (int)REF_WHAMMING == (int)XKNN_METRIC_WHAMMING &&
            (int)REF_IP == (int)XKNN_METRIC_IP && (int)REF_BIN == (int)XKNN_DTYPE_BIN &&
