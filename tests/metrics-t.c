@@ -76,6 +76,8 @@ static const shape big_shapes[] = {
     {DATA_GAUSSIAN, 2100, 150, 61, 7, 0, 0},
     {DATA_INTEGER, 1500, 0, 13, 100, 0, 0}, /* self-join, ties */
     {DATA_UNIFORM, 1100, 77, 784, 1, 0, 0},
+    {DATA_INTEGER, 33, 9, 3, 0, 0, 0},      /* one panel and one row, k = n */
+    {DATA_DUPLICATES, 2, 0, 5, 0, 0, 0},    /* self-join of two points */
 };
 #define NBIG (int)(sizeof big_shapes / sizeof big_shapes[0])
 
