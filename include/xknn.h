@@ -45,12 +45,55 @@
  *
  * LIMITS
  *   - n, nq, d, k are int64; ids are int64 (global id = params.ref_id_offset + row).
- *   - Input dtype: float32 (dtype field reserved for more types).
- *   - Metrics: XKNN_METRIC_L2 (squared Euclidean, the FAISS/big-ann convention) and
- *     XKNN_METRIC_EUCLIDEAN (its square root).
- *   - Values whose squared norm exceeds about 1e36 make the CPU BLAS path fall back to
+ *   - Input dtypes (xknn_matrix.dtype): f32, f16, bf16, u8, i8 (kept in their type in
+ *     memory, each element converted exactly to double inside the canonical distance),
+ *     and bit-packed binary (BIN, see below). NaN/Inf (f32, f16, bf16) are errors.
+ *   - BIN rows: cols = number of bits d; a row is ceil(d/64) uint64 words; bit b of a
+ *     row is bit (b % 64) of word b / 64 (little-endian words); ld counts words (0:
+ *     ceil(d/64)). Bits at positions >= d in the last word are ignored (any value).
+ *     hamming and whamming need BIN; every other metric rejects it.
+ *   - hamming distances are exact integers up to 2^24 bits (rounded once above).
+ *   - u8/i8 with l2, euclidean or ip and d <= XKNN_INT8_EXACT_MAX_D (33025): the CPU
+ *     computes the distances exactly in int32 (AVX-512 VNNI where the CPU has it); the
+ *     values are the canonical ones (integers, rounded once to float). Larger d takes
+ *     the canonical double loop (same results, slower).
+ *   - Minkowski: p >= 1, finite; integer p <= XKNN_MINKOWSKI_INT_MAX (64) by repeated
+ *     multiplication, other p through the library's own exp/log (not libm's), so every
+ *     backend computes the same bits.
+ *   - The CUDA backend covers l2 and euclidean on f32; other metrics and dtypes run on
+ *     the CPU with backend auto, and are an INVALID_ARGUMENT error with backend cuda.
+ *   - CPU paths (identical results): f32 l2/euclidean and f32 ip/cosine take sgemm
+ *     candidates with a proven error bound and a canonical re-rank (with CBLAS); u8/i8
+ *     l2/euclidean/ip the integer path below; everything else the canonical double loop
+ *     (params.cpu_path = XKNN_CPU_PATH_LOOP forces the loop everywhere).
+ *   - Values whose squared norm exceeds about 1e36 make the CPU BLAS paths fall back to
  *     the exact loop (still exact, slower).
  *   - Memory of the CPU backend: O(query_block * (ref_block + k)) per call, never nq*n.
+ *
+ * METRICS (canonical values; x_t, y_t are the elements converted exactly to double,
+ * t = 0 .. d-1 in order; "fma" is the correctly rounded fused multiply-add; every sum is
+ * a left-to-right double chain; the result is rounded ONCE to float at the end)
+ *   l2          acc = fma(x_t - y_t, x_t - y_t, acc)            value (float)acc
+ *   euclidean   the same acc                                    value (float)sqrt(acc)
+ *   l1          acc = acc + |x_t - y_t|                          value (float)acc
+ *   minkowski   acc = acc + |x_t - y_t|^p  (integer p: r = a, then r = r*a p-1 times;
+ *               other p: exp(p*log(a)), 0 for a = 0)          value (float)(acc^(1/p)):
+ *               acc for p = 1, sqrt(acc) for p = 2, else exp(log(acc)/p) (0 if acc = 0)
+ *   chebyshev   acc = max(acc, |x_t - y_t|)                     value (float)acc
+ *   ip          acc = fma(x_t, y_t, acc)                        value (float)acc; LARGER
+ *               is nearer: neighbours are ordered by (-value, id) and the value itself
+ *               is reported (the padding of pad_missing reports -inf for ip)
+ *   cosine      dot = fma(x_t, y_t, dot), nx = fma(x_t, x_t, nx), ny = fma(y_t, y_t, ny)
+ *               c = 1 - dot / sqrt(nx*ny) clipped to [0, 2]      value (float)c;
+ *               a zero vector (nx = 0 or ny = 0) has cos = 0: value exactly 1
+ *   hellinger   s = sqrt(x_t) - sqrt(y_t), acc = fma(s, s, acc)  value (float)sqrt(acc*0.5)
+ *               i.e. ||sqrt(x) - sqrt(y)||_2 / sqrt(2) (in [0, 1] for probability
+ *               vectors; inputs are not normalised). Inputs must be >= 0: a negative
+ *               value is INVALID_VALUE naming its row and column.
+ *   hamming     (BIN) number of differing bits, integer sum     value (float)count
+ *   whamming    (BIN) acc = acc + |w_b| over differing bits b in increasing b, w from
+ *               params.weights (params.weights_count must equal d; finite)
+ *                                                               value (float)acc
  */
 #ifndef XKNN_H
 #define XKNN_H
@@ -66,6 +109,9 @@
 #define XKNN_VERSION_MINOR 1
 #define XKNN_VERSION_PATCH 0
 #define XKNN_VERSION_STRING "0.1.0"
+
+/* Largest d for which u8/i8 l2/euclidean/ip distances fit int32: 65025 d < 2^31. */
+#define XKNN_INT8_EXACT_MAX_D 33025
 
 #ifdef __cplusplus
 extern "C" {
@@ -90,11 +136,24 @@ typedef enum xknn_status {
 typedef enum xknn_metric {
     XKNN_METRIC_L2 = 0,      /* squared Euclidean distance (default)     */
     XKNN_METRIC_EUCLIDEAN,   /* Euclidean distance: sqrt of XKNN_METRIC_L2 */
+    XKNN_METRIC_L1,          /* Manhattan: sum of |x - y|                  */
+    XKNN_METRIC_MINKOWSKI,   /* (sum |x - y|^p)^(1/p), p = params.p >= 1   */
+    XKNN_METRIC_CHEBYSHEV,   /* max |x - y|                                */
+    XKNN_METRIC_IP,          /* inner product, larger is nearer            */
+    XKNN_METRIC_COSINE,      /* 1 - cos; zero vector: 1                    */
+    XKNN_METRIC_HELLINGER,   /* ||sqrt x - sqrt y|| / sqrt 2, inputs >= 0  */
+    XKNN_METRIC_HAMMING,     /* differing bits (BIN dtype)                 */
+    XKNN_METRIC_WHAMMING,    /* sum of |weight| of differing bits (BIN)    */
     XKNN_METRIC_COUNT
 } xknn_metric;
 
 typedef enum xknn_dtype {
-    XKNN_DTYPE_F32 = 0,
+    XKNN_DTYPE_F32 = 0, /* float32                                                    */
+    XKNN_DTYPE_F16,     /* IEEE binary16, stored as uint16 bits                       */
+    XKNN_DTYPE_BF16,    /* bfloat16, stored as uint16 bits (high half of a float32)   */
+    XKNN_DTYPE_U8,      /* uint8                                                      */
+    XKNN_DTYPE_I8,      /* int8                                                       */
+    XKNN_DTYPE_BIN,     /* bit-packed: cols bits in uint64 words, ld in words         */
     XKNN_DTYPE_COUNT
 } xknn_dtype;
 
@@ -121,13 +180,17 @@ typedef enum xknn_cpu_path {
 typedef struct xknn_matrix {
     const void *data; /* rows x cols elements of dtype, row i at data + i*ld      */
     int64_t rows;
-    int64_t cols;
-    int64_t ld;       /* elements between consecutive rows; 0 means cols          */
-    xknn_dtype dtype; /* XKNN_DTYPE_F32                                          */
+    int64_t cols;     /* elements per row (BIN: bits per row)                     */
+    int64_t ld;       /* elements between consecutive rows; 0 means cols (BIN:
+                         uint64 words between rows; 0 means ceil(cols/64))          */
+    xknn_dtype dtype; /* XKNN_DTYPE_F32 ...                                       */
 } xknn_matrix;
 
 #define XKNN_MATRIX_F32(ptr, nrows, ncols) \
     { (const void *)(ptr), (int64_t)(nrows), (int64_t)(ncols), 0, XKNN_DTYPE_F32 }
+/* Any dtype; for XKNN_DTYPE_BIN ncols is the number of bits. */
+#define XKNN_MATRIX_TYPED(ptr, nrows, ncols, dtype) \
+    { (const void *)(ptr), (int64_t)(nrows), (int64_t)(ncols), 0, (dtype) }
 
 /* Search parameters. Zero means default, except where noted; start from
  * XKNN_PARAMS_INIT (or xknn_params_default()). */
@@ -153,10 +216,14 @@ typedef struct xknn_params {
                                     xknn_cuda_context * from include/xknn/cuda.h); it
                                     decides the device. NULL: the host call creates a
                                     temporary one on `device`                         */
+    double p;                    /* Minkowski exponent, >= 1; 0 (INIT): 2             */
+    const float *weights;        /* whamming: one weight per bit (|w| is used), host
+                                    memory; NULL otherwise                            */
+    int64_t weights_count;       /* number of weights: must equal the bit count d     */
 } xknn_params;
 
 #define XKNN_PARAMS_INIT \
-    { XKNN_BACKEND_AUTO, XKNN_METRIC_L2, 0, 0, 0, 0, 0, 0, 0, XKNN_CPU_PATH_AUTO, -1, 0, 0, 0, NULL }
+    { XKNN_BACKEND_AUTO, XKNN_METRIC_L2, 0, 0, 0, 0, 0, 0, 0, XKNN_CPU_PATH_AUTO, -1, 0, 0, 0, NULL, 0.0, NULL, 0 }
 
 /* Error report filled by calls that take one (may be NULL). message is one line,
  * without a trailing newline, naming the argument, row and column at fault. */
@@ -168,10 +235,31 @@ typedef struct xknn_error {
 /* Not collective. Static string naming a status ("success", "invalid argument"...). */
 XKNN_API const char *xknn_status_string(xknn_status status);
 XKNN_API const char *xknn_metric_name(xknn_metric metric);
-/* Parse "l2", "sqeuclidean", "euclidean"; returns XKNN_METRIC_COUNT if unknown. */
+/* Parse "l2" ("sqeuclidean"), "euclidean", "l1" ("manhattan", "cityblock"),
+ * "minkowski", "chebyshev", "ip" ("inner_product", "dot"), "cosine", "hellinger",
+ * "hamming", "whamming"; returns XKNN_METRIC_COUNT if unknown. */
 XKNN_API xknn_metric xknn_metric_from_name(const char *name);
+/* Not collective. "f32", "f16", "bf16", "u8", "i8", "bin"; "unknown" out of range. */
+XKNN_API const char *xknn_dtype_name(xknn_dtype dtype);
+/* Parses the names above (and "float32", "float16", "bfloat16", "uint8", "int8",
+ * "bits"); XKNN_DTYPE_COUNT if unknown. */
+XKNN_API xknn_dtype xknn_dtype_from_name(const char *name);
+/* Not collective. Bytes of one dense row of cols elements of dtype (BIN: cols bits in
+ * ceil(cols/64) uint64 words); 0 for an unknown dtype or cols < 0. */
+XKNN_API int64_t xknn_row_bytes(xknn_dtype dtype, int64_t cols);
+/* Not collective. Elements of a dense row (its default ld): cols, or ceil(cols/64)
+ * words for BIN. */
+XKNN_API int64_t xknn_row_elems(xknn_dtype dtype, int64_t cols);
 XKNN_API const char *xknn_backend_name(xknn_backend backend);
 XKNN_API xknn_params xknn_params_default(void);
+
+/* Not collective. Checks a host matrix for what the metric of params (NULL: l2) allows:
+ * NaN/Inf (f32, f16, bf16) -> INVALID_VALUE, a negative value with hellinger ->
+ * INVALID_VALUE; the message names `what`, the row (row_offset + i) and the column.
+ * Also checks the metric/dtype pair, p and the weights (INVALID_ARGUMENT).
+ * xknn_search does this itself; distributed layers call it on their slices. */
+XKNN_API xknn_status xknn_check_input(const xknn_params *params, const char *what, const xknn_matrix *m,
+                                      int64_t row_offset, xknn_error *err);
 
 /* 1 if the backend is compiled into this library (0 for an unknown value). */
 XKNN_API int xknn_backend_built(xknn_backend backend);
@@ -180,7 +268,8 @@ XKNN_API int xknn_cuda_device_count(void);
 
 /*
  * Exact k-nearest-neighbour search on host arrays.
- *   ref    n x d reference matrix, host memory, row-major with leading dimension.
+ *   ref    n x d reference matrix, host memory, row-major with leading dimension; any
+ *          dtype (query the same), d in bits for XKNN_DTYPE_BIN.
  *   query  nq x d query matrix, host memory; NULL: self-join of ref (exclude_self is
  *          forced on and query_id_offset = ref_id_offset).
  *   k      neighbours per query, 1 <= k <= n (n - 1 with exclude_self).
@@ -189,8 +278,10 @@ XKNN_API int xknn_cuda_device_count(void);
  *   err    filled on failure (may be NULL).
  * Synchronous; uses params->num_threads CPU threads, or the CUDA device (host arrays
  * are copied in and results out). Thread-safe: no state is shared between calls.
- * Errors: INVALID_ARGUMENT, INVALID_VALUE (NaN/Inf with row and column),
- * OUT_OF_MEMORY, NOT_BUILT / NO_DEVICE (backend cuda), DEVICE.
+ * Errors: INVALID_ARGUMENT (also: metric/dtype pair, p, weights, a metric or dtype the
+ * CUDA backend does not cover yet with backend cuda), INVALID_VALUE (NaN/Inf, or a
+ * negative value with hellinger, with row and column), OUT_OF_MEMORY, NOT_BUILT /
+ * NO_DEVICE (backend cuda), DEVICE.
  */
 XKNN_API xknn_status xknn_search(const xknn_params *params, const xknn_matrix *ref,
                                  const xknn_matrix *query, int64_t k, int64_t *ids,
@@ -199,9 +290,22 @@ XKNN_API xknn_status xknn_search(const xknn_params *params, const xknn_matrix *r
 /*
  * Canonical distance between two float vectors of length d (host memory), the value
  * every backend reports: double accumulation in dimension order with fma, rounded once
- * to float (sqrt of the double sum for XKNN_METRIC_EUCLIDEAN). Not collective.
+ * to float (sqrt of the double sum for XKNN_METRIC_EUCLIDEAN); see METRICS. Real-valued
+ * metrics only, minkowski with p = 2; NaN for hamming, whamming and unknown values
+ * (use xknn_distance_ex for those, for p, and for other dtypes). No input checks. Not
+ * collective.
  */
 XKNN_API float xknn_distance(xknn_metric metric, const float *a, const float *b, int64_t d);
+
+/*
+ * Canonical distance of any metric and dtype (see METRICS above): the value every
+ * backend reports (the inner product itself for ip). a, b: one row each of dtype,
+ * host memory, d elements (BIN: d bits). params supplies metric, p and weights (NULL:
+ * XKNN_PARAMS_INIT). Not collective. Errors: INVALID_ARGUMENT (bad metric/dtype pair,
+ * p, weights), INVALID_VALUE (NaN/Inf, negative input for hellinger).
+ */
+XKNN_API xknn_status xknn_distance_ex(const xknn_params *params, xknn_dtype dtype, const void *a, const void *b,
+                                      int64_t d, float *out, xknn_error *err);
 
 #ifdef __cplusplus
 }
@@ -240,22 +344,55 @@ const char *xknn_status_string(xknn_status status)
     return xknn__status_names[status];
 }
 
+static const char *const xknn__metric_names[XKNN_METRIC_COUNT] = {
+    "l2", "euclidean", "l1", "minkowski", "chebyshev", "ip", "cosine", "hellinger", "hamming", "whamming",
+};
+
 const char *xknn_metric_name(xknn_metric metric)
 {
-    switch (metric) {
-    case XKNN_METRIC_L2: return "l2";
-    case XKNN_METRIC_EUCLIDEAN: return "euclidean";
-    default: return "unknown";
-    }
+    if ((int)metric < 0 || metric >= XKNN_METRIC_COUNT) return "unknown";
+    return xknn__metric_names[metric];
 }
 
 xknn_metric xknn_metric_from_name(const char *name)
 {
+    static const struct {
+        const char *name;
+        xknn_metric metric;
+    } aliases[] = {{"sqeuclidean", XKNN_METRIC_L2},   {"L2", XKNN_METRIC_L2},
+                   {"manhattan", XKNN_METRIC_L1},     {"cityblock", XKNN_METRIC_L1},
+                   {"inner_product", XKNN_METRIC_IP}, {"dot", XKNN_METRIC_IP}};
+    int i;
     if (!name) return XKNN_METRIC_COUNT;
-    if (!strcmp(name, "l2") || !strcmp(name, "sqeuclidean") || !strcmp(name, "L2"))
-        return XKNN_METRIC_L2;
-    if (!strcmp(name, "euclidean")) return XKNN_METRIC_EUCLIDEAN;
+    for (i = 0; i < (int)XKNN_METRIC_COUNT; i++)
+        if (!strcmp(name, xknn__metric_names[i])) return (xknn_metric)i;
+    for (i = 0; i < (int)(sizeof aliases / sizeof aliases[0]); i++)
+        if (!strcmp(name, aliases[i].name)) return aliases[i].metric;
     return XKNN_METRIC_COUNT;
+}
+
+static const char *const xknn__dtype_names[XKNN_DTYPE_COUNT] = {"f32", "f16", "bf16", "u8", "i8", "bin"};
+
+const char *xknn_dtype_name(xknn_dtype dtype)
+{
+    if ((int)dtype < 0 || dtype >= XKNN_DTYPE_COUNT) return "unknown";
+    return xknn__dtype_names[dtype];
+}
+
+xknn_dtype xknn_dtype_from_name(const char *name)
+{
+    static const struct {
+        const char *name;
+        xknn_dtype dtype;
+    } aliases[] = {{"float32", XKNN_DTYPE_F32}, {"float16", XKNN_DTYPE_F16}, {"bfloat16", XKNN_DTYPE_BF16},
+                   {"uint8", XKNN_DTYPE_U8},    {"int8", XKNN_DTYPE_I8},     {"bits", XKNN_DTYPE_BIN}};
+    int i;
+    if (!name) return XKNN_DTYPE_COUNT;
+    for (i = 0; i < (int)XKNN_DTYPE_COUNT; i++)
+        if (!strcmp(name, xknn__dtype_names[i])) return (xknn_dtype)i;
+    for (i = 0; i < (int)(sizeof aliases / sizeof aliases[0]); i++)
+        if (!strcmp(name, aliases[i].name)) return aliases[i].dtype;
+    return XKNN_DTYPE_COUNT;
 }
 
 const char *xknn_backend_name(xknn_backend backend)
@@ -288,7 +425,21 @@ int xknn_cuda_device_count(void) { return xknn__cuda_built() ? xknn__cuda_device
 
 float xknn_distance(xknn_metric metric, const float *a, const float *b, int64_t d)
 {
-    return xknn__canonical(metric, a, b, d);
+    xknn__cm_spec spec;
+    if (metric == XKNN_METRIC_L2 || metric == XKNN_METRIC_EUCLIDEAN) return xknn__canonical(metric, a, b, d);
+    if ((int)metric < 0 || metric >= XKNN_METRIC_HAMMING) return NAN;
+    spec.metric = metric;
+    spec.dtype = XKNN_DTYPE_F32;
+    spec.p = 2.0;
+    spec.weights = NULL;
+    return xknn__cm_dist_f32(&spec, a, b, d);
+}
+
+/* What the CUDA backend covers today; everything else runs on the CPU (backend auto)
+ * or is refused (backend cuda). */
+static int xknn__cuda_supports(xknn_metric metric, xknn_dtype dtype)
+{
+    return dtype == XKNN_DTYPE_F32 && (metric == XKNN_METRIC_L2 || metric == XKNN_METRIC_EUCLIDEAN);
 }
 
 /* printf-style fill of an error report; returns status for `return xknn__fail(...)`. */
@@ -324,7 +475,7 @@ static int xknn__row_nonfinite(const float *row, int64_t cols)
 
 /* Checks a float matrix for NaN/Inf; reports the first offending row and column.
  * Rows are scanned in parallel (OpenMP when the implementation is compiled with it). */
-static xknn_status xknn__check_finite(const char *what, const xknn_matrix *m, xknn_error *err)
+static xknn_status xknn__check_finite(const char *what, const xknn_matrix *m, int64_t row_offset, xknn_error *err)
 {
     const float *base = (const float *)m->data;
     const int64_t ld = m->ld ? m->ld : m->cols;
@@ -339,34 +490,228 @@ static xknn_status xknn__check_finite(const char *what, const xknn_matrix *m, xk
         for (j = 0; j < m->cols; j++)
             if (!isfinite(row[j]))
                 return xknn__fail(err, XKNN_ERROR_INVALID_VALUE, "%s row %lld column %lld is %s", what,
-                                  (long long)first, (long long)j, isnan(row[j]) ? "NaN" : "Inf");
+                                  (long long)(row_offset + first), (long long)j, isnan(row[j]) ? "NaN" : "Inf");
     }
+    return XKNN_SUCCESS;
+}
+
+static xknn_status xknn__check_matrix(const char *what, const xknn_matrix *m, xknn_error *err);
+static size_t xknn__elem_bytes(xknn_dtype dtype);
+
+/* Elements (BIN: uint64 words) in one row of m, and its leading dimension. */
+static int64_t xknn__row_elems(xknn_dtype dtype, int64_t cols)
+{
+    return dtype == XKNN_DTYPE_BIN ? (cols + 63) / 64 : cols;
+}
+
+int64_t xknn_row_elems(xknn_dtype dtype, int64_t cols) { return xknn__row_elems(dtype, cols); }
+
+int64_t xknn_row_bytes(xknn_dtype dtype, int64_t cols)
+{
+    if ((int)dtype < 0 || dtype >= XKNN_DTYPE_COUNT || cols < 0) return 0;
+    return xknn__row_elems(dtype, cols) * (int64_t)xknn__elem_bytes(dtype);
+}
+
+static int64_t xknn__ld(const xknn_matrix *m) { return m->ld ? m->ld : xknn__row_elems(m->dtype, m->cols); }
+
+/* Bytes of one element (BIN: of one word). */
+static size_t xknn__elem_bytes(xknn_dtype dtype)
+{
+    switch (dtype) {
+    case XKNN_DTYPE_F16:
+    case XKNN_DTYPE_BF16: return 2;
+    case XKNN_DTYPE_U8:
+    case XKNN_DTYPE_I8: return 1;
+    case XKNN_DTYPE_BIN: return 8;
+    default: return 4;
+    }
+}
+
+/* The metric, its parameters and the dtype fit together (d: columns, bits for BIN). */
+static xknn_status xknn__check_metric(const xknn_params *p, xknn_dtype dtype, int64_t d, xknn_error *err)
+{
+    const int bin_metric = p->metric == XKNN_METRIC_HAMMING || p->metric == XKNN_METRIC_WHAMMING;
+    int64_t b;
+    if ((int)p->metric < 0 || p->metric >= XKNN_METRIC_COUNT)
+        return xknn__fail(err, XKNN_ERROR_INVALID_ARGUMENT, "unknown metric %d", (int)p->metric);
+    if ((int)dtype < 0 || dtype >= XKNN_DTYPE_COUNT)
+        return xknn__fail(err, XKNN_ERROR_INVALID_ARGUMENT, "unknown dtype %d", (int)dtype);
+    if (bin_metric && dtype != XKNN_DTYPE_BIN)
+        return xknn__fail(err, XKNN_ERROR_INVALID_ARGUMENT,
+                          "metric '%s' needs bit-packed input (dtype bin), got dtype %s", xknn_metric_name(p->metric),
+                          xknn_dtype_name(dtype));
+    if (!bin_metric && dtype == XKNN_DTYPE_BIN)
+        return xknn__fail(err, XKNN_ERROR_INVALID_ARGUMENT,
+                          "metric '%s' does not accept bit-packed input (dtype bin): use hamming or whamming",
+                          xknn_metric_name(p->metric));
+    if (p->metric == XKNN_METRIC_MINKOWSKI && p->p != 0.0 && !(p->p >= 1.0 && p->p <= 1e300))
+        return xknn__fail(err, XKNN_ERROR_INVALID_ARGUMENT, "minkowski p=%g: need a finite p >= 1", p->p);
+    if (p->metric == XKNN_METRIC_WHAMMING) {
+        if (!p->weights)
+            return xknn__fail(err, XKNN_ERROR_INVALID_ARGUMENT, "whamming needs weights (params.weights is NULL)");
+        if (p->weights_count != d)
+            return xknn__fail(err, XKNN_ERROR_INVALID_ARGUMENT,
+                              "whamming: %lld weights for %lld bits: need exactly one weight per bit",
+                              (long long)p->weights_count, (long long)d);
+        for (b = 0; b < d; b++)
+            if (!isfinite(p->weights[b]))
+                return xknn__fail(err, XKNN_ERROR_INVALID_VALUE, "whamming weight %lld is %s", (long long)b,
+                                  isnan(p->weights[b]) ? "NaN" : "Inf");
+    }
+    return XKNN_SUCCESS;
+}
+
+/* 1 if a 16-bit float (f16: exponent mask 0x7c00; bf16: 0x7f80) is NaN or Inf. */
+static int xknn__row_nonfinite16(const uint16_t *row, int64_t cols, uint16_t mask)
+{
+    uint32_t bad = 0;
+    int64_t j;
+    for (j = 0; j < cols; j++) bad |= (uint32_t)((row[j] & mask) == mask);
+    return bad != 0;
+}
+
+/* Values of one matrix: NaN/Inf (float types), negatives (hellinger). First offending
+ * row and column in the message; rows scanned in parallel. */
+static xknn_status xknn__check_values(const xknn_params *p, const char *what, const xknn_matrix *m,
+                                      int64_t row_offset, xknn_error *err)
+{
+    const int64_t ld = xknn__ld(m), rows = m->rows, cols = m->cols;
+    const int hell = p->metric == XKNN_METRIC_HELLINGER;
+    int64_t i, j, first = rows;
+    if (m->dtype == XKNN_DTYPE_F32) {
+        xknn_status st = xknn__check_finite(what, m, row_offset, err);
+        if (st != XKNN_SUCCESS) return st;
+    } else if (m->dtype == XKNN_DTYPE_F16 || m->dtype == XKNN_DTYPE_BF16) {
+        const uint16_t *base = (const uint16_t *)m->data;
+        const uint16_t mask = m->dtype == XKNN_DTYPE_F16 ? 0x7c00u : 0x7f80u;
+#if defined(_OPENMP)
+#pragma omp parallel for schedule(static) reduction(min : first)
+#endif
+        for (i = 0; i < rows; i++)
+            if (i < first && xknn__row_nonfinite16(base + i * ld, cols, mask)) first = i;
+        if (first < rows) {
+            for (j = 0; j < cols; j++) {
+                const uint16_t h = base[first * ld + j];
+                if ((h & mask) == mask)
+                    return xknn__fail(err, XKNN_ERROR_INVALID_VALUE, "%s row %lld column %lld is %s", what,
+                                      (long long)(row_offset + first), (long long)j,
+                                      (h & (uint16_t)~(mask | 0x8000u)) ? "NaN" : "Inf");
+            }
+        }
+    }
+    if (!hell || m->dtype == XKNN_DTYPE_U8) return XKNN_SUCCESS;
+    first = rows;
+    {
+        const unsigned char *base = (const unsigned char *)m->data;
+        const size_t eb = xknn__elem_bytes(m->dtype);
+#if defined(_OPENMP)
+#pragma omp parallel for schedule(static) reduction(min : first)
+#endif
+        for (i = 0; i < rows; i++) {
+            const void *row = base + (size_t)(i * ld) * eb;
+            uint32_t neg = 0;
+            int64_t t;
+            if (i >= first) continue;
+            switch (m->dtype) {
+            case XKNN_DTYPE_F32:
+                for (t = 0; t < cols; t++) neg |= (uint32_t)(XKNN__CM_LOAD_F32(row, t) < 0.0);
+                break;
+            case XKNN_DTYPE_F16:
+                for (t = 0; t < cols; t++) neg |= (uint32_t)(XKNN__CM_LOAD_F16(row, t) < 0.0);
+                break;
+            case XKNN_DTYPE_BF16:
+                for (t = 0; t < cols; t++) neg |= (uint32_t)(XKNN__CM_LOAD_BF16(row, t) < 0.0);
+                break;
+            default:
+                for (t = 0; t < cols; t++) neg |= (uint32_t)(XKNN__CM_LOAD_I8(row, t) < 0.0);
+                break;
+            }
+            if (neg) first = i;
+        }
+        if (first < rows) {
+            const void *row = base + (size_t)(first * ld) * eb;
+            for (j = 0; j < cols; j++) {
+                double v;
+                switch (m->dtype) {
+                case XKNN_DTYPE_F32: v = XKNN__CM_LOAD_F32(row, j); break;
+                case XKNN_DTYPE_F16: v = XKNN__CM_LOAD_F16(row, j); break;
+                case XKNN_DTYPE_BF16: v = XKNN__CM_LOAD_BF16(row, j); break;
+                default: v = XKNN__CM_LOAD_I8(row, j); break;
+                }
+                if (v < 0.0)
+                    return xknn__fail(err, XKNN_ERROR_INVALID_VALUE,
+                                      "%s row %lld column %lld is %g: hellinger needs non-negative values", what,
+                                      (long long)(row_offset + first), (long long)j, v);
+            }
+        }
+    }
+    return XKNN_SUCCESS;
+}
+
+static xknn_params xknn__resolved(const xknn_params *params)
+{
+    xknn_params p = params ? *params : xknn_params_default();
+    if (p.metric == XKNN_METRIC_MINKOWSKI && p.p == 0.0) p.p = 2.0;
+    return p;
+}
+
+xknn_status xknn_check_input(const xknn_params *params, const char *what, const xknn_matrix *m, int64_t row_offset,
+                             xknn_error *err)
+{
+    const xknn_params p = xknn__resolved(params);
+    xknn_status st;
+    if (err) {
+        err->status = XKNN_SUCCESS;
+        err->message[0] = '\0';
+    }
+    if (!m || !what) return xknn__fail(err, XKNN_ERROR_INVALID_ARGUMENT, "xknn_check_input: NULL argument");
+    if ((st = xknn__check_matrix(what, m, err)) != XKNN_SUCCESS) return st;
+    if ((st = xknn__check_metric(&p, m->dtype, m->cols, err)) != XKNN_SUCCESS) return st;
+    return xknn__check_values(&p, what, m, row_offset, err);
+}
+
+xknn_status xknn_distance_ex(const xknn_params *params, xknn_dtype dtype, const void *a, const void *b, int64_t d,
+                             float *out, xknn_error *err)
+{
+    const xknn_params p = xknn__resolved(params);
+    xknn_matrix ma = XKNN_MATRIX_TYPED(a, 1, d, dtype), mb = XKNN_MATRIX_TYPED(b, 1, d, dtype);
+    xknn__cm_spec spec;
+    xknn_status st;
+    if (!out) return xknn__fail(err, XKNN_ERROR_INVALID_ARGUMENT, "xknn_distance_ex: out is NULL");
+    if ((st = xknn_check_input(&p, "a", &ma, 0, err)) != XKNN_SUCCESS) return st;
+    if ((st = xknn_check_input(&p, "b", &mb, 0, err)) != XKNN_SUCCESS) return st;
+    spec.metric = p.metric;
+    spec.dtype = dtype;
+    spec.p = p.p;
+    spec.weights = p.weights;
+    *out = xknn__cm_distance(&spec, a, b, d);
     return XKNN_SUCCESS;
 }
 
 static xknn_status xknn__check_matrix(const char *what, const xknn_matrix *m, xknn_error *err)
 {
     if (!m->data) return xknn__fail(err, XKNN_ERROR_INVALID_ARGUMENT, "%s data is NULL", what);
-    if (m->dtype != XKNN_DTYPE_F32)
-        return xknn__fail(err, XKNN_ERROR_INVALID_ARGUMENT, "%s dtype %d is not supported (float32 only)",
-                          what, (int)m->dtype);
+    if ((int)m->dtype < 0 || m->dtype >= XKNN_DTYPE_COUNT)
+        return xknn__fail(err, XKNN_ERROR_INVALID_ARGUMENT, "%s has unknown dtype %d", what, (int)m->dtype);
     if (m->rows <= 0)
         return xknn__fail(err, XKNN_ERROR_INVALID_ARGUMENT, "%s has %lld rows: need at least 1", what,
                           (long long)m->rows);
     if (m->cols <= 0)
         return xknn__fail(err, XKNN_ERROR_INVALID_ARGUMENT, "%s has dimension d=%lld: need d >= 1",
                           what, (long long)m->cols);
-    if (m->ld != 0 && m->ld < m->cols)
+    if (m->ld != 0 && m->ld < xknn__row_elems(m->dtype, m->cols))
         return xknn__fail(err, XKNN_ERROR_INVALID_ARGUMENT,
-                          "%s leading dimension %lld is smaller than its %lld columns", what,
-                          (long long)m->ld, (long long)m->cols);
+                          m->dtype == XKNN_DTYPE_BIN
+                              ? "%s leading dimension %lld is smaller than its row of %lld words"
+                              : "%s leading dimension %lld is smaller than its %lld columns",
+                          what, (long long)m->ld, (long long)xknn__row_elems(m->dtype, m->cols));
     return XKNN_SUCCESS;
 }
 
 xknn_status xknn_search(const xknn_params *params, const xknn_matrix *ref, const xknn_matrix *query,
                         int64_t k, int64_t *ids, float *dist, xknn_error *err)
 {
-    xknn_params p = params ? *params : xknn_params_default();
+    xknn_params p = xknn__resolved(params);
     xknn__job job;
     xknn_status st;
     int64_t avail;
@@ -383,13 +728,16 @@ xknn_status xknn_search(const xknn_params *params, const xknn_matrix *ref, const
             return xknn__fail(err, XKNN_ERROR_INVALID_ARGUMENT,
                               "dimension mismatch: reference has d=%lld, query has d=%lld",
                               (long long)ref->cols, (long long)query->cols);
+        if (query->dtype != ref->dtype)
+            return xknn__fail(err, XKNN_ERROR_INVALID_ARGUMENT,
+                              "dtype mismatch: reference is %s, query is %s", xknn_dtype_name(ref->dtype),
+                              xknn_dtype_name(query->dtype));
     } else {
         p.exclude_self = 1;
         p.query_id_offset = p.ref_id_offset;
     }
     if (!ids) return xknn__fail(err, XKNN_ERROR_INVALID_ARGUMENT, "output ids is NULL");
-    if ((int)p.metric < 0 || p.metric >= XKNN_METRIC_COUNT)
-        return xknn__fail(err, XKNN_ERROR_INVALID_ARGUMENT, "unknown metric %d", (int)p.metric);
+    if ((st = xknn__check_metric(&p, ref->dtype, ref->cols, err)) != XKNN_SUCCESS) return st;
     if ((int)p.backend < 0 || p.backend >= XKNN_BACKEND_COUNT)
         return xknn__fail(err, XKNN_ERROR_INVALID_ARGUMENT, "unknown backend %d", (int)p.backend);
     if ((int)p.cpu_path < 0 || p.cpu_path >= XKNN_CPU_PATH_COUNT)
@@ -415,17 +763,20 @@ xknn_status xknn_search(const xknn_params *params, const xknn_matrix *ref, const
                               : "k=%lld is larger than the number of references n=%lld",
                           (long long)k, (long long)avail);
 
-    if ((st = xknn__check_finite("reference", ref, err)) != XKNN_SUCCESS) return st;
-    if (query && (st = xknn__check_finite("query", query, err)) != XKNN_SUCCESS) return st;
+    if ((st = xknn__check_values(&p, "reference", ref, 0, err)) != XKNN_SUCCESS) return st;
+    if (query && (st = xknn__check_values(&p, "query", query, 0, err)) != XKNN_SUCCESS) return st;
 
     memset(&job, 0, sizeof job);
-    job.ref = (const float *)ref->data;
+    job.dtype = ref->dtype;
+    job.ref_data = ref->data;
+    job.query_data = query ? query->data : ref->data;
+    job.ref = ref->dtype == XKNN_DTYPE_F32 ? (const float *)ref->data : NULL;
     job.n = ref->rows;
     job.d = ref->cols;
-    job.ldr = ref->ld ? ref->ld : ref->cols;
-    job.query = query ? (const float *)query->data : job.ref;
+    job.ldr = xknn__ld(ref);
+    job.query = ref->dtype == XKNN_DTYPE_F32 ? (const float *)job.query_data : NULL;
     job.nq = query ? query->rows : ref->rows;
-    job.ldq = query ? (query->ld ? query->ld : query->cols) : job.ldr;
+    job.ldq = query ? xknn__ld(query) : job.ldr;
     job.k = k;
     job.ids = ids;
     job.dist = dist;
@@ -435,6 +786,12 @@ xknn_status xknn_search(const xknn_params *params, const xknn_matrix *ref, const
 
     switch (p.backend) {
     case XKNN_BACKEND_CUDA:
+        if (!xknn__cuda_supports(p.metric, job.dtype))
+            return xknn__fail(err, XKNN_ERROR_INVALID_ARGUMENT,
+                              job.dtype != XKNN_DTYPE_F32
+                                  ? "dtype '%s' is not supported by the CUDA backend yet (use backend cpu or auto)"
+                                  : "metric '%s' is not supported by the CUDA backend yet (use backend cpu or auto)",
+                              job.dtype != XKNN_DTYPE_F32 ? xknn_dtype_name(job.dtype) : xknn_metric_name(p.metric));
         if (!xknn__cuda_built())
             return xknn__fail(err, XKNN_ERROR_NOT_BUILT,
                               "backend cuda: this xknn was built without CUDA (reconfigure with -Dcuda=enabled)");
@@ -443,7 +800,7 @@ xknn_status xknn_search(const xknn_params *params, const xknn_matrix *ref, const
         st = xknn__cuda_search(&job);
         break;
     case XKNN_BACKEND_AUTO:
-        if (xknn__cuda_built() && xknn__cuda_device_count() > 0) {
+        if (xknn__cuda_supports(p.metric, job.dtype) && xknn__cuda_built() && xknn__cuda_device_count() > 0) {
             st = xknn__cuda_search(&job);
             break;
         }

@@ -207,12 +207,15 @@ XKNN_API xknn_status xknn_mpi_agree(xknn_mpi_context *ctx, xknn_status status, x
 
 /*
  * Collective. Distributed exact k-NN.
- *   params      host, may be NULL (defaults); the same metric on every rank. The library
+ *   params      host, may be NULL (defaults); the same metric, p and weights (whamming:
+ *               each rank passes its own host copy of the same weights) on every rank;
+ *               metric, p and weights_count are checked to agree. The library
  *               sets pad_missing, ref_id_offset and query_id_offset itself; device -1
  *               means the context's device. exclude_self (non-self-join) is honoured
  *               with query ids params->query_id_offset + row, as in xknn_search.
  *   ref         this rank's slice: host, rows x d, row-major with ld; NULL or 0 rows
- *               for an empty slice. The slices of all ranks must together be exactly
+ *               for an empty slice. Any dtype (xknn.h LIMITS), the same on every rank
+ *               and for the queries; query blocks travel in that dtype. The slices of all ranks must together be exactly
  *               the rows [0, n) (any order of ranks, any sizes).
  *   ref_offset  global id of this slice's row 0 (ignored for an empty slice).
  *   query       on query_root: nq x d host matrix; ignored elsewhere (pass NULL).
@@ -222,7 +225,9 @@ XKNN_API xknn_status xknn_mpi_agree(xknn_mpi_context *ctx, xknn_status status, x
  *               computed, merged and dropped (benchmarks of the search itself).
  *   stats       host, may be NULL.
  *   err         host, may be NULL; the same message on every rank on failure.
- * Memory per rank: about query_block * (2*d*4 + 4*k*12) bytes, plus the gather arrays.
+ * Memory per rank: about query_block * (2*row_bytes + 4*k*12) bytes, plus the gather
+ * arrays (row_bytes = d * element size; ceil(d/64) * 8 for bits). For ip the merge
+ * orders by (-value, id), as xknn_search does.
  * Errors (agreed): INVALID_ARGUMENT (sizes, k, slices that do not partition [0, n),
  * mismatched arguments between ranks), INVALID_VALUE (NaN/Inf: rank, global row and
  * column), OUT_OF_MEMORY, NOT_BUILT/NO_DEVICE/DEVICE (backend), the sink's status, MPI.

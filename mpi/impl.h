@@ -55,14 +55,16 @@ int xknn__mpi_recv_cands(const xknn_mpi_context *ctx, xknn__cands *c, int64_t ro
                          unsigned char *staging, int src, int tag);
 
 /* Merges two sorted candidate lists per row into out (k per row): order (distance,
- * id), padding (id < 0) last. Not collective. */
-void xknn__merge_rows(const xknn__cands *a, const xknn__cands *b, xknn__cands *out, int64_t rows, int64_t k);
+ * id), by (-distance, id) when neg (metric ip), padding (id < 0) last. Not collective. */
+void xknn__merge_rows(const xknn__cands *a, const xknn__cands *b, xknn__cands *out, int64_t rows, int64_t k,
+                      int neg);
 
 /* Binomial-tree reduction of rows x k candidate lists to `owner`. On entry *cur holds
  * this rank's sorted lists; recv and spare are scratch of the same size. On the owner,
- * *result points to the merged lists (one of cur/spare); elsewhere NULL.
+ * *result points to the merged lists (one of cur/spare); elsewhere NULL. neg: as in
+ * xknn__merge_rows.
  * Returns an MPI return code. Collective over the context (every rank calls it). */
-int xknn__tree_reduce(const xknn_mpi_context *ctx, int owner, int64_t rows, int64_t k, xknn__cands *cur,
+int xknn__tree_reduce(const xknn_mpi_context *ctx, int owner, int64_t rows, int64_t k, int neg, xknn__cands *cur,
                       xknn__cands *recv, xknn__cands *spare, unsigned char *staging, const xknn__cands **result);
 
 /* A rank's reference slice resident on its GPU for a whole search (mpi/resident.c). */

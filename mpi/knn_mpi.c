@@ -58,6 +58,12 @@ typedef struct knn_opts {
     /* classification / regression (knn_predict.c) */
     const char *labels, *targets, *query_labels, *predict;
     xknn_vote vote;
+    /* metrics and bit vectors */
+    double p;               /* -p: Minkowski exponent (0: not given)               */
+    const char *weights;    /* --weights FILE (whamming)                           */
+    int bits;               /* --bits: uint8 bytes are packed bits                 */
+    int binarize;           /* --binarize T given                                  */
+    double threshold;       /* T: a value > T is a 1 bit                           */
 } knn_opts;
 
 static void knn__usage(FILE *f)
@@ -72,7 +78,17 @@ static void knn__usage(FILE *f)
             "\n"
             "Options:\n"
             "  -k N                 neighbours per query (default 10; at most n, or n-1 without QUERY)\n"
-            "  -m, --metric NAME    l2 (squared Euclidean, default) or euclidean\n"
+            "  -m, --metric NAME    l2 (squared Euclidean, default), euclidean, l1, minkowski,\n"
+            "                       chebyshev, ip (inner product, largest first), cosine (1 - cos;\n"
+            "                       1 for a zero vector), hellinger (inputs >= 0), hamming or\n"
+            "                       whamming (bit vectors: need --bits or --binarize)\n"
+            "  -p P                 Minkowski exponent, P >= 1 (default 2; with -m minkowski)\n"
+            "      --weights FILE   whamming: one float weight per bit (|w| is used), as an .fbin\n"
+            "                       of n=1 row and d=bits, or a float32 .npy of bits values\n"
+            "      --bits           read uint8 data (.u8bin, .bvecs, IDX ubyte, npy |u1, .bin with\n"
+            "                       --dtype u8) as packed bits: d bytes -> 8d bits, bit b of byte j\n"
+            "                       is bit 8j+b\n"
+            "      --binarize T     real data -> bits: bit t is 1 when value t > T\n"
             "  -o, --output FILE    result file; '.ivecs' writes ids only (per row: int32 k, k int32\n"
             "                       ids), anything else the big-ann ground-truth layout (uint32 nq,\n"
             "                       uint32 k, int32 ids[nq*k], float32 dist[nq*k]).\n"
@@ -84,7 +100,10 @@ static void knn__usage(FILE *f)
             "      --ids64          64-bit ids in the .bin result (needed above 2^31-1 references)\n"
             "      --backend NAME   auto (default), cpu or cuda\n"
             "      --query-block N  queries per broadcast block (default: automatic)\n"
-            "      --dtype T        element type of '.bin' inputs: f32 (default), u8, i8, f16\n"
+            "      --dtype T        element type of '.bin' inputs: f32 (default), u8, i8, f16.\n"
+            "                       Values are searched in their own type (u8 and i8 l2/euclidean/ip\n"
+            "                       exactly in integers); f16 with l2/euclidean widens to float32\n"
+            "                       exactly (same results, faster)\n"
             "      --threads N      CPU threads per rank (default: OpenMP default)\n"
             "      --device-memory BYTES\n"
             "                       device memory the CUDA backend may use per rank, with an\n"
@@ -256,9 +275,41 @@ static int knn__parse(int argc, char **argv, knn_opts *o, char *msg, size_t msz)
             KNN_NEED_VALUE();
             o->metric = xknn_metric_from_name(val);
             if (o->metric == XKNN_METRIC_COUNT) {
-                snprintf(msg, msz, "%s: unknown metric '%s' (use l2 or euclidean)", name, val);
+                snprintf(msg, msz,
+                         "%s: unknown metric '%s' (use l2, euclidean, l1, minkowski, chebyshev, ip, cosine, "
+                         "hellinger, hamming or whamming)",
+                         name, val);
                 return EXIT_USAGE;
             }
+        } else if (KNN_FLAG("-p", NULL)) { /* ---- metric options: -p, --weights, --bits, --binarize */
+            char *end;
+            KNN_NEED_VALUE();
+            errno = 0;
+            o->p = strtod(val, &end);
+            if (!*val || *end || errno || !(o->p >= 1.0 && o->p <= 1e300)) {
+                snprintf(msg, msz, "-p: '%s' is not a number >= 1 (the Minkowski exponent)", val);
+                return EXIT_USAGE;
+            }
+        } else if (KNN_FLAG(NULL, "--weights")) {
+            KNN_NEED_VALUE();
+            if (!*val) {
+                snprintf(msg, msz, "--weights: empty file name");
+                return EXIT_USAGE;
+            }
+            o->weights = val;
+        } else if (KNN_FLAG(NULL, "--bits")) {
+            KNN_NO_VALUE();
+            o->bits = 1;
+        } else if (KNN_FLAG(NULL, "--binarize")) {
+            char *end;
+            KNN_NEED_VALUE();
+            errno = 0;
+            o->threshold = strtod(val, &end);
+            if (!*val || *end || errno || !isfinite(o->threshold)) {
+                snprintf(msg, msz, "--binarize: '%s' is not a finite number", val);
+                return EXIT_USAGE;
+            }
+            o->binarize = 1; /* ---- end of metric options */
         } else if (KNN_FLAG("-o", "--output")) {
             KNN_NEED_VALUE();
             if (!*val) {
@@ -385,6 +436,36 @@ static int knn__parse(int argc, char **argv, knn_opts *o, char *msg, size_t msz)
         lp.out_path = o->predict;
         if (knn_predict_check_options(&lp, msg, msz)) return EXIT_USAGE;
     }
+    {
+        const int bin_metric = o->metric == XKNN_METRIC_HAMMING || o->metric == XKNN_METRIC_WHAMMING;
+        if (o->p != 0.0 && o->metric != XKNN_METRIC_MINKOWSKI) {
+            snprintf(msg, msz, "-p is the Minkowski exponent: use it with -m minkowski (metric is %s)",
+                     xknn_metric_name(o->metric));
+            return EXIT_USAGE;
+        }
+        if (o->bits && o->binarize) {
+            snprintf(msg, msz, "--bits and --binarize both make bit vectors: give one of them");
+            return EXIT_USAGE;
+        }
+        if ((o->bits || o->binarize) && !bin_metric) {
+            snprintf(msg, msz, "%s makes bit vectors: use -m hamming or -m whamming (metric is %s)",
+                     o->bits ? "--bits" : "--binarize", xknn_metric_name(o->metric));
+            return EXIT_USAGE;
+        }
+        if (bin_metric && !o->bits && !o->binarize) {
+            snprintf(msg, msz, "-m %s compares bit vectors: add --bits (packed uint8 data) or --binarize T",
+                     xknn_metric_name(o->metric));
+            return EXIT_USAGE;
+        }
+        if (o->metric == XKNN_METRIC_WHAMMING && !o->weights) {
+            snprintf(msg, msz, "-m whamming needs --weights FILE (one weight per bit)");
+            return EXIT_USAGE;
+        }
+        if (o->weights && o->metric != XKNN_METRIC_WHAMMING) {
+            snprintf(msg, msz, "--weights is for -m whamming (metric is %s)", xknn_metric_name(o->metric));
+            return EXIT_USAGE;
+        }
+    }
     return EXIT_OK;
 }
 
@@ -493,7 +574,10 @@ typedef struct knn_run {
     xknn_read_opts ropts;
     xknn_file_info rinfo, qinfo;
     int64_t n, d, nq, row0, rows;
-    float *ref, *query;
+    void *ref, *query;      /* rows of dtype (BIN: packed words)                  */
+    xknn_dtype dtype;       /* what is searched                                   */
+    int64_t dsearch;        /* columns searched: d, or bits for BIN               */
+    float *weights;         /* whamming, dsearch values                           */
     xknn_params params;
     const char *backend_used;
     double t_read, t_bcast, t_search, t_reduce, t_write, t_total, t_query; /* max over ranks */
@@ -624,11 +708,28 @@ static xknn_status knn__device_census(knn_run *r, int has_device, xknn_error *er
 }
 #endif
 
+/* ---- whamming weights: every rank reads the small file itself ----------------------- */
+static xknn_status knn__read_weights(knn_run *r, xknn_error *err)
+{
+    xknn_file_info wi;
+    xknn_read_opts wo = XKNN_READ_OPTS_INIT;
+    xknn_status st = xknn_file_probe(r->o.weights, &wo, &wi, err);
+    if (st != XKNN_SUCCESS) return st;
+    if (!((wi.rows == 1 && wi.cols == r->dsearch) || (wi.cols == 1 && wi.rows == r->dsearch)))
+        return knn__fail(err, XKNN_ERROR_INVALID_ARGUMENT,
+                         "--weights %s holds %lld x %lld values: need one weight per bit (%lld), as 1 x %lld",
+                         r->o.weights, (long long)wi.rows, (long long)wi.cols, (long long)r->dsearch,
+                         (long long)r->dsearch);
+    r->weights = (float *)malloc((size_t)r->dsearch * sizeof(float));
+    if (!r->weights) return knn__fail(err, XKNN_ERROR_OUT_OF_MEMORY, "out of memory for %lld weights", (long long)r->dsearch);
+    return xknn_file_read_rows(r->o.weights, &wi, 0, wi.rows, r->weights, err);
+}
+
 /* ---- step: probe the inputs, check sizes, resolve the output ----------------------- */
 static xknn_status knn__plan(knn_run *r, xknn_error *err)
 {
     xknn_status st;
-    int64_t sz[3];
+    int64_t sz[4];
     const knn_opts *o = &r->o;
 
     r->ropts.format = XKNN_FORMAT_AUTO;
@@ -644,13 +745,46 @@ static xknn_status knn__plan(knn_run *r, xknn_error *err)
     }
     if ((st = knn__agree(r, st, err)) != XKNN_SUCCESS) return st;
 
+    /* The searched dtype (rank 0 decides: it alone probed QUERY): bits for --bits and
+     * --binarize; the files' own type, except float32 (widening is exact, so the results
+     * are those of the stored type) for l2/euclidean when the stored type has no faster
+     * path of its own (f16, the CUDA backend, or u8/i8 beyond XKNN_INT8_EXACT_MAX_D),
+     * and when REF and QUERY differ in type. */
+    if (r->rank == 0) {
+        const xknn_dtype rn = xknn_file_native_dtype(&r->rinfo);
+        const xknn_dtype qn = o->query ? xknn_file_native_dtype(&r->qinfo) : rn;
+        if (o->bits) {
+            const char *bad = r->rinfo.elem != XKNN_ELEM_U8 ? o->ref
+                              : (o->query && r->qinfo.elem != XKNN_ELEM_U8) ? o->query
+                                                                             : NULL;
+            if (bad)
+                st = knn__fail(err, XKNN_ERROR_INVALID_ARGUMENT,
+                               "--bits: %s holds %s values; packed bits come from uint8 data (.u8bin, .bvecs, IDX "
+                               "ubyte, npy |u1, .bin with --dtype u8)",
+                               bad, xknn_elem_name(bad == o->ref ? r->rinfo.elem : r->qinfo.elem));
+            r->dtype = XKNN_DTYPE_BIN;
+        } else if (o->binarize) {
+            r->dtype = XKNN_DTYPE_BIN;
+        } else if (rn != qn ||
+                   ((o->metric == XKNN_METRIC_L2 || o->metric == XKNN_METRIC_EUCLIDEAN) &&
+                    (!(rn == XKNN_DTYPE_U8 || rn == XKNN_DTYPE_I8) || r->rinfo.cols > XKNN_INT8_EXACT_MAX_D ||
+                     strcmp(r->backend_used, "cpu") != 0))) {
+            r->dtype = XKNN_DTYPE_F32;
+        } else {
+            r->dtype = rn;
+        }
+    }
+    if ((st = knn__agree(r, st, err)) != XKNN_SUCCESS) return st;
     sz[0] = r->rinfo.rows;
     sz[1] = r->rinfo.cols;
     sz[2] = o->query ? r->qinfo.rows : r->rinfo.rows;
-    if ((st = knn__bcast_i64(r, sz, 3, err)) != XKNN_SUCCESS) return knn__agree(r, st, err);
+    sz[3] = (int64_t)r->dtype;
+    if ((st = knn__bcast_i64(r, sz, 4, err)) != XKNN_SUCCESS) return knn__agree(r, st, err);
     r->n = r->rinfo.rows; /* every rank probed REF itself */
     r->d = r->rinfo.cols;
     r->nq = sz[2];
+    r->dtype = (xknn_dtype)sz[3];
+    r->dsearch = o->bits ? 8 * r->d : r->d;
 
     /* From here on every rank holds the same numbers: checks need no agreement, but
      * go through it anyway so that one code path handles every failure. */
@@ -687,7 +821,33 @@ static xknn_status knn__plan(knn_run *r, xknn_error *err)
         st = knn__fail(err, XKNN_ERROR_INVALID_ARGUMENT, "nq=%lld or k=%lld does not fit the result header (uint32)",
                        (long long)r->nq, (long long)o->k);
     if (st == XKNN_SUCCESS) st = xknn_result_layout_of(r->fmt, r->nq, o->k, &r->lay, err);
+    if (st == XKNN_SUCCESS && o->weights) st = knn__read_weights(r, err);
     return knn__agree(r, st, err);
+}
+
+/* Rows in the searched dtype; --binarize reads float32 in chunks and keeps bits. */
+static xknn_status knn__read_rows(const knn_run *r, const char *path, const xknn_file_info *info, int64_t row0,
+                                  int64_t nrows, void *out, xknn_error *err)
+{
+    const int64_t words = (r->d + 63) / 64;
+    float *tmp;
+    int64_t c0, i, t;
+    xknn_status st = XKNN_SUCCESS;
+    if (!r->o.binarize) return xknn_file_read_rows_as(path, info, row0, nrows, r->dtype, out, err);
+    tmp = (float *)malloc((size_t)(1024 * r->d) * sizeof(float));
+    if (!tmp) return knn__fail(err, XKNN_ERROR_OUT_OF_MEMORY, "out of memory binarizing %s", path);
+    for (c0 = 0; c0 < nrows && st == XKNN_SUCCESS; c0 += 1024) {
+        const int64_t c = nrows - c0 < 1024 ? nrows - c0 : 1024;
+        st = xknn_file_read_rows(path, info, row0 + c0, c, tmp, err);
+        for (i = 0; i < c && st == XKNN_SUCCESS; i++) {
+            uint64_t *w = (uint64_t *)out + (c0 + i) * words;
+            for (t = 0; t < words; t++) w[t] = 0;
+            for (t = 0; t < r->d; t++)
+                if ((double)tmp[i * r->d + t] > r->o.threshold) w[t / 64] |= 1ull << (t % 64);
+        }
+    }
+    free(tmp);
+    return st;
 }
 
 /* ---- step: read this rank's reference rows and (rank 0) the queries ----------------- */
@@ -701,22 +861,32 @@ static xknn_status knn__read(knn_run *r, xknn_error *err)
     r->row0 = 0;
     r->rows = r->n;
 #endif
+    const int64_t rb = xknn_row_bytes(r->dtype, r->dsearch);
     if (r->rows > 0) {
-        r->ref = (float *)malloc((size_t)(r->rows * r->d) * sizeof(float));
+        r->ref = malloc((size_t)(r->rows * rb));
         if (!r->ref)
             st = knn__fail(err, XKNN_ERROR_OUT_OF_MEMORY, "out of memory reading rows %lld..%lld of %s (%.1f MiB)",
                            (long long)r->row0, (long long)(r->row0 + r->rows - 1), r->o.ref,
-                           (double)(r->rows * r->d) * 4.0 / 1048576.0);
+                           (double)(r->rows * rb) / 1048576.0);
         else
-            st = xknn_file_read_rows(r->o.ref, &r->rinfo, r->row0, r->rows, r->ref, err);
+            st = knn__read_rows(r, r->o.ref, &r->rinfo, r->row0, r->rows, r->ref, err);
     }
     if (st == XKNN_SUCCESS && r->o.query && r->rank == 0) {
-        r->query = (float *)malloc((size_t)(r->nq * r->d) * sizeof(float));
+        r->query = malloc((size_t)(r->nq * rb));
         if (!r->query)
             st = knn__fail(err, XKNN_ERROR_OUT_OF_MEMORY, "out of memory reading %s (%.1f MiB)", r->o.query,
-                           (double)(r->nq * r->d) * 4.0 / 1048576.0);
+                           (double)(r->nq * rb) / 1048576.0);
         else
-            st = xknn_file_read_rows(r->o.query, &r->qinfo, 0, r->nq, r->query, err);
+            st = knn__read_rows(r, r->o.query, &r->qinfo, 0, r->nq, r->query, err);
+    }
+    if (r->o.metric == XKNN_METRIC_HELLINGER) {
+        /* negative values, named by file, row and column (the search would only say
+         * "reference" or "query") */
+        xknn_matrix m = XKNN_MATRIX_TYPED(r->ref, r->rows, r->dsearch, r->dtype);
+        if (st == XKNN_SUCCESS && r->rows > 0) st = xknn_check_input(&r->params, r->o.ref, &m, r->row0, err);
+        m.data = r->query;
+        m.rows = r->nq;
+        if (st == XKNN_SUCCESS && r->o.query && r->rank == 0) st = xknn_check_input(&r->params, r->o.query, &m, 0, err);
     }
     if (st != XKNN_SUCCESS) knn__prefix_rank(err, r->rank, r->size);
     r->t_read = knn__now() - t0;
@@ -891,8 +1061,8 @@ static xknn_status knn__search_and_write(knn_run *r, xknn_error *err)
 {
     xknn_mpi_output out = XKNN_MPI_OUTPUT_INIT;
     xknn_mpi_stats stats;
-    xknn_matrix refm = XKNN_MATRIX_F32(r->ref, r->rows, r->d);
-    xknn_matrix qm = XKNN_MATRIX_F32(r->query, r->nq, r->d);
+    xknn_matrix refm = XKNN_MATRIX_TYPED(r->ref, r->rows, r->dsearch, r->dtype);
+    xknn_matrix qm = XKNN_MATRIX_TYPED(r->query, r->nq, r->dsearch, r->dtype);
     xknn_status st;
     double t0, v[2];
     int rc;
@@ -956,8 +1126,8 @@ static xknn_status knn__search_and_write(knn_run *r, xknn_error *err)
 /* ---- serial stand-in: one search, one writer ---------------------------------------- */
 static xknn_status knn__search_and_write(knn_run *r, xknn_error *err)
 {
-    xknn_matrix refm = XKNN_MATRIX_F32(r->ref, r->rows, r->d);
-    xknn_matrix qm = XKNN_MATRIX_F32(r->query, r->nq, r->d);
+    xknn_matrix refm = XKNN_MATRIX_TYPED(r->ref, r->rows, r->dsearch, r->dtype);
+    xknn_matrix qm = XKNN_MATRIX_TYPED(r->query, r->nq, r->dsearch, r->dtype);
     int64_t *ids = NULL;
     float *dist = NULL;
     xknn_status st = XKNN_SUCCESS;
@@ -1078,6 +1248,8 @@ static xknn_status knn__write_json(const knn_run *r, double qps, xknn_error *err
             (long long)r->nq, (long long)r->o.k);
     fprintf(f, "  \"metric\": \"%s\",\n  \"ranks\": %d,\n  \"backend\": \"%s\",\n", xknn_metric_name(r->o.metric),
             r->size, r->backend_used);
+    fprintf(f, "  \"dtype\": \"%s\",\n  \"d_searched\": %lld,\n", xknn_dtype_name(r->dtype), (long long)r->dsearch);
+    if (r->o.metric == XKNN_METRIC_MINKOWSKI) fprintf(f, "  \"p\": %.17g,\n", r->params.p);
     fprintf(f, "  \"threads\": %d,\n  \"query_block\": %lld,\n  \"blocks\": %lld,\n  \"transfer\": \"%s\",\n",
             r->o.threads, (long long)r->query_block, (long long)r->blocks, r->transfer);
     fprintf(f,
@@ -1131,6 +1303,7 @@ int main(int argc, char **argv)
     r->params = xknn_params_default();
     r->params.backend = r->o.backend;
     r->params.metric = r->o.metric;
+    r->params.p = r->o.metric == XKNN_METRIC_MINKOWSKI ? (r->o.p != 0.0 ? r->o.p : 2.0) : 0.0;
     r->params.num_threads = r->o.threads;
     r->params.device_memory_budget = (size_t)r->o.device_memory;
     r->params.verbose = r->o.verbose && r->rank == 0;
@@ -1218,6 +1391,8 @@ int main(int argc, char **argv)
         knn__max_doubles(r, v, 1);
         r->t_read = v[0];
     }
+    r->params.weights = r->weights;
+    r->params.weights_count = r->weights ? r->dsearch : 0;
     st = knn__search_and_write(r, &err);
 
 report:
@@ -1264,6 +1439,7 @@ finalize:
 #endif
     free(r->ref);
     free(r->query);
+    free(r->weights);
     free(r->output);
     return code;
 }

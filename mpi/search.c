@@ -13,7 +13,7 @@
 /* What each rank tells the others before anything moves (allgathered, int64). */
 enum {
     D_STATUS, D_ROW0, D_ROWS, D_COLS, D_K, D_METRIC, D_SELF, D_QROOT, D_GROOT, D_QBLOCK,
-    D_NQ, D_QCOLS, D_EXCL, D_QOFF, D_COUNT
+    D_NQ, D_QCOLS, D_EXCL, D_QOFF, D_DTYPE, D_QDTYPE, D_PBITS, D_WCOUNT, D_COUNT
 };
 
 /* One query block: global rows [q0, q0 + rows), broadcast by rank src. */
@@ -67,26 +67,30 @@ static void xknn__next_block(xknn__blocks *it, xknn__block *b)
     }
 }
 
-static void xknn__pad(xknn__cands *c, int64_t m)
+/* Padding of a rank with nothing to search: id -1, the worst value (-inf for ip). */
+static void xknn__pad(xknn__cands *c, int64_t m, int neg)
 {
     int64_t i;
     for (i = 0; i < m; i++) {
         c->ids[i] = -1;
-        c->dist[i] = INFINITY;
+        c->dist[i] = neg ? -INFINITY : INFINITY;
     }
 }
 
-/* Copies rows [row, row + rows) of a host matrix into a dense buffer (ld = d). */
-static void xknn__pack(float *dst, const xknn_matrix *m, int64_t row, int64_t rows, int64_t d)
+/* Copies rows [row, row + rows) of a host matrix into a dense buffer of rows of
+ * row_bytes bytes (the matrix's dtype, its ld in elements). */
+static void xknn__pack(unsigned char *dst, const xknn_matrix *m, int64_t row, int64_t rows, int64_t row_bytes)
 {
-    const int64_t ld = m->ld ? m->ld : m->cols;
-    const float *src = (const float *)m->data + row * ld;
+    const int64_t elems = xknn_row_elems(m->dtype, m->cols);
+    const int64_t esz = row_bytes / elems;
+    const int64_t ld_bytes = (m->ld ? m->ld : elems) * esz;
+    const unsigned char *src = (const unsigned char *)m->data + row * ld_bytes;
     int64_t i;
-    if (ld == d) {
-        memcpy(dst, src, (size_t)(rows * d) * sizeof(float));
+    if (ld_bytes == row_bytes) {
+        memcpy(dst, src, (size_t)(rows * row_bytes));
         return;
     }
-    for (i = 0; i < rows; i++) memcpy(dst + i * d, src + i * ld, (size_t)d * sizeof(float));
+    for (i = 0; i < rows; i++) memcpy(dst + i * row_bytes, src + i * ld_bytes, (size_t)row_bytes);
 }
 
 /* Structural checks of one matrix argument (not the values). */
@@ -94,47 +98,31 @@ static xknn_status xknn__check_arg(int rank, const char *what, const xknn_matrix
 {
     if (!m->data)
         return xknn__mpi_fail(err, XKNN_ERROR_INVALID_ARGUMENT, "rank %d: %s data is NULL", rank, what);
-    if (m->dtype != XKNN_DTYPE_F32)
-        return xknn__mpi_fail(err, XKNN_ERROR_INVALID_ARGUMENT,
-                              "rank %d: %s dtype %d is not supported (float32 only)", rank, what, (int)m->dtype);
+    if ((int)m->dtype < 0 || m->dtype >= XKNN_DTYPE_COUNT)
+        return xknn__mpi_fail(err, XKNN_ERROR_INVALID_ARGUMENT, "rank %d: %s has unknown dtype %d", rank, what,
+                              (int)m->dtype);
     if (m->cols <= 0)
         return xknn__mpi_fail(err, XKNN_ERROR_INVALID_ARGUMENT, "rank %d: %s has dimension d=%lld: need d >= 1",
                               rank, what, (long long)m->cols);
     if (m->cols > INT32_MAX)
         return xknn__mpi_fail(err, XKNN_ERROR_INVALID_ARGUMENT, "rank %d: %s dimension d=%lld is too large",
                               rank, what, (long long)m->cols);
-    if (m->ld != 0 && m->ld < m->cols)
+    if (m->ld != 0 && m->ld < xknn_row_elems(m->dtype, m->cols))
         return xknn__mpi_fail(err, XKNN_ERROR_INVALID_ARGUMENT,
-                              "rank %d: %s leading dimension %lld is smaller than its %lld columns", rank, what,
-                              (long long)m->ld, (long long)m->cols);
+                              "rank %d: %s leading dimension %lld is smaller than its row of %lld elements", rank,
+                              what, (long long)m->ld, (long long)xknn_row_elems(m->dtype, m->cols));
     return XKNN_SUCCESS;
 }
 
-/* NaN/Inf check naming the rank, the global row and the column: a branch-free pass over
- * the rows, OpenMP-parallel (the slice is the largest array a rank holds), then the
- * first bad row is examined alone. */
-static xknn_status xknn__check_values(int rank, const char *what, const xknn_matrix *m, int64_t row_offset,
-                                      xknn_error *err)
+/* What the metric allows (NaN/Inf, negatives for hellinger, metric/dtype pair, p,
+ * weights), naming the rank, the global row and the column. */
+static xknn_status xknn__check_values(int rank, const xknn_params *p, const char *what, const xknn_matrix *m,
+                                      int64_t row_offset, xknn_error *err)
 {
-    const int64_t ld = m->ld ? m->ld : m->cols, rows = m->rows, cols = m->cols;
-    const float *base = (const float *)m->data;
-    int64_t i, j, first = rows;
-#pragma omp parallel for schedule(static, 256) reduction(min : first)
-    for (i = 0; i < rows; i++) {
-        const float *x = base + i * ld;
-        float acc = 0.0f;
-        int64_t t;
-        for (t = 0; t < cols; t++) acc += x[t] * 0.0f; /* NaN iff some value is NaN/Inf */
-        if (acc != acc && i < first) first = i;
-    }
-    if (first == rows) return XKNN_SUCCESS;
-    {
-        const float *x = base + first * ld;
-        for (j = 0; j < cols; j++)
-            if (!isfinite(x[j])) break;
-        return xknn__mpi_fail(err, XKNN_ERROR_INVALID_VALUE, "rank %d: %s row %lld column %lld is %s", rank, what,
-                              (long long)(row_offset + first), (long long)j, isnan(x[j]) ? "NaN" : "Inf");
-    }
+    xknn_error e;
+    xknn_status st = xknn_check_input(p, what, m, row_offset, &e);
+    if (st != XKNN_SUCCESS) return xknn__mpi_fail(err, st, "rank %d: %s", rank, e.message);
+    return XKNN_SUCCESS;
 }
 
 /* Global checks on the allgathered table: identical inputs on every rank give an
@@ -152,9 +140,15 @@ static xknn_status xknn__check_table(const int64_t *tab, int P, int *order, int 
         static const struct { int field; const char *name; } same[] = {
             {D_K, "k"}, {D_METRIC, "metric"}, {D_SELF, "search kind (self-join or not)"}, {D_QROOT, "query_root"},
             {D_GROOT, "gather_root"}, {D_QBLOCK, "config query_block"}, {D_EXCL, "params exclude_self"},
-            {D_QOFF, "params query_id_offset"}};
+            {D_QOFF, "params query_id_offset"}, {D_PBITS, "params p"}, {D_WCOUNT, "params weights_count"}};
         for (i = 0; i < (int)(sizeof same / sizeof same[0]); i++)
-            if (t[same[i].field] != t0[same[i].field])
+            if (t[same[i].field] != t0[same[i].field] && same[i].field == D_PBITS) {
+                double p0, pr;
+                memcpy(&p0, &t0[D_PBITS], sizeof p0);
+                memcpy(&pr, &t[D_PBITS], sizeof pr);
+                return xknn__mpi_fail(err, XKNN_ERROR_INVALID_ARGUMENT,
+                                      "params p differs between ranks: rank 0 has %g, rank %d has %g", p0, r, pr);
+            } else if (t[same[i].field] != t0[same[i].field])
                 return xknn__mpi_fail(err, XKNN_ERROR_INVALID_ARGUMENT,
                                       "%s differs between ranks: rank 0 has %lld, rank %d has %lld", same[i].name,
                                       (long long)t0[same[i].field], r, (long long)t[same[i].field]);
@@ -176,6 +170,11 @@ static xknn_status xknn__check_table(const int64_t *tab, int P, int *order, int 
         if (dref < 0) {
             dref = r;
             d = t[D_COLS];
+        } else if (t[D_DTYPE] != tab[dref * D_COUNT + D_DTYPE]) {
+            return xknn__mpi_fail(err, XKNN_ERROR_INVALID_ARGUMENT,
+                                  "dtype mismatch: rank %d's references are %s, rank %d's are %s", dref,
+                                  xknn_dtype_name((xknn_dtype)tab[dref * D_COUNT + D_DTYPE]), r,
+                                  xknn_dtype_name((xknn_dtype)t[D_DTYPE]));
         } else if (t[D_COLS] != d) {
             return xknn__mpi_fail(err, XKNN_ERROR_INVALID_ARGUMENT,
                                   "dimension mismatch: rank %d's references have d=%lld, rank %d's have d=%lld", dref,
@@ -213,6 +212,11 @@ static xknn_status xknn__check_table(const int64_t *tab, int P, int *order, int 
             return xknn__mpi_fail(err, XKNN_ERROR_INVALID_ARGUMENT,
                                   "dimension mismatch: references have d=%lld, queries (rank %lld) have d=%lld",
                                   (long long)d, (long long)t0[D_QROOT], (long long)tq[D_QCOLS]);
+        if (tq[D_QDTYPE] != tab[dref * D_COUNT + D_DTYPE])
+            return xknn__mpi_fail(err, XKNN_ERROR_INVALID_ARGUMENT,
+                                  "dtype mismatch: references are %s, queries (rank %lld) are %s",
+                                  xknn_dtype_name((xknn_dtype)tab[dref * D_COUNT + D_DTYPE]), (long long)t0[D_QROOT],
+                                  xknn_dtype_name((xknn_dtype)tq[D_QDTYPE]));
         if (t0[D_EXCL] && t0[D_QOFF] < n && 0 < t0[D_QOFF] + nq) avail = n - 1;
         if (t0[D_K] > avail)
             return xknn__mpi_fail(err, XKNN_ERROR_INVALID_ARGUMENT,
@@ -228,7 +232,7 @@ static xknn_status xknn__check_table(const int64_t *tab, int P, int *order, int 
 
 /* Queries per block: the configured value, or about 4 blocks per rank within
  * [min(64, nq), 2048]; then capped so buffers stay under ~256 MiB and MPI counts fit. */
-static int64_t xknn__pick_query_block(int64_t cfg, int64_t nq, int64_t d, int64_t k, int P)
+static int64_t xknn__pick_query_block(int64_t cfg, int64_t nq, int64_t row_bytes, int64_t k, int P)
 {
     int64_t qb;
     if (cfg > 0) {
@@ -237,10 +241,10 @@ static int64_t xknn__pick_query_block(int64_t cfg, int64_t nq, int64_t d, int64_
         qb = (nq + 4 * (int64_t)P - 1) / (4 * (int64_t)P);
         if (qb < 64) qb = 64;
         if (qb > 2048) qb = 2048;
-        while (qb > 1 && (double)qb * (double)(2 * d * 4 + 4 * k * 12) > 256.0 * 1024 * 1024) qb /= 2;
+        while (qb > 1 && (double)qb * (double)(2 * row_bytes + 4 * k * 12) > 256.0 * 1024 * 1024) qb /= 2;
     }
     if (qb > nq) qb = nq;
-    if (qb > INT32_MAX / d) qb = INT32_MAX / d; /* MPI_Ibcast count is an int */
+    if (qb > INT32_MAX / row_bytes) qb = INT32_MAX / row_bytes; /* MPI_Ibcast count is an int */
     if (qb < 1) qb = 1;
     return qb;
 }
@@ -261,7 +265,10 @@ static xknn_status xknn__run(xknn_mpi_context *ctx, const xknn_params *params, c
     int64_t my[D_COUNT], *tab = NULL;
     int *order = NULL, norder = 0;
     int64_t nloc, n = 0, d = 0, nq = 0, qb = 0, nblocks = 0, b, done_q = 0, owned = 0;
-    float *qbuf[2] = {NULL, NULL};
+    unsigned char *qbuf[2] = {NULL, NULL};
+    int64_t row_bytes = 0;
+    xknn_dtype dtype = XKNN_DTYPE_F32;
+    int neg;
     void *cbase = NULL;
     unsigned char *staging = NULL;
     xknn__cands cand, recvb, spare;
@@ -282,6 +289,8 @@ static xknn_status xknn__run(xknn_mpi_context *ctx, const xknn_params *params, c
     rank = ctx->rank;
     P = ctx->size;
     nloc = ref ? ref->rows : 0;
+    if (p.metric == XKNN_METRIC_MINKOWSKI && p.p == 0.0) p.p = 2.0;
+    neg = p.metric == XKNN_METRIC_IP;
 
     /* ---- 1. local checks (no communication) ---------------------------------------- */
     if (nloc < 0)
@@ -307,8 +316,9 @@ static xknn_status xknn__run(xknn_mpi_context *ctx, const xknn_params *params, c
     }
     if (st == XKNN_SUCCESS && out->gather_root == rank && !out->ids)
         st = xknn__mpi_fail(&lerr, XKNN_ERROR_INVALID_ARGUMENT, "rank %d: gather ids is NULL on the gather root", rank);
-    if (st == XKNN_SUCCESS && nloc > 0) st = xknn__check_values(rank, "reference", ref, ref_offset, &lerr);
-    if (st == XKNN_SUCCESS && !self && rank == query_root) st = xknn__check_values(rank, "query", query, 0, &lerr);
+    if (st == XKNN_SUCCESS && nloc > 0) st = xknn__check_values(rank, &p, "reference", ref, ref_offset, &lerr);
+    if (st == XKNN_SUCCESS && !self && rank == query_root)
+        st = xknn__check_values(rank, &p, "query", query, 0, &lerr);
 
     /* ---- 2. everyone learns everyone's arguments ----------------------------------- */
     memset(my, 0, sizeof my);
@@ -326,6 +336,10 @@ static xknn_status xknn__run(xknn_mpi_context *ctx, const xknn_params *params, c
     my[D_QCOLS] = (!self && rank == query_root && query) ? query->cols : 0;
     my[D_EXCL] = self ? 1 : (p.exclude_self != 0);
     my[D_QOFF] = self ? 0 : p.query_id_offset;
+    my[D_DTYPE] = nloc > 0 ? ref->dtype : 0;
+    my[D_QDTYPE] = (!self && rank == query_root && query) ? query->dtype : 0;
+    memcpy(&my[D_PBITS], &p.p, sizeof(double));
+    my[D_WCOUNT] = p.metric == XKNN_METRIC_WHAMMING ? p.weights_count : 0;
     tab = (int64_t *)malloc((size_t)P * D_COUNT * sizeof(int64_t));
     order = (int *)malloc((size_t)P * sizeof(int));
     {
@@ -357,7 +371,13 @@ static xknn_status xknn__run(xknn_mpi_context *ctx, const xknn_params *params, c
     st = xknn__check_table(tab, P, order, &norder, &n, &d, &nq, &lerr);
     if (st == XKNN_SUCCESS) {
         size_t m, bytes;
-        qb = xknn__pick_query_block(ctx->config.query_block, nq, d, k, P);
+        for (i = 0; i < P; i++)
+            if (tab[i * D_COUNT + D_ROWS] > 0) {
+                dtype = (xknn_dtype)tab[i * D_COUNT + D_DTYPE];
+                break;
+            }
+        row_bytes = xknn_row_bytes(dtype, d);
+        qb = xknn__pick_query_block(ctx->config.query_block, nq, row_bytes, k, P);
         it.self = self;
         it.P = P;
         it.nq = nq;
@@ -373,8 +393,8 @@ static xknn_status xknn__run(xknn_mpi_context *ctx, const xknn_params *params, c
                                 rank, (long long)k);
         } else {
             bytes = 3 * m * (sizeof(int64_t) + sizeof(float));
-            qbuf[0] = (float *)malloc((size_t)(qb * d) * sizeof(float));
-            qbuf[1] = (float *)malloc((size_t)(qb * d) * sizeof(float));
+            qbuf[0] = (unsigned char *)malloc((size_t)(qb * row_bytes));
+            qbuf[1] = (unsigned char *)malloc((size_t)(qb * row_bytes));
             cbase = malloc(bytes);
             if (ctx->transfer == XKNN_MPI_TRANSFER_HOST_STAGED)
                 staging = (unsigned char *)malloc(m * (sizeof(int64_t) + sizeof(float)));
@@ -383,7 +403,7 @@ static xknn_status xknn__run(xknn_mpi_context *ctx, const xknn_params *params, c
                                     "rank %d: out of memory for query block buffers (query_block=%lld, k=%lld, "
                                     "d=%lld: %.1f MiB); lower query_block",
                                     rank, (long long)qb, (long long)k, (long long)d,
-                                    (double)(bytes + 2 * (size_t)(qb * d) * 4 + (staging ? m * 12 : 0)) / 1048576.0);
+                                    (double)(bytes + 2 * (size_t)(qb * row_bytes) + (staging ? m * 12 : 0)) / 1048576.0);
             } else {
                 int64_t *ib = (int64_t *)cbase;
                 float *fb = (float *)(ib + 3 * m);
@@ -443,8 +463,9 @@ agree_setup:
 
         xknn__next_block(&it, &cur);
         t0 = MPI_Wtime();
-        if (cur.src == rank) xknn__pack(qbuf[0], self ? ref : query, self ? cur.q0 - ref_offset : cur.q0, cur.rows, d);
-        rc = MPI_Ibcast(qbuf[0], (int)(cur.rows * d), MPI_FLOAT, cur.src, ctx->comm, &breq);
+        if (cur.src == rank)
+            xknn__pack(qbuf[0], self ? ref : query, self ? cur.q0 - ref_offset : cur.q0, cur.rows, row_bytes);
+        rc = MPI_Ibcast(qbuf[0], (int)(cur.rows * row_bytes), MPI_BYTE, cur.src, ctx->comm, &breq);
         tm.broadcast += MPI_Wtime() - t0;
         if (rc != MPI_SUCCESS) {
             st = xknn__mpi_error(rank, &lerr, rc, "MPI_Ibcast");
@@ -452,7 +473,7 @@ agree_setup:
         }
 
         for (b = 0; b < nblocks && !mpi_broken; b++) {
-            float *qcur = qbuf[b & 1];
+            unsigned char *qcur = qbuf[b & 1];
             const int owner = (int)(b % P);
             const xknn__cands *res = NULL;
             xknn__cands mine = cand, sp = spare;
@@ -464,8 +485,9 @@ agree_setup:
                 xknn__next_block(&it, &nxt);
                 if (nxt.src == rank)
                     xknn__pack(qbuf[(b + 1) & 1], self ? ref : query, self ? nxt.q0 - ref_offset : nxt.q0, nxt.rows,
-                               d);
-                rc = MPI_Ibcast(qbuf[(b + 1) & 1], (int)(nxt.rows * d), MPI_FLOAT, nxt.src, ctx->comm, &breq);
+                               row_bytes);
+                rc = MPI_Ibcast(qbuf[(b + 1) & 1], (int)(nxt.rows * row_bytes), MPI_BYTE, nxt.src, ctx->comm,
+                                &breq);
             }
             tm.broadcast += MPI_Wtime() - t0;
             if (rc != MPI_SUCCESS) {
@@ -477,24 +499,25 @@ agree_setup:
             /* local top k with global ids; padding when there is nothing to search */
             t0 = MPI_Wtime();
             if (st != XKNN_SUCCESS || nloc == 0) {
-                xknn__pad(&mine, cur.rows * k);
+                xknn__pad(&mine, cur.rows * k, neg);
             } else {
-                xknn_matrix qm = XKNN_MATRIX_F32(qcur, cur.rows, d);
+                xknn_matrix qm = XKNN_MATRIX_TYPED(qcur, cur.rows, d, dtype);
                 xknn_error e;
                 xknn_status s;
                 p.query_id_offset = (self ? 0 : qoff_user) + cur.q0;
-                s = resident ? xknn__resident_search(resident, &p, qcur, cur.rows, mine.ids, mine.dist, &e)
+                s = resident ? xknn__resident_search(resident, &p, (const float *)(const void *)qcur, cur.rows, mine.ids,
+                                                   mine.dist, &e)
                              : xknn_search(&p, &refm, &qm, k, mine.ids, mine.dist, &e);
                 if (s != XKNN_SUCCESS) {
                     st = xknn__mpi_fail(&lerr, s, "rank %d: %s", rank, e.message);
-                    xknn__pad(&mine, cur.rows * k);
+                    xknn__pad(&mine, cur.rows * k, neg);
                 }
             }
             tm.search += MPI_Wtime() - t0;
 
             /* merge to the owner, then deliver */
             t0 = MPI_Wtime();
-            rc = xknn__tree_reduce(ctx, owner, cur.rows, k, &mine, &recvb, &sp, staging, &res);
+            rc = xknn__tree_reduce(ctx, owner, cur.rows, k, neg, &mine, &recvb, &sp, staging, &res);
             if (rc == MPI_SUCCESS && out->gather_root >= 0) {
                 if (rank == owner && owner == out->gather_root) {
                     memcpy(out->ids + cur.q0 * k, res->ids, (size_t)(cur.rows * k) * sizeof(int64_t));

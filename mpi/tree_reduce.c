@@ -74,7 +74,8 @@ int xknn__mpi_recv_cands(const xknn_mpi_context *ctx, xknn__cands *c, int64_t ro
 }
 
 /* (da, ia) before (db, ib)? Padding entries (id < 0) come after every real entry, even
- * one whose distance overflowed to +inf; ties in distance go to the smaller id. */
+ * one whose distance overflowed to +inf; ties in distance go to the smaller id. The
+ * callers pass order keys: the distance, or its negation for ip (exact). */
 static int xknn__before(float da, int64_t ia, float db, int64_t ib)
 {
     if (ib < 0) return ia >= 0;
@@ -82,8 +83,10 @@ static int xknn__before(float da, int64_t ia, float db, int64_t ib)
     return da < db || (da == db && ia < ib);
 }
 
-void xknn__merge_rows(const xknn__cands *a, const xknn__cands *b, xknn__cands *out, int64_t rows, int64_t k)
+void xknn__merge_rows(const xknn__cands *a, const xknn__cands *b, xknn__cands *out, int64_t rows, int64_t k,
+                      int neg)
 {
+    const float sg = neg ? -1.0f : 1.0f;
     int64_t r;
     for (r = 0; r < rows; r++) {
         const int64_t *ia = a->ids + r * k, *ib = b->ids + r * k;
@@ -93,7 +96,7 @@ void xknn__merge_rows(const xknn__cands *a, const xknn__cands *b, xknn__cands *o
         int64_t i = 0, j = 0, o;
         for (o = 0; o < k; o++) {
             /* i + j == o < k, so neither index can run past its list. */
-            if (xknn__before(db[j], ib[j], da[i], ia[i])) {
+            if (xknn__before(sg * db[j], ib[j], sg * da[i], ia[i])) {
                 io[o] = ib[j];
                 dout[o] = db[j];
                 j++;
@@ -106,7 +109,7 @@ void xknn__merge_rows(const xknn__cands *a, const xknn__cands *b, xknn__cands *o
     }
 }
 
-int xknn__tree_reduce(const xknn_mpi_context *ctx, int owner, int64_t rows, int64_t k, xknn__cands *cur,
+int xknn__tree_reduce(const xknn_mpi_context *ctx, int owner, int64_t rows, int64_t k, int neg, xknn__cands *cur,
                       xknn__cands *recv, xknn__cands *spare, unsigned char *staging, const xknn__cands **result)
 {
     const int P = ctx->size;
@@ -128,7 +131,7 @@ int xknn__tree_reduce(const xknn_mpi_context *ctx, int owner, int64_t rows, int6
             int src = (vr + mask + owner) % P;
             rc = xknn__mpi_recv_cands(ctx, recv, rows, k, staging, src, XKNN__TAG_REDUCE);
             if (rc != MPI_SUCCESS) return rc;
-            xknn__merge_rows(&a, recv, &s, rows, k);
+            xknn__merge_rows(&a, recv, &s, rows, k, neg);
             t = a;
             a = s;
             s = t;

@@ -328,7 +328,7 @@ else
 fi
 
 # ---- bad options (exit 1) ------------------------------------------------------------------
-case_ 1 "cosine" "unknown metric" -m cosine -o "$O/r.bin" "$D/ref.fbin" "$D/q.fbin"
+case_ 1 "jaccard" "unknown metric" -m jaccard -o "$O/r.bin" "$D/ref.fbin" "$D/q.fbin"
 case_ 1 "--backend|gpu" "--backend gpu" --backend gpu -o "$O/r.bin" "$D/ref.fbin" "$D/q.fbin"
 case_ 1 "--dtype|f64" "--dtype=f64" --dtype=f64 -o "$O/r.bin" "$D/ref.fbin" "$D/q.fbin"
 case_ 1 "--query-block|0" "--query-block 0" --query-block 0 -o "$O/r.bin" "$D/ref.fbin" "$D/q.fbin"

@@ -475,6 +475,81 @@ static void test_f16(void)
     free(want);
 }
 
+/* xknn_file_read_rows_as: values kept in their type, uint8 bytes packed into bits. */
+static void test_native(void)
+{
+    const int64_t n = 5, d = 11; /* 88 bits: two words per row, the second one partly used */
+    xknn_read_opts o = XKNN_READ_OPTS_INIT;
+    xknn_file_info info, i8info, f32info;
+    xknn_error err;
+    bytes b = {0};
+    unsigned char u8[5 * 11];
+    uint16_t h[3 * 4], hgot[3 * 4];
+    unsigned char got8[5 * 11];
+    uint64_t bits[5 * 2];
+    int64_t i, j, t;
+    int good = 1;
+    char path[128], p8[128], p32[128];
+
+    for (i = 0; i < n * d; i++) u8[i] = (unsigned char)(i * 37 + 11);
+    make_bin_header(&b, (uint32_t)n, (uint32_t)d);
+    b_put(&b, u8, sizeof u8);
+    write_bytes("nat.u8bin", &b);
+    b_free(&b);
+    make_bin_header(&b, (uint32_t)n, (uint32_t)d);
+    b_put(&b, u8, sizeof u8);
+    write_bytes("nat.i8bin", &b);
+    b_free(&b);
+    make_bin_header(&b, 1, 1);
+    b_f32(&b, 1.5f, 0);
+    write_bytes("nat.fbin", &b);
+    b_free(&b);
+    good = xknn_file_probe(tpath(path, "nat.u8bin"), &o, &info, &err) == XKNN_SUCCESS &&
+           xknn_file_probe(tpath(p8, "nat.i8bin"), &o, &i8info, &err) == XKNN_SUCCESS &&
+           xknn_file_probe(tpath(p32, "nat.fbin"), &o, &f32info, &err) == XKNN_SUCCESS;
+    ok(good && xknn_file_native_dtype(&info) == XKNN_DTYPE_U8 && xknn_file_native_dtype(&i8info) == XKNN_DTYPE_I8 &&
+           xknn_file_native_dtype(&f32info) == XKNN_DTYPE_F32,
+       "native dtypes: .u8bin u8, .i8bin i8, .fbin f32");
+    memset(got8, 0, sizeof got8);
+    ok(xknn_file_read_rows_as(path, &info, 1, 3, XKNN_DTYPE_U8, got8, &err) == XKNN_SUCCESS &&
+           !memcmp(got8, u8 + d, (size_t)(3 * d)),
+       "u8 rows read as u8: the stored bytes");
+    memset(bits, 0xff, sizeof bits);
+    good = xknn_file_read_rows_as(path, &info, 0, n, XKNN_DTYPE_BIN, bits, &err) == XKNN_SUCCESS;
+    for (i = 0; i < n && good; i++)
+        for (j = 0; j < 2 * 64; j++) {
+            const int bit = (int)((bits[i * 2 + j / 64] >> (j % 64)) & 1u);
+            const int want = j < 8 * d ? (u8[i * d + j / 8] >> (j % 8)) & 1 : 0;
+            if (bit != want) good = 0;
+        }
+    ok(good, "u8 rows read as bits: bit 8j+b is bit b of byte j, zero past 8d bits");
+    ok(xknn_file_read_rows_as(p32, &f32info, 0, 1, XKNN_DTYPE_U8, got8, &err) == XKNN_ERROR_INVALID_ARGUMENT &&
+           strstr(err.message, "cannot be read as u8") != NULL &&
+           xknn_file_read_rows_as(p8, &i8info, 0, 1, XKNN_DTYPE_BIN, bits, &err) == XKNN_ERROR_INVALID_ARGUMENT,
+       "float32 as u8 and int8 as bits are refused: %s", err.message);
+
+    /* f16 kept as its bits; Inf refused with row and column */
+    for (t = 0; t < 12; t++) h[t] = (uint16_t)(0x3c00u + 97u * (unsigned)t);
+    make_bin_header(&b, 3, 4);
+    for (t = 0; t < 12; t++) b_u16(&b, h[t], 0);
+    write_bytes("nat16.bin", &b);
+    b_free(&b);
+    o.bin_dtype = XKNN_ELEM_F16;
+    good = xknn_file_probe(tpath(path, "nat16.bin"), &o, &info, &err) == XKNN_SUCCESS &&
+           xknn_file_native_dtype(&info) == XKNN_DTYPE_F16 &&
+           xknn_file_read_rows_as(path, &info, 0, 3, XKNN_DTYPE_F16, hgot, &err) == XKNN_SUCCESS &&
+           !memcmp(h, hgot, sizeof h);
+    h[6] = 0x7c00u;
+    make_bin_header(&b, 3, 4);
+    for (t = 0; t < 12; t++) b_u16(&b, h[t], 0);
+    write_bytes("nat16inf.bin", &b);
+    b_free(&b);
+    good = good && xknn_file_probe(tpath(path, "nat16inf.bin"), &o, &info, &err) == XKNN_SUCCESS &&
+           xknn_file_read_rows_as(path, &info, 0, 3, XKNN_DTYPE_F16, hgot, &err) == XKNN_ERROR_INVALID_VALUE &&
+           strstr(err.message, "row 1 column 2 is Inf") != NULL;
+    ok(good, "f16 rows read as f16: the stored bits; Inf refused (%s)", err.message);
+}
+
 static void test_npy(void)
 {
     float f[N * D], want[N * D];
@@ -1315,7 +1390,7 @@ static void test_names(void)
 
 int main(void)
 {
-    plan(144);
+    plan(149);
     snprintf(tdir, sizeof tdir, "/tmp/xknn-io-XXXXXX");
     if (!mkdtemp(tdir)) bail("mkdtemp: %s", strerror(errno));
     diag("files in %s", tdir);
@@ -1326,6 +1401,7 @@ int main(void)
     test_texmex();
     test_bin();
     test_f16();
+    test_native();
     test_npy();
     test_idx();
     test_malformed();

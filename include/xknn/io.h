@@ -14,10 +14,12 @@
  *                           dimension, cols = product of the others
  * Every one of them may carry a ".gz" suffix: it is then read through zlib (a library
  * built without zlib answers XKNN_ERROR_NOT_BUILT), by streaming from the start.
- * Every reader converts to float32 rows on read (the dtype the library searches today)
- * and checks values: NaN or Inf is an error naming the file, row and column. The
- * conversion is exact for u8, i8, i16 and f16; an i32 or i64 value that float32 cannot
- * hold exactly (|v| > 2^24 and not representable) is refused (INVALID_VALUE), never rounded;
+ * xknn_file_read_rows converts to float32 rows on read (the historical interface) and
+ * xknn_file_read_rows_as keeps the file's own type where xknn has one (u8, i8, f16,
+ * f32: xknn_file_native_dtype) or packs uint8 bytes into bits (XKNN_DTYPE_BIN). Both
+ * check values: NaN or Inf is an error naming the file, row and column. The
+ * conversion is exact for u8, i8, i16 and f16; an i32 or i64 value that float32 cannot hold
+ * exactly (|v| > 2^24 and not representable) is refused (INVALID_VALUE), never rounded;
  * f64 values are rounded to nearest float32 and refused when outside its range.
  * Headers are validated against the file size before anything is allocated; sizes are
  * computed in int64 with every multiplication checked.
@@ -126,6 +128,24 @@ XKNN_API xknn_status xknn_file_probe(const char *path, const xknn_read_opts *opt
  * contents of `out` are unspecified. nrows = 0 succeeds without touching the file. */
 XKNN_API xknn_status xknn_file_read_rows(const char *path, const xknn_file_info *info, int64_t row0,
                                          int64_t nrows, float *out, xknn_error *err);
+
+/* Not collective. The xknn dtype that holds a probed file's elements as they are:
+ * u8 -> XKNN_DTYPE_U8, i8 -> I8, f16 -> F16, f32 -> F32; f64, i16 and i32 have no xknn
+ * dtype and answer F32 (read_rows_as then converts as xknn_file_read_rows does). */
+XKNN_API xknn_dtype xknn_file_native_dtype(const xknn_file_info *info);
+
+/* Not collective. Reads rows [row0, row0 + nrows) of a probed file into `out` (host,
+ * dense rows, ld = xknn_row_elems(dtype, cols)) as `dtype`:
+ *   XKNN_DTYPE_F32                exactly xknn_file_read_rows;
+ *   xknn_file_native_dtype(info)  the stored values, byte order fixed (f16 as its bits;
+ *                                 NaN/Inf refused as above);
+ *   XKNN_DTYPE_BIN                uint8 files only: each row of cols bytes becomes
+ *                                 8*cols bits, byte j holding bits 8j..8j+7 (bit b of
+ *                                 byte j is bit 8j+b, little-endian as in xknn.h), zero
+ *                                 past the last bit; the search then has d = 8*cols.
+ * Any other dtype -> INVALID_ARGUMENT. Errors otherwise as xknn_file_read_rows. */
+XKNN_API xknn_status xknn_file_read_rows_as(const char *path, const xknn_file_info *info, int64_t row0,
+                                            int64_t nrows, xknn_dtype dtype, void *out, xknn_error *err);
 
 /* Names for messages: "fvecs", "npy", "idx"...; "float32", "uint8"... ("unknown" for
  * values out of range). */
@@ -1142,9 +1162,55 @@ static xknn_status xknn__io_short(const char *path, int64_t row, xknn_error *err
                       "%s: the file ends before row %lld (was it changed after it was probed?)", path, (long long)row);
 }
 
+xknn_dtype xknn_file_native_dtype(const xknn_file_info *info)
+{
+    if (!info) return XKNN_DTYPE_F32;
+    switch (info->elem) {
+    case XKNN_ELEM_U8: return XKNN_DTYPE_U8;
+    case XKNN_ELEM_I8: return XKNN_DTYPE_I8;
+    case XKNN_ELEM_F16: return XKNN_DTYPE_F16;
+    default: return XKNN_DTYPE_F32;
+    }
+}
+
+/* One row of stored values into `dst` as `as` (not F32): native copy or bit packing. */
+static xknn_status xknn__io_copy_row(const char *path, const xknn_file_info *info, const unsigned char *src,
+                                     void *dst, xknn_dtype as, int64_t row, xknn_error *err)
+{
+    const int64_t cols = info->cols;
+    int64_t j;
+    if (as == XKNN_DTYPE_BIN) {
+        const int64_t words = (cols * 8 + 63) / 64;
+        uint64_t *w = (uint64_t *)dst;
+        for (j = 0; j < words; j++) w[j] = 0;
+        for (j = 0; j < cols; j++) w[j / 8] |= (uint64_t)src[j] << (8 * (j % 8));
+        return XKNN_SUCCESS;
+    }
+    if (as == XKNN_DTYPE_F16) {
+        uint16_t *h = (uint16_t *)dst;
+        for (j = 0; j < cols; j++) {
+            const uint16_t v = xknn__io_u16(src + 2 * j, info->big_endian);
+            if ((v & 0x7c00u) == 0x7c00u) return xknn__io_bad_value(path, row, j, (v & 0x3ffu) != 0, err);
+            h[j] = v;
+        }
+        return XKNN_SUCCESS;
+    }
+    memcpy(dst, src, (size_t)cols); /* u8, i8 */
+    return XKNN_SUCCESS;
+}
+
 xknn_status xknn_file_read_rows(const char *path, const xknn_file_info *info, int64_t row0, int64_t nrows,
                                 float *out, xknn_error *err)
 {
+    return xknn_file_read_rows_as(path, info, row0, nrows, XKNN_DTYPE_F32, out, err);
+}
+
+xknn_status xknn_file_read_rows_as(const char *path, const xknn_file_info *info, int64_t row0, int64_t nrows,
+                                   xknn_dtype as, void *out_any, xknn_error *err)
+{
+    float *out = (float *)out_any;
+    unsigned char *outb = (unsigned char *)out_any;
+    int64_t out_row_bytes = 0;
     xknn__src src;
     unsigned char *buf = NULL, *skip = NULL;
     int64_t es, payload, gap, start, span, r;
@@ -1153,6 +1219,11 @@ xknn_status xknn_file_read_rows(const char *path, const xknn_file_info *info, in
 
     if (!path || !info)
         return xknn__fail(err, XKNN_ERROR_INVALID_ARGUMENT, "xknn_file_read_rows: %s is NULL", path ? "info" : "path");
+    if (as != XKNN_DTYPE_F32 && !(as == XKNN_DTYPE_BIN && info->elem == XKNN_ELEM_U8) &&
+        !(as == xknn_file_native_dtype(info) && info->elem != XKNN_ELEM_F32))
+        return xknn__fail(err, XKNN_ERROR_INVALID_ARGUMENT, "%s: %s elements cannot be read as %s%s", path,
+                          xknn_elem_name(info->elem), xknn_dtype_name(as),
+                          as == XKNN_DTYPE_BIN ? " (bit packing needs uint8 data)" : "");
     es = xknn_elem_size(info->elem);
     if (es == 0 || info->cols < 1 || info->rows < 0 || !xknn__io_mul(info->cols, es, &payload) ||
         info->row_bytes < payload || info->data_offset < info->row_bytes - payload ||
@@ -1180,7 +1251,10 @@ xknn_status xknn_file_read_rows(const char *path, const xknn_file_info *info, in
         }
     }
 
-    if (info->elem == XKNN_ELEM_F32 && gap == 0 && !info->big_endian && xknn__io_host_le()) {
+    out_row_bytes = as == XKNN_DTYPE_BIN ? (info->cols * 8 + 63) / 64 * 8
+                    : as == XKNN_DTYPE_F32 ? info->cols * 4
+                                           : info->cols * (int64_t)xknn_elem_size(info->elem);
+    if (as == XKNN_DTYPE_F32 && info->elem == XKNN_ELEM_F32 && gap == 0 && !info->big_endian && xknn__io_host_le()) {
         /* float32 rows straight into out, then checked in place */
         const int64_t total = nrows * info->cols;
         int64_t i;
@@ -1231,9 +1305,12 @@ xknn_status xknn_file_read_rows(const char *path, const xknn_file_info *info, in
                         goto done;
                     }
                 }
-                if ((st = xknn__io_convert(path, info, row + gap, out + (r + i) * info->cols, row0 + r + i, err)) !=
-                    XKNN_SUCCESS)
-                    goto done;
+                if (as == XKNN_DTYPE_F32)
+                    st = xknn__io_convert(path, info, row + gap, out + (r + i) * info->cols, row0 + r + i, err);
+                else
+                    st = xknn__io_copy_row(path, info, row + gap, outb + (r + i) * out_row_bytes, as, row0 + r + i,
+                                           err);
+                if (st != XKNN_SUCCESS) goto done;
             }
         }
     }

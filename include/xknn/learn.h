@@ -557,7 +557,7 @@ xknn_status xknn_condense(const xknn_params *params, const xknn_matrix *ref, con
             for (i = 0; i < b; i++) {
                 const int64_t id = todo[t0 + i];
                 int64_t nc = 0, m;
-                int32_t pred;
+                int32_t pred = 0;
                 for (j = 0; j < kk; j++) {
                     cand[nc].dist = sdist[i * kk + j];
                     cand[nc++].id = store_id[sids[i * kk + j]];

@@ -38,4 +38,12 @@ void xknn__canonical_block(xknn_metric metric, const float *q, const float *rt, 
                            int64_t nb, int64_t d, double *acc, float *out);
 void xknn__sqnorms(const float *x, int64_t rows, int64_t ld, int64_t d, double *out);
 
+/* kernels/cpu/int8_search.c: u8/i8 with l2, euclidean, ip, exact in integers. */
+int xknn__cpu_int8_applies(const xknn__job *job);
+xknn_status xknn__cpu_int8(const xknn__job *job);
+
+/* kernels/cpu/gemm_ip.c (CBLAS only): f32 ip and cosine through certified sgemm
+ * candidates; returns (xknn_status)-1 when values or sizes are out of its range. */
+xknn_status xknn__cpu_gemm_ip(const xknn__job *job);
+
 #endif

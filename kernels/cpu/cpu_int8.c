@@ -192,7 +192,7 @@ static int xknn__has_avx512f(void)
 #endif
 }
 
-xknn_status xknn__cpu_int8(const xknn__job *job, int required)
+xknn_status xknn__cpu_int8_f32(const xknn__job *job, int required)
 {
     const int64_t n = job->n, d = job->d, nq = job->nq, k = job->k;
     const int64_t kk = k < n ? k : n;
@@ -234,6 +234,7 @@ xknn_status xknn__cpu_int8(const xknn__job *job, int required)
      * 2 |C| <= 65280 d */
     use32 = d <= 10000;
     avx512 = use32 && xknn__has_avx512f();
+    (void)avx512; /* unused without the AVX-512 clone */
 
     A = (uint8_t *)malloc((size_t)(nq * d));
     B = (int8_t *)malloc((size_t)(n * d));
@@ -356,7 +357,7 @@ done:
 
 #else /* !XKNN_HAVE_DNNL */
 
-xknn_status xknn__cpu_int8(const xknn__job *job, int required)
+xknn_status xknn__cpu_int8_f32(const xknn__job *job, int required)
 {
     return required ? xknn__cpu_fail(job, XKNN_ERROR_NOT_BUILT,
                                      "cpu backend: integer path requested but xknn was built without oneDNN "

@@ -32,6 +32,6 @@ xknn_status xknn__cpu_fail(const xknn__job *job, xknn_status st, const char *fmt
 
 /* Integer path (cpu_int8.c): exact l2/euclidean through an 8-bit GEMM when every value is
  * an 8-bit integer. Returns XKNN__FALLBACK when it does not apply and !required. */
-xknn_status xknn__cpu_int8(const xknn__job *job, int required);
+xknn_status xknn__cpu_int8_f32(const xknn__job *job, int required);
 
 #endif

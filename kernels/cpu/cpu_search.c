@@ -622,14 +622,122 @@ static xknn_status xknn__cpu_blas(const xknn__job *job)
 }
 #endif /* XKNN_HAVE_CBLAS */
 
+/* ----------------------------------------------------------------------------------- */
+/* Every metric and dtype: the canonical loop                                            */
+/* ----------------------------------------------------------------------------------- */
+typedef float (*xknn__dist_fn)(const xknn__cm_spec *s, const void *a, const void *b, int64_t d);
+
+static xknn__dist_fn xknn__pick_dist(xknn_dtype dtype)
+{
+    switch (dtype) {
+    case XKNN_DTYPE_F16: return xknn__cm_dist_f16;
+    case XKNN_DTYPE_BF16: return xknn__cm_dist_bf16;
+    case XKNN_DTYPE_U8: return xknn__cm_dist_u8;
+    case XKNN_DTYPE_I8: return xknn__cm_dist_i8;
+    case XKNN_DTYPE_BIN: return xknn__cm_dist_bin;
+    default: return xknn__cm_dist_f32;
+    }
+}
+
+/* Bytes of one element of a row (BIN: of one uint64 word). */
+static size_t xknn__cpu_elem_bytes(xknn_dtype dtype)
+{
+    switch (dtype) {
+    case XKNN_DTYPE_F16:
+    case XKNN_DTYPE_BF16: return 2;
+    case XKNN_DTYPE_U8:
+    case XKNN_DTYPE_I8: return 1;
+    case XKNN_DTYPE_BIN: return 8;
+    default: return 4;
+    }
+}
+
+/* Each query against every reference in id order, canonical value per pair, a bounded
+ * max-heap of the k best by (key, id) where key is the value (its negation for ip).
+ * OpenMP over queries; memory: one k-heap per thread. The result does not depend on
+ * any block size: there is no candidate filter, every pair is exact. */
+static xknn_status xknn__cpu_generic(const xknn__job *job)
+{
+    const int64_t n = job->n, d = job->d, nq = job->nq, k = job->k;
+    const int64_t kk = k < n ? k : n;
+    const int64_t roff = job->params.ref_id_offset, qoff = job->params.query_id_offset;
+    const int exclude = job->params.exclude_self;
+    const int neg = job->params.metric == XKNN_METRIC_IP;
+    const size_t eb = xknn__cpu_elem_bytes(job->dtype);
+    const unsigned char *rbase = (const unsigned char *)job->ref_data;
+    const unsigned char *qbase = (const unsigned char *)job->query_data;
+    const xknn__dist_fn dist_fn = xknn__pick_dist(job->dtype);
+    const int nt = xknn__threads(job);
+    xknn__cm_spec spec;
+    xknn_status st = XKNN_SUCCESS;
+    int64_t qi;
+
+    spec.metric = job->params.metric;
+    spec.dtype = job->dtype;
+    spec.p = job->params.p;
+    spec.weights = job->params.weights;
+
+#pragma omp parallel num_threads(nt)
+    {
+        xknn__pair *heap = (xknn__pair *)malloc((size_t)kk * sizeof(xknn__pair));
+        if (heap) {
+#pragma omp for schedule(dynamic, 4)
+            for (qi = 0; qi < nq; qi++) {
+                const void *q = qbase + (size_t)(qi * job->ldq) * eb;
+                const int64_t qg = qoff + qi;
+                int64_t j, have = 0;
+                int64_t *ids = job->ids + qi * k;
+                float *dist = job->dist ? job->dist + qi * k : NULL;
+                for (j = 0; j < n; j++) {
+                    const int64_t id = roff + j;
+                    float v;
+                    if (exclude && id == qg) continue;
+                    v = dist_fn(&spec, q, rbase + (size_t)(j * job->ldr) * eb, d);
+                    xknn__pheap_push(heap, &have, kk, neg ? -v : v, id);
+                }
+                qsort(heap, (size_t)have, sizeof(xknn__pair), xknn__pair_cmp);
+                for (j = 0; j < k; j++) {
+                    ids[j] = j < have ? heap[j].id : -1;
+                    if (dist) dist[j] = j < have ? (neg ? -heap[j].d : heap[j].d) : (neg ? -INFINITY : INFINITY);
+                }
+            }
+        } else {
+#pragma omp critical(xknn_cpu_oom)
+            st = XKNN_ERROR_OUT_OF_MEMORY;
+        }
+        free(heap);
+    }
+    if (st != XKNN_SUCCESS)
+        return xknn__cpu_fail(job, st, "cpu backend: out of memory for a %lld-entry heap per thread", (long long)kk);
+    return XKNN_SUCCESS;
+}
+
 xknn_status xknn__cpu_search(const xknn__job *job)
 {
     xknn_cpu_path path = job->params.cpu_path;
-    if (path == XKNN_CPU_PATH_AUTO || path == XKNN_CPU_PATH_INT8) {
-        /* exact in integers when every value is an 8-bit integer (pixels, int8 codes) */
-        xknn_status st = xknn__cpu_int8(job, path == XKNN_CPU_PATH_INT8);
+    /* u8/i8 with l2, euclidean, ip: exact integer dot products (VNNI where present);
+     * cpu_path LOOP keeps the canonical loop (same results, used to cross-check). */
+    if (path != XKNN_CPU_PATH_LOOP && xknn__cpu_int8_applies(job)) return xknn__cpu_int8(job);
+    if (job->dtype == XKNN_DTYPE_F32 && (path == XKNN_CPU_PATH_AUTO || path == XKNN_CPU_PATH_INT8)) {
+        /* f32 l2/euclidean whose values are all 8-bit integers (pixels, int8 codes):
+         * exact in integers through oneDNN's int8 GEMM */
+        xknn_status st = xknn__cpu_int8_f32(job, path == XKNN_CPU_PATH_INT8);
         if (st != XKNN__FALLBACK) return st;
     }
+#ifdef XKNN_HAVE_CBLAS
+    /* f32 ip and cosine: certified sgemm candidates, canonical re-rank */
+    if (path != XKNN_CPU_PATH_LOOP && job->dtype == XKNN_DTYPE_F32 &&
+        (job->params.metric == XKNN_METRIC_IP || job->params.metric == XKNN_METRIC_COSINE)) {
+        xknn_status st = xknn__cpu_gemm_ip(job);
+        if (st != XKNN__FALLBACK) return st;
+        if (job->params.verbose)
+            fprintf(stderr, "xknn: cpu backend: values or sizes out of the BLAS path's range; exact loop\n");
+        return xknn__cpu_generic(job);
+    }
+#endif
+    if (job->dtype != XKNN_DTYPE_F32 ||
+        (job->params.metric != XKNN_METRIC_L2 && job->params.metric != XKNN_METRIC_EUCLIDEAN))
+        return xknn__cpu_generic(job);
 #ifdef XKNN_HAVE_CBLAS
     if (path != XKNN_CPU_PATH_LOOP) {
         /* The bound needs float products that neither overflow nor lose all meaning,

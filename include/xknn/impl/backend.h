@@ -4,7 +4,8 @@
  *
  * A job arrives here validated: n, nq, d >= 1, 1 <= k (k may exceed the available
  * references only when params.pad_missing is set), pointers non-NULL (dist may be
- * NULL), values finite, metric/backend in range.
+ * NULL), values finite (and >= 0 for hellinger), metric/dtype/backend in range and
+ * compatible, whamming weights present (one per bit).
  */
 #ifndef XKNN_IMPL_BACKEND_H
 #define XKNN_IMPL_BACKEND_H
@@ -14,6 +15,7 @@
 #include <stdint.h>
 
 #include "../../xknn.h"
+#include "canonical_math.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -30,6 +32,12 @@ typedef struct xknn__job {
     xknn_params params;
     char *msg;          /* error message buffer, may be NULL    */
     size_t msg_size;
+    /* Any dtype (the float pointers above are set for XKNN_DTYPE_F32 only): rows of
+     * dtype at ref_data + i*ldr elements (BIN: uint64 words); d is in bits for BIN.
+     * params.p is resolved (2 when it was 0 for minkowski). */
+    const void *ref_data;
+    const void *query_data;
+    xknn_dtype dtype;
 } xknn__job;
 
 /* kernels/cpu */

@@ -1,0 +1,399 @@
+/* metrics-t: every metric x dtype through xknn_search (CPU) and xknn_distance_ex against
+ * the oracle, byte for byte, on tie-heavy data; the documented edge cases and errors. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ref/ref.h"
+#include "tap/tap.h"
+#include "xknn.h"
+#include "xknn/impl/canonical_math.h"
+
+typedef struct {
+    xknn_metric metric;
+    double p;
+} mcase;
+
+static const mcase real_metrics[] = {
+    {XKNN_METRIC_L2, 0},        {XKNN_METRIC_EUCLIDEAN, 0}, {XKNN_METRIC_L1, 0},        {XKNN_METRIC_MINKOWSKI, 1},
+    {XKNN_METRIC_MINKOWSKI, 2}, {XKNN_METRIC_MINKOWSKI, 3}, {XKNN_METRIC_MINKOWSKI, 2.5}, {XKNN_METRIC_CHEBYSHEV, 0},
+    {XKNN_METRIC_IP, 0},        {XKNN_METRIC_COSINE, 0},    {XKNN_METRIC_HELLINGER, 0},
+};
+#define NREAL (int)(sizeof real_metrics / sizeof real_metrics[0])
+
+static const xknn_dtype real_dtypes[] = {XKNN_DTYPE_F32, XKNN_DTYPE_F16, XKNN_DTYPE_BF16, XKNN_DTYPE_U8,
+                                         XKNN_DTYPE_I8};
+#define NDT 5
+
+typedef struct {
+    data_kind kind;
+    int64_t n, nq, d, k; /* k <= 0: n (n - 1 in self-join); nq = 0: self-join */
+    int64_t qblock, rblock;
+} shape;
+
+static const shape shapes[] = {
+    {DATA_GAUSSIAN, 301, 37, 19, 7, 0, 0},
+    {DATA_INTEGER, 257, 20, 5, 1, 13, 100},   /* many equal distances */
+    {DATA_DUPLICATES, 130, 0, 33, 0, 0, 0},   /* self-join, k = n - 1, duplicates */
+    {DATA_CLUSTERED, 200, 15, 70, 0, 7, 64},  /* k = n */
+};
+#define NSHAPES (int)(sizeof shapes / sizeof shapes[0])
+
+/* hellinger needs non-negative data: make signed values non-negative in place */
+static void make_nonnegative(int dtype, void *x, int64_t count)
+{
+    int64_t i;
+    for (i = 0; i < count; i++) {
+        switch (dtype) {
+        case REF_F32: ((float *)x)[i] = fabsf(((float *)x)[i]); break;
+        case REF_F16:
+        case REF_BF16: ((uint16_t *)x)[i] &= 0x7fffu; break;
+        case REF_I8: {
+            int8_t *v = (int8_t *)x + i;
+            if (*v < 0) *v = (int8_t)(*v == -128 ? 127 : -*v);
+            break;
+        }
+        default: break;
+        }
+    }
+}
+
+static float *make_weights(int64_t bits, uint64_t seed)
+{
+    float *w = malloc((size_t)bits * sizeof(float));
+    uint64_t s = seed;
+    int64_t b;
+    /* few distinct values (ties), some negative (|w| is used) */
+    for (b = 0; b < bits; b++) w[b] = (float)((int)(ref_rand_u64(&s) % 7) - 2) * 0.375f;
+    return w;
+}
+
+/* Larger shapes for the integer path (u8/i8 with l2, euclidean, ip) and the sgemm path
+ * (f32 ip, cosine): several reference panels and tiles, query counts not multiples of
+ * the kernel tile, k = 1 / 7 / 100, ties. */
+static const shape big_shapes[] = {
+    {DATA_GAUSSIAN, 2100, 150, 61, 7, 0, 0},
+    {DATA_INTEGER, 1500, 0, 13, 100, 0, 0}, /* self-join, ties */
+    {DATA_UNIFORM, 1100, 77, 784, 1, 0, 0},
+    {DATA_INTEGER, 33, 9, 3, 0, 0, 0},      /* one panel and one row, k = n */
+    {DATA_DUPLICATES, 2, 0, 5, 0, 0, 0},    /* self-join of two points */
+};
+#define NBIG (int)(sizeof big_shapes / sizeof big_shapes[0])
+
+static xknn_cpu_path cur_path = XKNN_CPU_PATH_AUTO;
+
+/* One search vs the oracle. */
+static void run_case(xknn_metric metric, double p, xknn_dtype dtype, const shape *sh)
+{
+    const int self = sh->nq == 0;
+    const int64_t nq = self ? sh->n : sh->nq, d = sh->d;
+    const int64_t k = sh->k > 0 ? sh->k : (self ? sh->n - 1 : sh->n);
+    const int64_t ld = ref_row_elems((int)dtype, d);
+    void *ref = ref_make_typed(sh->kind, (int)dtype, sh->n, d, 11);
+    void *qry = self ? NULL : ref_make_typed(sh->kind, (int)dtype, nq, d, 12);
+    float *w = metric == XKNN_METRIC_WHAMMING ? make_weights(d, 5) : NULL;
+    int64_t *ids = malloc((size_t)(nq * k) * sizeof(int64_t)), *wid = malloc((size_t)(nq * k) * sizeof(int64_t));
+    float *dist = malloc((size_t)(nq * k) * sizeof(float)), *wd = malloc((size_t)(nq * k) * sizeof(float));
+    xknn_params prm = XKNN_PARAMS_INIT;
+    xknn_matrix r = XKNN_MATRIX_TYPED(ref, sh->n, d, dtype), q = XKNN_MATRIX_TYPED(qry, nq, d, dtype);
+    ref_spec spec;
+    xknn_error err;
+    char name[160];
+
+    if (metric == XKNN_METRIC_HELLINGER) {
+        make_nonnegative((int)dtype, ref, sh->n * ld);
+        if (qry) make_nonnegative((int)dtype, qry, nq * ld);
+    }
+    spec.metric = (int)metric;
+    spec.dtype = (int)dtype;
+    spec.p = p;
+    spec.weights = w;
+    ref_knn_ex(&spec, ref, sh->n, ld, qry, nq, ld, d, k, self, 0, 0, wid, wd);
+
+    prm.backend = XKNN_BACKEND_CPU;
+    prm.metric = metric;
+    prm.p = p;
+    prm.weights = w;
+    prm.weights_count = w ? d : 0;
+    prm.query_block = sh->qblock;
+    prm.ref_block = sh->rblock;
+    prm.cpu_path = cur_path;
+    memset(ids, 0xab, (size_t)(nq * k) * sizeof(int64_t));
+    memset(dist, 0xab, (size_t)(nq * k) * sizeof(float));
+    snprintf(name, sizeof name, "%s%s p=%g %s %s n=%lld nq=%lld d=%lld k=%lld%s", xknn_metric_name(metric),
+             cur_path == XKNN_CPU_PATH_LOOP ? " (loop path)" : "", p, xknn_dtype_name(dtype), ref_data_name(sh->kind), (long long)sh->n, (long long)nq, (long long)d,
+             (long long)k, self ? " self" : "");
+    if (xknn_search(&prm, &r, self ? NULL : &q, k, ids, dist, &err) != XKNN_SUCCESS)
+        ok(0, "%s: %s", name, err.message);
+    else
+        is_knn_equal(ids, dist, wid, wd, nq, k, "%s", name);
+    free(ref);
+    free(qry);
+    free(w);
+    free(ids);
+    free(wid);
+    free(dist);
+    free(wd);
+}
+
+/* xknn_distance_ex equals the oracle's value on 200 pairs (bits). */
+static void distance_case(xknn_metric metric, double p, xknn_dtype dtype)
+{
+    const int64_t d = 77, rows = 40;
+    void *x = ref_make_typed(DATA_GAUSSIAN, (int)dtype, rows, d, 21);
+    float *w = make_weights(d, 3);
+    const int eb = ref_elem_bytes((int)dtype);
+    const int64_t ld = ref_row_elems((int)dtype, d);
+    xknn_params prm = XKNN_PARAMS_INIT;
+    ref_spec spec;
+    int64_t i, j, bad = 0;
+    if (metric == XKNN_METRIC_HELLINGER) make_nonnegative((int)dtype, x, rows * ld);
+    prm.metric = metric;
+    prm.p = p;
+    prm.weights = w;
+    prm.weights_count = d;
+    spec.metric = (int)metric;
+    spec.dtype = (int)dtype;
+    spec.p = p;
+    spec.weights = w;
+    for (i = 0; i < rows; i++)
+        for (j = 0; j < 5; j++) {
+            const void *a = (const unsigned char *)x + i * ld * eb, *b = (const unsigned char *)x + ((i * 7 + j) % rows) * ld * eb;
+            float got = -1.0f, want = ref_distance_ex(&spec, a, b, d);
+            if (xknn_distance_ex(&prm, dtype, a, b, d, &got, NULL) != XKNN_SUCCESS ||
+                memcmp(&got, &want, sizeof got) != 0) {
+                if (!bad) diag("row %lld vs %lld: got %.9g want %.9g", (long long)i, (long long)j, got, want);
+                bad++;
+            }
+        }
+    ok(bad == 0, "xknn_distance_ex %s p=%g %s: %lld of %lld values differ from the oracle", xknn_metric_name(metric),
+       p, xknn_dtype_name(dtype), (long long)bad, (long long)(rows * 5));
+    free(x);
+    free(w);
+}
+
+static int has(const char *msg, const char *part) { return strstr(msg, part) != NULL; }
+
+static void error_cases(void)
+{
+    float a[4 * 3] = {1, 2, 3, 4, 5, 6, 0.5f, -0.25f, 1, 0, 0, 0};
+    float b[2 * 3] = {1, 1, 1, 0, 0, 0};
+    int64_t ids[4 * 3];
+    float dist[4 * 3], wts[70];
+    uint64_t bits[2 * 2] = {0x5ull, 0, 0x3ull, 0};
+    xknn_params p = XKNN_PARAMS_INIT;
+    xknn_matrix r = XKNN_MATRIX_F32(a, 4, 3), q = XKNN_MATRIX_F32(b, 2, 3);
+    xknn_matrix rb = XKNN_MATRIX_TYPED(bits, 2, 70, XKNN_DTYPE_BIN);
+    xknn_error err;
+    xknn_status st;
+    int i;
+
+    /* hellinger: negative input named by row and column (f32 reference, i8 query) */
+    p.metric = XKNN_METRIC_HELLINGER;
+    st = xknn_search(&p, &r, &q, 2, ids, dist, &err);
+    ok(st == XKNN_ERROR_INVALID_VALUE && has(err.message, "reference row 2 column 1") && has(err.message, "hellinger"),
+       "hellinger rejects a negative reference value: %s", err.message);
+    {
+        int8_t r8[2 * 3] = {1, 2, 3, 4, 5, 6}, q8[2 * 3] = {0, 1, 2, 3, -4, 5};
+        xknn_matrix mr = XKNN_MATRIX_TYPED(r8, 2, 3, XKNN_DTYPE_I8), mq = XKNN_MATRIX_TYPED(q8, 2, 3, XKNN_DTYPE_I8);
+        st = xknn_search(&p, &mr, &mq, 1, ids, dist, &err);
+        ok(st == XKNN_ERROR_INVALID_VALUE && has(err.message, "query row 1 column 1"),
+           "hellinger rejects a negative i8 query value: %s", err.message);
+    }
+
+    /* cosine and zero vectors: distance exactly 1, ordered by id */
+    p = xknn_params_default();
+    p.metric = XKNN_METRIC_COSINE;
+    p.backend = XKNN_BACKEND_CPU;
+    st = xknn_search(&p, &r, &q, 4, ids, dist, &err);
+    ok(st == XKNN_SUCCESS && dist[4 + 0] == 1.0f && dist[4 + 1] == 1.0f && dist[4 + 2] == 1.0f && dist[4 + 3] == 1.0f &&
+           ids[4] == 0 && ids[5] == 1 && ids[6] == 2 && ids[7] == 3,
+       "cosine: a zero query is at distance 1 from every reference, ties by id");
+    {
+        float one = -1.0f;
+        ok(xknn_distance_ex(&p, XKNN_DTYPE_F32, a + 9, b, 3, &one, NULL) == XKNN_SUCCESS && one == 1.0f &&
+               xknn_distance_ex(&p, XKNN_DTYPE_F32, a + 9, b + 3, 3, &one, NULL) == XKNN_SUCCESS && one == 1.0f,
+           "cosine: zero reference vs non-zero query and zero vs zero give exactly 1");
+    }
+    {
+        float c = -1.0f;
+        ok(xknn_distance_ex(&p, XKNN_DTYPE_F32, a, a, 3, &c, NULL) == XKNN_SUCCESS && c >= 0.0f && c < 1e-7f,
+           "cosine: a vector against itself is at distance ~0 and never negative (%g)", c);
+    }
+
+    /* the float-only xknn_distance covers the real-valued metrics */
+    {
+        ref_spec sp;
+        float w1, w2;
+        sp.dtype = REF_F32;
+        sp.p = 2.0;
+        sp.weights = NULL;
+        sp.metric = REF_L1;
+        w1 = ref_distance_ex(&sp, a, a + 6, 3);
+        sp.metric = REF_CHEBYSHEV;
+        w2 = ref_distance_ex(&sp, a, a + 6, 3);
+        ok(xknn_distance(XKNN_METRIC_L1, a, a + 6, 3) == w1 && xknn_distance(XKNN_METRIC_CHEBYSHEV, a, a + 6, 3) == w2 &&
+               isnan(xknn_distance(XKNN_METRIC_HAMMING, a, a + 6, 3)),
+           "xknn_distance: l1 and chebyshev canonical, hamming NaN");
+    }
+
+    /* whamming weights */
+    p = xknn_params_default();
+    p.metric = XKNN_METRIC_WHAMMING;
+    for (i = 0; i < 70; i++) wts[i] = 1.0f;
+    p.weights = wts;
+    p.weights_count = 69;
+    st = xknn_search(&p, &rb, NULL, 1, ids, dist, &err);
+    ok(st == XKNN_ERROR_INVALID_ARGUMENT && has(err.message, "69 weights for 70 bits"),
+       "whamming: weights of the wrong length: %s", err.message);
+    p.weights = NULL;
+    p.weights_count = 70;
+    st = xknn_search(&p, &rb, NULL, 1, ids, dist, &err);
+    ok(st == XKNN_ERROR_INVALID_ARGUMENT && has(err.message, "weights"), "whamming: no weights: %s", err.message);
+    p.weights = wts;
+    wts[33] = NAN;
+    st = xknn_search(&p, &rb, NULL, 1, ids, dist, &err);
+    ok(st == XKNN_ERROR_INVALID_VALUE && has(err.message, "weight 33"), "whamming: NaN weight: %s", err.message);
+    wts[33] = 2.0f;
+    st = xknn_search(&p, &rb, NULL, 1, ids, dist, &err);
+    /* row 0: bits 0, 2; row 1: bits 0, 1 -> differ in bits 1 and 2: weights 1 + 1 */
+    ok(st == XKNN_SUCCESS && ids[0] == 1 && dist[0] == 2.0f && ids[1] == 0 && dist[1] == 2.0f,
+       "whamming on a 70-bit pair: distance 2 both ways");
+
+    /* minkowski p */
+    p = xknn_params_default();
+    p.metric = XKNN_METRIC_MINKOWSKI;
+    p.p = 0.5;
+    st = xknn_search(&p, &r, &q, 1, ids, dist, &err);
+    ok(st == XKNN_ERROR_INVALID_ARGUMENT && has(err.message, "p=0.5"), "minkowski p < 1: %s", err.message);
+    p.p = NAN;
+    st = xknn_search(&p, &r, &q, 1, ids, dist, &err);
+    ok(st == XKNN_ERROR_INVALID_ARGUMENT, "minkowski p = NaN: %s", err.message);
+    {
+        float d0 = 0, d2 = 0;
+        p.p = 0.0;
+        xknn_distance_ex(&p, XKNN_DTYPE_F32, a, b, 3, &d0, NULL);
+        p.p = 2.0;
+        xknn_distance_ex(&p, XKNN_DTYPE_F32, a, b, 3, &d2, NULL);
+        ok(d0 == d2 && d2 == sqrtf(0.0f + 0 + 1 + 4), "minkowski p = 0 means p = 2 (%g)", d0);
+    }
+
+    /* metric / dtype pairs */
+    p = xknn_params_default();
+    st = xknn_search(&p, &rb, NULL, 1, ids, dist, &err);
+    ok(st == XKNN_ERROR_INVALID_ARGUMENT && has(err.message, "'l2' does not accept bit-packed"),
+       "l2 on bits refused: %s", err.message);
+    p.metric = XKNN_METRIC_HAMMING;
+    st = xknn_search(&p, &r, &q, 1, ids, dist, &err);
+    ok(st == XKNN_ERROR_INVALID_ARGUMENT && has(err.message, "needs bit-packed"), "hamming on f32 refused: %s",
+       err.message);
+    {
+        uint8_t q8[2 * 3] = {0};
+        xknn_matrix mq = XKNN_MATRIX_TYPED(q8, 2, 3, XKNN_DTYPE_U8);
+        p.metric = XKNN_METRIC_L1;
+        st = xknn_search(&p, &r, &mq, 1, ids, dist, &err);
+        ok(st == XKNN_ERROR_INVALID_ARGUMENT && has(err.message, "dtype mismatch"), "dtype mismatch: %s",
+           err.message);
+    }
+
+    /* CUDA routing */
+    p = xknn_params_default();
+    p.metric = XKNN_METRIC_L1;
+    p.backend = XKNN_BACKEND_CUDA;
+    st = xknn_search(&p, &r, &q, 1, ids, dist, &err);
+    ok(st == XKNN_ERROR_INVALID_ARGUMENT && has(err.message, "metric 'l1' is not supported by the CUDA backend yet"),
+       "backend cuda refuses l1: %s", err.message);
+    p.backend = XKNN_BACKEND_AUTO;
+    st = xknn_search(&p, &r, &q, 1, ids, dist, &err);
+    ok(st == XKNN_SUCCESS, "backend auto runs l1 on the CPU");
+
+    /* NaN / Inf in half types */
+    {
+        uint16_t h[2 * 3] = {0x3c00, 0x3c00, 0x3c00, 0x3c00, 0x7e00, 0x3c00};
+        uint16_t bf[2 * 3] = {0x3f80, 0x7f80, 0, 0, 0, 0};
+        xknn_matrix m16 = XKNN_MATRIX_TYPED(h, 2, 3, XKNN_DTYPE_F16), mbf = XKNN_MATRIX_TYPED(bf, 2, 3, XKNN_DTYPE_BF16);
+        p = xknn_params_default();
+        st = xknn_search(&p, &m16, NULL, 1, ids, dist, &err);
+        ok(st == XKNN_ERROR_INVALID_VALUE && has(err.message, "row 1 column 1 is NaN"), "f16 NaN: %s", err.message);
+        st = xknn_search(&p, &mbf, NULL, 1, ids, dist, &err);
+        ok(st == XKNN_ERROR_INVALID_VALUE && has(err.message, "row 0 column 1 is Inf"), "bf16 Inf: %s", err.message);
+    }
+
+    /* ip: largest first; padding reports -inf */
+    p = xknn_params_default();
+    p.metric = XKNN_METRIC_IP;
+    p.pad_missing = 1;
+    p.backend = XKNN_BACKEND_CPU;
+    st = xknn_search(&p, &r, &q, 5, ids, dist, &err);
+    ok(st == XKNN_SUCCESS && ids[0] == 1 && dist[0] == 15.0f && ids[1] == 0 && dist[1] == 6.0f && ids[4] == -1 &&
+           dist[4] == -INFINITY,
+       "ip: largest inner product first, padding -inf");
+}
+
+/* The library's own log/exp are accurate (they only need to be deterministic, but a
+ * Minkowski distance should still mean what it says). */
+static void math_case(void)
+{
+    double worst = 0.0, x;
+    for (x = 1e-300; x < 1e300; x *= 1.7) {
+        double l = xknn__cm_log(x), e;
+        double rel = fabs(l - log(x)) / fmax(fabs(log(x)), 1e-300);
+        if (rel > worst && fabs(log(x)) > 1e-3) worst = rel;
+        if (fabs(l) < 700) {
+            e = xknn__cm_exp(l);
+            rel = fabs(e - x) / x;
+            if (rel > worst * 1.0 && rel > 1e-13) worst = rel;
+        }
+    }
+    ok(worst < 1e-14, "canonical log/exp agree with libm to %.3g relative", worst);
+}
+
+int main(void)
+{
+    int m, t, s;
+    plan(1 + 1 + NREAL * NDT + 2 + NREAL * NDT * NSHAPES + 2 * NSHAPES + 2 * (2 * 3 + 2) * NBIG + 22);
+
+    ok((int)REF_L1 == (int)XKNN_METRIC_L1 && (int)REF_WHAMMING == (int)XKNN_METRIC_WHAMMING &&
+           (int)REF_IP == (int)XKNN_METRIC_IP && (int)REF_BIN == (int)XKNN_DTYPE_BIN &&
+           (int)REF_I8 == (int)XKNN_DTYPE_I8 && (int)REF_BF16 == (int)XKNN_DTYPE_BF16,
+       "oracle numbering matches xknn_metric and xknn_dtype");
+    {
+        int good = 1;
+        for (m = 0; m < XKNN_METRIC_COUNT; m++) good &= (int)xknn_metric_from_name(xknn_metric_name((xknn_metric)m)) == m;
+        for (t = 0; t < XKNN_DTYPE_COUNT; t++) good &= (int)xknn_dtype_from_name(xknn_dtype_name((xknn_dtype)t)) == t;
+        good &= xknn_metric_from_name("manhattan") == XKNN_METRIC_L1 && xknn_metric_from_name("nope") == XKNN_METRIC_COUNT;
+        ok(good, "metric and dtype names round-trip");
+    }
+
+    for (m = 0; m < NREAL; m++)
+        for (t = 0; t < NDT; t++) distance_case(real_metrics[m].metric, real_metrics[m].p, real_dtypes[t]);
+    distance_case(XKNN_METRIC_HAMMING, 0, XKNN_DTYPE_BIN);
+    distance_case(XKNN_METRIC_WHAMMING, 0, XKNN_DTYPE_BIN);
+
+    for (m = 0; m < NREAL; m++)
+        for (t = 0; t < NDT; t++)
+            for (s = 0; s < NSHAPES; s++) run_case(real_metrics[m].metric, real_metrics[m].p, real_dtypes[t], &shapes[s]);
+    for (s = 0; s < NSHAPES; s++) run_case(XKNN_METRIC_HAMMING, 0, XKNN_DTYPE_BIN, &shapes[s]);
+    for (s = 0; s < NSHAPES; s++) run_case(XKNN_METRIC_WHAMMING, 0, XKNN_DTYPE_BIN, &shapes[s]);
+
+    {
+        static const xknn_metric im[] = {XKNN_METRIC_L2, XKNN_METRIC_EUCLIDEAN, XKNN_METRIC_IP};
+        static const xknn_dtype it[] = {XKNN_DTYPE_U8, XKNN_DTYPE_I8};
+        int pth;
+        for (pth = 0; pth < 2; pth++) {
+            cur_path = pth ? XKNN_CPU_PATH_LOOP : XKNN_CPU_PATH_AUTO;
+            for (m = 0; m < 3; m++)
+                for (t = 0; t < 2; t++)
+                    for (s = 0; s < NBIG; s++) run_case(im[m], 0, it[t], &big_shapes[s]);
+            /* f32 ip and cosine: the certified sgemm path (auto) and the loop */
+            for (s = 0; s < NBIG; s++) run_case(XKNN_METRIC_IP, 0, XKNN_DTYPE_F32, &big_shapes[s]);
+            for (s = 0; s < NBIG; s++) run_case(XKNN_METRIC_COSINE, 0, XKNN_DTYPE_F32, &big_shapes[s]);
+        }
+        cur_path = XKNN_CPU_PATH_AUTO;
+    }
+
+    error_cases();
+    math_case();
+    return tap_done();
+}
