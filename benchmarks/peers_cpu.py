@@ -9,8 +9,7 @@ compared with xknn's up to ties (a peer id counts as "equal up to ties" when its
 distance equals the exact distance at that rank).
 
 xknn runs once per CPU path named by --paths (default "auto,blas"): `auto` is what a
-caller gets (on these integer pixels: the exact int8 GEMM path where oneDNN and a VNNI CPU
-are present), `blas` forces the float32 sgemm path. Ratios are against the first.
+caller gets (on these integer pixels: the exact integer path, AVX-512 VNNI where present), `blas` forces the float32 sgemm path. Ratios are against the first.
 
 Usage: peers_cpu.py --bench build/benchmarks/bench_cpu [-k 100] [--nq 10000] [--paths auto,blas] [--json out.json]
 """

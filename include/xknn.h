@@ -170,9 +170,9 @@ typedef enum xknn_cpu_path {
                                values are in range, else LOOP                    */
     XKNN_CPU_PATH_BLAS,     /* sgemm candidates + certified canonical re-rank   */
     XKNN_CPU_PATH_LOOP,     /* cache-blocked canonical loop, no BLAS            */
-    XKNN_CPU_PATH_INT8,     /* l2/euclidean with every value an integer in
-                               [0, 255] or [-128, 127] (each matrix on its own):
-                               exact int8 GEMM (oneDNN, needs a VNNI CPU)        */
+    XKNN_CPU_PATH_INT8,     /* f32 data whose values are all integers in [0, 255]
+                               (or all in [-128, 127]) with l2, euclidean or ip:
+                               converted to 8-bit and searched exactly in int32 */
     XKNN_CPU_PATH_COUNT
 } xknn_cpu_path;
 

@@ -30,8 +30,8 @@ xknn_status xknn__cpu_fail(const xknn__job *job, xknn_status st, const char *fmt
 #endif
     ;
 
-/* Integer path (cpu_int8.c): exact l2/euclidean through an 8-bit GEMM when every value is
- * an 8-bit integer. Returns XKNN__FALLBACK when it does not apply and !required. */
+/* f32 jobs whose values are all 8-bit integers (cpu_int8.c): converted once and searched
+ * by the integer path. Returns XKNN__FALLBACK when it does not apply and !required. */
 xknn_status xknn__cpu_int8_f32(const xknn__job *job, int required);
 
 #endif
