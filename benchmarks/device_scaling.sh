@@ -14,7 +14,8 @@
 #   summary  efficiency table (benchmarks/plot.py; PNGs when matplotlib is there)
 # Environment (optional): STEPS="build probe gpu cpu", NPS="1 2", STRONG_N=20M,
 #   WEAK_N=10M, NQ=10k, D=128, K=100, QB=<queries per broadcast block; default NQ: one
-#   block, so each rank copies its slice to its GPU once per search>, REPEATS=3,
+#   block>, REPEATS=3, SAMPLE=20 (queries checked against the oracle on rank 0, which
+#   regenerates all n references: ~0.5 s per sampled query and 10M references),
 #   CPU_N=2M, CPU_NQ=1000, RUN_TIMEOUT=300, BUILD=build-dev, WORK=/tmp/xknn-scaling,
 #   MPI_EXTRA (more mpirun arguments), XKNN_GIT_COMMIT, TOTAL_S=570 (deadline of the
 #   whole script: steps are cut short or skipped so the summary is always printed).
@@ -37,6 +38,7 @@ D=${D:-128}
 K=${K:-100}
 QB=${QB:-$NQ}
 REPEATS=${REPEATS:-3}
+SAMPLE=${SAMPLE:-20}
 CPU_N=${CPU_N:-2M}
 CPU_NQ=${CPU_NQ:-1000}
 RUN_TIMEOUT=${RUN_TIMEOUT:-300}
@@ -136,11 +138,11 @@ main() {
     if has_step gpu; then
         for np in $NPS; do
             run_np "gpu-strong-np$np" "$np" --backend cuda --n "$STRONG_N" --nq "$NQ" --d "$D" --k "$K" \
-                --query-block "$QB" --repeats "$REPEATS" --json "$WORK/json/gpu_strong_np$np.json"
+                --query-block "$QB" --repeats "$REPEATS" --sample "$SAMPLE" --json "$WORK/json/gpu_strong_np$np.json"
         done
         for np in $NPS; do
             run_np "gpu-weak-np$np" "$np" --backend cuda --n-per-rank "$WEAK_N" --nq "$NQ" --d "$D" --k "$K" \
-                --query-block "$QB" --repeats "$REPEATS" --json "$WORK/json/gpu_weak_np$np.json"
+                --query-block "$QB" --repeats "$REPEATS" --sample "$SAMPLE" --json "$WORK/json/gpu_weak_np$np.json"
         done
     fi
     if has_step cpu; then
