@@ -197,7 +197,7 @@ extern "C" xknn_status xknn__softknn_cuda_create(int device, const uint64_t *x, 
                                                  int64_t ld, xknn__sk_cuda **out, char *msg, size_t msg_size)
 {
     xknn_status st = XKNN_SUCCESS;
-    int count = 0;
+    int count = 0, prev = -1;
     xknn__sk_cuda *s = NULL;
     *out = NULL;
     if (cudaGetDeviceCount(&count) != cudaSuccess || count < 1) {
@@ -223,6 +223,7 @@ extern "C" xknn_status xknn__softknn_cuda_create(int device, const uint64_t *x, 
         goto fail;
     }
     s->device = device, s->n = n, s->d = d, s->ld = ld;
+    if (cudaGetDevice(&prev) != cudaSuccess) prev = -1; /* the caller's device, restored below */
     XKNN__SK_CUDA(cudaSetDevice(device));
     XKNN__SK_CUDA(cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking));
     XKNN__SK_CUDA(cudaMalloc((void **)&s->x, (size_t)(n * ld) * sizeof(uint64_t)));
@@ -231,10 +232,12 @@ extern "C" xknn_status xknn__softknn_cuda_create(int device, const uint64_t *x, 
     XKNN__SK_CUDA(cudaMemcpyAsync(s->x, x, (size_t)(n * ld) * sizeof(uint64_t), cudaMemcpyHostToDevice, s->stream));
     XKNN__SK_CUDA(cudaMemcpyAsync(s->y, y, (size_t)n * sizeof(float), cudaMemcpyHostToDevice, s->stream));
     XKNN__SK_CUDA(cudaStreamSynchronize(s->stream)); /* x and y are the caller's pageable memory */
+    if (prev >= 0 && prev != device) (void)cudaSetDevice(prev);
     *out = s;
     return XKNN_SUCCESS;
 fail:
     xknn__softknn_cuda_destroy(s);
+    if (prev >= 0 && prev != device) (void)cudaSetDevice(prev);
     return st;
 }
 
@@ -253,6 +256,8 @@ extern "C" xknn_status xknn__softknn_cuda_eval(xknn__sk_cuda *s, const xknn__sk_
     double *red = (double *)malloc((size_t)(d + 3) * sizeof(double));
     float *wabs = (float *)calloc((size_t)(ld * 64), sizeof(float));
     double loss;
+    int prev = -1;
+    if (cudaGetDevice(&prev) != cudaSuccess) prev = -1; /* the caller's device, restored at the end */
     if (!mean || !coef || !red || !wabs) {
         if (msg && msg_size) snprintf(msg, msg_size, "out of memory");
         st = XKNN_ERROR_OUT_OF_MEMORY;
@@ -300,6 +305,7 @@ extern "C" xknn_status xknn__softknn_cuda_eval(xknn__sk_cuda *s, const xknn__sk_
     }
 fail:
     if (st != XKNN_SUCCESS) (void)cudaStreamSynchronize(s->stream); /* nothing in flight reads freed memory */
+    if (prev >= 0 && prev != s->device) (void)cudaSetDevice(prev);
     free(wabs), free(red), free(coef), free(mean);
     return st;
 }
