@@ -142,8 +142,8 @@ XKNN_API xknn_backend xknn_softknn_backend(const xknn_softknn *model);
 XKNN_API void xknn_softknn_init_params(int64_t d, double *theta);
 
 /* Not collective. Sets alpha and beta of theta (host, d + 4; the other parameters are
- * kept) from m training rows drawn with `seed`, each scored against the other rows:
- * with W, a, c fixed the loss is a logistic regression of the labels on mean_p (weight
+ * kept) from m training rows drawn with `seed`, each scored against the other n - m
+ * rows (keep m well below n): with W, a, c fixed the loss is a logistic regression of the labels on mean_p (weight
  * beta, bias beta * alpha), convex; it is fitted by Newton's method with step halving.
  * Needs rows of both labels among the drawn ones and a larger vote mean_p indicating
  * label 1. Errors as xknn_softknn_loss_grad, and INVALID_VALUE when the classes cannot
