@@ -80,7 +80,7 @@ xknn_status xknn__softknn_ref_eval(const xknn__sk_job *job)
                     if (xknn__sk_bit(x, b) != xknn__sk_bit(u, b)) tbit[b] += g;
             }
         }
-        xknn__sk_assemble(job, mean, coef, sums, tbit, job->grad);
+        xknn__sk_assemble(job, mean, sums, tbit, job->grad);
     }
     free(tbit), free(coef), free(mean), free(f), free(z);
     return XKNN_SUCCESS;
@@ -260,7 +260,7 @@ xknn_status xknn__softknn_cpu_eval(const xknn__sk_job *job)
         sums[1] += psums[3 * p + 1];
         sums[2] += psums[3 * p + 2];
     }
-    xknn__sk_assemble(job, mean, coef, sums, tbit, job->grad);
+    xknn__sk_assemble(job, mean, sums, tbit, job->grad);
 done:
 #ifdef XKNN_HAVE_CBLAS
     free(wu), free(wx), free(uw), free(xr);

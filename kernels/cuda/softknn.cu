@@ -301,7 +301,7 @@ extern "C" xknn_status xknn__softknn_cuda_eval(xknn__sk_cuda *s, const xknn__sk_
         XKNN__SK_CUDA(cudaGetLastError());
         XKNN__SK_CUDA(cudaMemcpyAsync(red, s->out, (size_t)(d + 3) * sizeof(double), cudaMemcpyDeviceToHost, s->stream));
         XKNN__SK_CUDA(cudaStreamSynchronize(s->stream));
-        xknn__sk_assemble(job, mean, coef, red + d, red, job->grad);
+        xknn__sk_assemble(job, mean, red + d, red, job->grad);
     }
 fail:
     if (st != XKNN_SUCCESS) (void)cudaStreamSynchronize(s->stream); /* nothing in flight reads freed memory */

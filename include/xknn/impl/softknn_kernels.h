@@ -99,23 +99,21 @@ static inline double xknn__sk_head(const xknn__sk_job *job, const double *mean, 
     return job->target ? loss / (double)job->m : 0;
 }
 
-/* The gradient from the backward sums (see the top of this file); dscore/dalpha and
- * dscore/dbeta need mean and coef again. */
-static inline void xknn__sk_assemble(const xknn__sk_job *job, const double *mean, const double *coef,
-                                     const double sums[3], const double *tbit, double *grad)
+/* The gradient from the backward sums (see the top of this file); the gradients of
+ * alpha and beta need mean_p and dL/dscore_p again. */
+static inline void xknn__sk_assemble(const xknn__sk_job *job, const double *mean, const double sums[3],
+                                     const double *tbit, double *grad)
 {
     const double *th = job->theta;
     int64_t d = job->d, b, p;
     double s1 = xknn__sk_wnorm(th, d), alpha = th[d], beta = th[d + 1], a = th[d + 2], c = th[d + 3];
     double galpha = 0, gbeta = 0;
     for (p = 0; p < job->m; p++) {
-        /* dL/ds_p = coef_p * nr / beta; beta = 0 would lose it: recompute from mean */
         double s = beta * (mean[p] + alpha);
         double gs = (xknn__sk_sigmoid(s) - (job->target[p] ? 1.0 : 0.0)) / (double)job->m;
         galpha += gs * beta;
         gbeta += gs * (mean[p] + alpha);
     }
-    (void)coef;
     for (b = 0; b < d; b++) {
         double gabs = a * (sums[2] / (s1 * s1) - tbit[b] / s1);
         grad[b] = th[b] < 0 ? -gabs : gabs;
