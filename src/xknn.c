@@ -4,3 +4,4 @@
 #include "xknn.h"
 #include "xknn/io.h"
 #include "xknn/learn.h"
+#include "xknn/softknn.h"
