@@ -76,9 +76,10 @@ typedef struct xknn__resident xknn__resident;
 xknn__resident *xknn__resident_open(const xknn_params *params, int device, const xknn_matrix *ref, int64_t qb,
                                     int64_t k, char *why, size_t why_size);
 /* Searches one block of host queries (rows x d) against the resident slice; results
- * (rows x k, global ids) land in host memory. Synchronous. Not collective. */
+ * (rows x k, global ids) land in host memory. Synchronous; while the GPU works, poll
+ * (if not NULL) is called repeatedly with poll_arg. Not collective. */
 xknn_status xknn__resident_search(xknn__resident *r, const xknn_params *params, const float *q, int64_t rows,
-                                  int64_t *ids, float *dist, xknn_error *err);
+                                  int64_t *ids, float *dist, void (*poll)(void *), void *poll_arg, xknn_error *err);
 void xknn__resident_close(xknn__resident *r);
 
 #endif /* XKNN_MPI_IMPL_H */

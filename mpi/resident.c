@@ -71,6 +71,44 @@ void xknn__resident_close(xknn__resident *r)
     free(r);
 }
 
+/* Copies the slice to r->dR through two pinned staging buffers: OpenMP threads fill one
+ * while the copy engine drains the other (a pageable cudaMemcpy goes through the
+ * driver's single-threaded staging, several times slower for a slice of tens of GB). */
+static cudaError_t xknn__upload(xknn__resident *r, const xknn_matrix *ref, int64_t ld)
+{
+    const size_t row = (size_t)r->d * sizeof(float), stage = (size_t)64 << 20;
+    const int64_t per = (int64_t)(stage / row) > 0 ? (int64_t)(stage / row) : 1;
+    const float *src = (const float *)ref->data;
+    float *pin[2] = {NULL, NULL};
+    cudaEvent_t done[2] = {NULL, NULL};
+    cudaError_t ce = cudaSuccess;
+    int64_t r0, c = 0;
+    int b;
+    for (b = 0; b < 2 && ce == cudaSuccess; b++) {
+        ce = cudaHostAlloc((void **)&pin[b], (size_t)per * row, cudaHostAllocDefault);
+        if (ce == cudaSuccess) ce = cudaEventCreateWithFlags(&done[b], cudaEventDisableTiming);
+    }
+    for (r0 = 0; r0 < r->n && ce == cudaSuccess; r0 += per, c++) {
+        const int64_t rows = r->n - r0 < per ? r->n - r0 : per;
+        float *dst;
+        int64_t i;
+        b = (int)(c & 1);
+        ce = cudaEventSynchronize(done[b]); /* the copy out of pin[b] is complete */
+        if (ce != cudaSuccess) break;
+        dst = pin[b];
+#pragma omp parallel for schedule(static)
+        for (i = 0; i < rows; i++) memcpy(dst + i * r->d, src + (r0 + i) * ld, row);
+        ce = cudaMemcpyAsync(r->dR + r0 * r->d, pin[b], (size_t)rows * row, cudaMemcpyHostToDevice, r->stream);
+        if (ce == cudaSuccess) ce = cudaEventRecord(done[b], r->stream);
+    }
+    if (ce == cudaSuccess) ce = cudaStreamSynchronize(r->stream);
+    for (b = 1; b >= 0; b--) {
+        if (done[b]) cudaEventDestroy(done[b]);
+        if (pin[b]) cudaFreeHost(pin[b]);
+    }
+    return ce;
+}
+
 xknn__resident *xknn__resident_open(const xknn_params *params, int device, const xknn_matrix *ref, int64_t qb,
                                     int64_t k, char *why, size_t why_size)
 {
@@ -135,9 +173,7 @@ xknn__resident *xknn__resident_open(const xknn_params *params, int device, const
     if (ce == cudaSuccess) ce = cudaMalloc((void **)&r->dQ, (size_t)qb * row);
     if (ce == cudaSuccess) ce = cudaMalloc((void **)&r->dIds, (size_t)(qb * k) * sizeof(int64_t));
     if (ce == cudaSuccess) ce = cudaMalloc((void **)&r->dDist, (size_t)(qb * k) * sizeof(float));
-    if (ce == cudaSuccess)
-        ce = cudaMemcpy2DAsync(r->dR, row, ref->data, (size_t)ld * sizeof(float), row, (size_t)n,
-                               cudaMemcpyHostToDevice, r->stream);
+    if (ce == cudaSuccess) ce = xknn__upload(r, ref, ld);
     if (ce != cudaSuccess) {
         snprintf(why, why_size, "device setup: %s", cudaGetErrorString(ce));
         goto fail;
@@ -174,7 +210,7 @@ fail:
 }
 
 xknn_status xknn__resident_search(xknn__resident *r, const xknn_params *params, const float *q, int64_t rows,
-                                  int64_t *ids, float *dist, xknn_error *err)
+                                  int64_t *ids, float *dist, void (*poll)(void *), void *poll_arg, xknn_error *err)
 {
     const size_t row = (size_t)r->d * sizeof(float);
     xknn_matrix refm = XKNN_MATRIX_F32(r->dR, r->n, r->d), qm = XKNN_MATRIX_F32(r->dQ, rows, r->d);
@@ -197,6 +233,11 @@ xknn_status xknn__resident_search(xknn__resident *r, const xknn_params *params, 
             if (ce == cudaSuccess && dist)
                 ce = cudaMemcpyAsync(dist, r->dDist, (size_t)(rows * r->k) * sizeof(float), cudaMemcpyDeviceToHost,
                                      r->stream);
+        }
+        if (ce == cudaSuccess && poll) {
+            /* let the caller's non-blocking MPI (the next query block's broadcast)
+             * progress while the GPU works: MPI progresses only inside MPI calls */
+            while ((ce = cudaStreamQuery(r->stream)) == cudaErrorNotReady) poll(poll_arg);
         }
         if (ce == cudaSuccess) ce = cudaStreamSynchronize(r->stream);
     }
@@ -221,8 +262,10 @@ xknn__resident *xknn__resident_open(const xknn_params *params, int device, const
 }
 
 xknn_status xknn__resident_search(xknn__resident *r, const xknn_params *params, const float *q, int64_t rows,
-                                  int64_t *ids, float *dist, xknn_error *err)
+                                  int64_t *ids, float *dist, void (*poll)(void *), void *poll_arg, xknn_error *err)
 {
+    (void)poll;
+    (void)poll_arg;
     (void)r;
     (void)params;
     (void)q;

@@ -77,6 +77,16 @@ static void xknn__pad(xknn__cands *c, int64_t m, int neg)
     }
 }
 
+/* Progress of the next block's broadcast during a device search (MPI progresses only
+ * inside MPI calls). A completed request becomes MPI_REQUEST_NULL, which the later
+ * MPI_Wait accepts. */
+static void xknn__progress(void *arg)
+{
+    MPI_Request *req = (MPI_Request *)arg;
+    int flag;
+    if (*req != MPI_REQUEST_NULL) MPI_Test(req, &flag, MPI_STATUS_IGNORE);
+}
+
 /* Copies rows [row, row + rows) of a host matrix into a dense buffer of rows of
  * row_bytes bytes (the matrix's dtype, its ld in elements). */
 static void xknn__pack(unsigned char *dst, const xknn_matrix *m, int64_t row, int64_t rows, int64_t row_bytes)
@@ -504,10 +514,12 @@ agree_setup:
                 xknn_matrix qm = XKNN_MATRIX_TYPED(qcur, cur.rows, d, dtype);
                 xknn_error e;
                 xknn_status s;
+                MPI_Request pending = breq; /* the next block's broadcast progresses meanwhile */
                 p.query_id_offset = (self ? 0 : qoff_user) + cur.q0;
                 s = resident ? xknn__resident_search(resident, &p, (const float *)(const void *)qcur, cur.rows, mine.ids,
-                                                   mine.dist, &e)
+                                                   mine.dist, xknn__progress, &pending, &e)
                              : xknn_search(&p, &refm, &qm, k, mine.ids, mine.dist, &e);
+                breq = pending;
                 if (s != XKNN_SUCCESS) {
                     st = xknn__mpi_fail(&lerr, s, "rank %d: %s", rank, e.message);
                     xknn__pad(&mine, cur.rows * k, neg);
