@@ -29,6 +29,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "cmd.h"
 #include "knn_predict.h"
 #include "xknn.h"
 #include "xknn/io.h"
@@ -40,7 +41,6 @@
 #include "xknn_mpi.h"
 #endif
 
-enum { EXIT_OK = 0, EXIT_USAGE = 1, EXIT_INPUT = 2, EXIT_RESOURCE = 3, EXIT_INTERNAL = 4 };
 
 /* ------------------------------------------------------------------------------------ */
 /* Options                                                                              */
@@ -487,36 +487,7 @@ static char *knn__default_output(const char *ref, int64_t k)
     return out;
 }
 
-static int knn__exit_code(xknn_status st)
-{
-    switch (st) {
-    case XKNN_SUCCESS: return EXIT_OK;
-    case XKNN_ERROR_INVALID_ARGUMENT:
-    case XKNN_ERROR_INVALID_VALUE:
-    case XKNN_ERROR_IO:
-    case XKNN_ERROR_FORMAT: return EXIT_INPUT;
-    case XKNN_ERROR_OUT_OF_MEMORY:
-    case XKNN_ERROR_NOT_BUILT:
-    case XKNN_ERROR_NO_DEVICE:
-    case XKNN_ERROR_DEVICE: return EXIT_RESOURCE;
-    default: return EXIT_INTERNAL;
-    }
-}
 
-static xknn_status knn__fail(xknn_error *err, xknn_status st, const char *fmt, ...)
-#if defined(__GNUC__)
-    __attribute__((format(printf, 3, 4)))
-#endif
-    ;
-static xknn_status knn__fail(xknn_error *err, xknn_status st, const char *fmt, ...)
-{
-    va_list ap;
-    err->status = st;
-    va_start(ap, fmt);
-    vsnprintf(err->message, sizeof err->message, fmt, ap);
-    va_end(ap);
-    return st;
-}
 
 /* Prefixes the message with "rank R: " (rank-local failures in a multi-rank run). */
 static void knn__prefix_rank(xknn_error *err, int rank, int size)

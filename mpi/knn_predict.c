@@ -4,6 +4,7 @@
  */
 #define _POSIX_C_SOURCE 200809L
 
+#include "cmd.h"
 #include "knn_predict.h"
 
 #include <errno.h>
@@ -18,20 +19,6 @@
 
 enum { KNN_PREDICT_MAX_CLASSES = 1000 }; /* confusion matrix: up to C x C int64 */
 
-static xknn_status knn__pfail(xknn_error *err, xknn_status st, const char *fmt, ...)
-#if defined(__GNUC__)
-    __attribute__((format(printf, 3, 4)))
-#endif
-    ;
-static xknn_status knn__pfail(xknn_error *err, xknn_status st, const char *fmt, ...)
-{
-    va_list ap;
-    err->status = st;
-    va_start(ap, fmt);
-    vsnprintf(err->message, sizeof err->message, fmt, ap);
-    va_end(ap);
-    return st;
-}
 
 static int knn__ends(const char *s, const char *suffix)
 {
@@ -81,7 +68,7 @@ static xknn_status knn__pmpi(knn_predict *p, xknn_error *err, int rc, const char
     char text[MPI_MAX_ERROR_STRING];
     int len = 0;
     if (MPI_Error_string(rc, text, &len) != MPI_SUCCESS) snprintf(text, sizeof text, "MPI error %d", rc);
-    return knn__pfail(err, XKNN_ERROR_MPI, "rank %d: %s failed: %s", p->rank, what, text);
+    return knn__fail(err, XKNN_ERROR_MPI, "rank %d: %s failed: %s", p->rank, what, text);
 }
 #endif
 
@@ -106,12 +93,12 @@ static xknn_status knn__pwrite(knn_predict *p, int64_t off, const unsigned char 
         int done = 0, rc = MPI_File_write_at(p->fh, (MPI_Offset)off, (void *)buf, (int)c, MPI_BYTE, &status);
         if (rc != MPI_SUCCESS) return knn__pmpi(p, err, rc, "MPI_File_write_at (predictions)");
         if (MPI_Get_count(&status, MPI_BYTE, &done) != MPI_SUCCESS || done != (int)c)
-            return knn__pfail(err, XKNN_ERROR_IO, "writing %s: short write (disk full?)", p->tmp);
+            return knn__fail(err, XKNN_ERROR_IO, "writing %s: short write (disk full?)", p->tmp);
 #else
         ssize_t done = pwrite(p->fd, buf, (size_t)c, (off_t)off);
         if (done < 0 && errno == EINTR) continue;
-        if (done < 0) return knn__pfail(err, XKNN_ERROR_IO, "writing %s: %s", p->tmp, strerror(errno));
-        if (done != (ssize_t)c) return knn__pfail(err, XKNN_ERROR_IO, "writing %s: short write (disk full?)", p->tmp);
+        if (done < 0) return knn__fail(err, XKNN_ERROR_IO, "writing %s: %s", p->tmp, strerror(errno));
+        if (done != (ssize_t)c) return knn__fail(err, XKNN_ERROR_IO, "writing %s: short write (disk full?)", p->tmp);
 #endif
         off += c;
         buf += c;
@@ -129,38 +116,38 @@ static xknn_status knn__pread_inputs(knn_predict *p, xknn_error *err)
     if (p->labels_path) {
         if ((st = xknn_labels_read(p->labels_path, &m, &p->labels, err)) != XKNN_SUCCESS) return st;
         if (m != p->n)
-            return knn__pfail(err, XKNN_ERROR_INVALID_ARGUMENT,
+            return knn__fail(err, XKNN_ERROR_INVALID_ARGUMENT,
                               "--labels: %s holds %lld labels, but REF has n=%lld rows (one label per row)",
                               p->labels_path, (long long)m, (long long)p->n);
     }
     if (p->targets_path) {
         if ((st = xknn_targets_read(p->targets_path, &m, &p->targets, err)) != XKNN_SUCCESS) return st;
         if (m != p->n)
-            return knn__pfail(err, XKNN_ERROR_INVALID_ARGUMENT,
+            return knn__fail(err, XKNN_ERROR_INVALID_ARGUMENT,
                               "--targets: %s holds %lld targets, but REF has n=%lld rows (one target per row)",
                               p->targets_path, (long long)m, (long long)p->n);
     }
     if (p->qlabels_path) {
         if ((st = xknn_labels_read(p->qlabels_path, &m, &p->qlabels, err)) != XKNN_SUCCESS) return st;
         if (m != p->nq)
-            return knn__pfail(err, XKNN_ERROR_INVALID_ARGUMENT,
+            return knn__fail(err, XKNN_ERROR_INVALID_ARGUMENT,
                               "--query-labels: %s holds %lld labels, but there are nq=%lld queries",
                               p->qlabels_path, (long long)m, (long long)p->nq);
     }
     p->pred = (uint32_t *)calloc((size_t)(p->nq > 0 ? p->nq : 1), sizeof *p->pred);
     p->owned = (unsigned char *)calloc((size_t)(p->nq > 0 ? p->nq : 1), 1);
     if (!p->pred || !p->owned)
-        return knn__pfail(err, XKNN_ERROR_OUT_OF_MEMORY, "out of memory for %lld predictions", (long long)p->nq);
+        return knn__fail(err, XKNN_ERROR_OUT_OF_MEMORY, "out of memory for %lld predictions", (long long)p->nq);
     if (p->verbose && p->qlabels) { /* classes: reference labels and query labels */
         int32_t *all = (int32_t *)malloc((size_t)(p->n + p->nq) * sizeof *all);
-        if (!all) return knn__pfail(err, XKNN_ERROR_OUT_OF_MEMORY, "out of memory for the confusion matrix");
+        if (!all) return knn__fail(err, XKNN_ERROR_OUT_OF_MEMORY, "out of memory for the confusion matrix");
         memcpy(all, p->labels, (size_t)p->n * sizeof *all);
         memcpy(all + p->n, p->qlabels, (size_t)p->nq * sizeof *all);
         st = xknn_label_classes(p->n + p->nq, all, all, &p->nclasses, err);
         if (st == XKNN_SUCCESS && p->nclasses <= KNN_PREDICT_MAX_CLASSES) {
             p->classes = all;
             p->confusion = (int64_t *)calloc((size_t)(p->nclasses * p->nclasses), sizeof *p->confusion);
-            if (!p->confusion) st = knn__pfail(err, XKNN_ERROR_OUT_OF_MEMORY, "out of memory for the confusion matrix");
+            if (!p->confusion) st = knn__fail(err, XKNN_ERROR_OUT_OF_MEMORY, "out of memory for the confusion matrix");
         } else {
             free(all);
         }
@@ -175,23 +162,23 @@ static xknn_status knn__pcreate(knn_predict *p, xknn_error *err)
     int fd;
     mode_t um;
     if (strlen(p->out_path) + 16 > sizeof p->tmp)
-        return knn__pfail(err, XKNN_ERROR_INVALID_ARGUMENT, "--predict: file name %s is too long", p->out_path);
+        return knn__fail(err, XKNN_ERROR_INVALID_ARGUMENT, "--predict: file name %s is too long", p->out_path);
     if (stat(p->out_path, &sb) == 0 && !S_ISREG(sb.st_mode))
-        return knn__pfail(err, XKNN_ERROR_IO, "--predict: %s exists and is not a regular file", p->out_path);
+        return knn__fail(err, XKNN_ERROR_IO, "--predict: %s exists and is not a regular file", p->out_path);
     snprintf(p->tmp, sizeof p->tmp, "%s.tmp.XXXXXX", p->out_path);
     fd = mkstemp(p->tmp);
-    if (fd < 0) return knn__pfail(err, XKNN_ERROR_IO, "--predict: cannot write %s: %s", p->out_path, strerror(errno));
+    if (fd < 0) return knn__fail(err, XKNN_ERROR_IO, "--predict: cannot write %s: %s", p->out_path, strerror(errno));
     p->tmp_exists = 1;
     um = umask(0);
     umask(um);
     if (fchmod(fd, 0666 & ~um) != 0) {
         int e = errno;
         close(fd);
-        return knn__pfail(err, XKNN_ERROR_IO, "--predict: cannot write %s: %s", p->out_path, strerror(e));
+        return knn__fail(err, XKNN_ERROR_IO, "--predict: cannot write %s: %s", p->out_path, strerror(e));
     }
 #ifdef XKNN_HAVE_MPI
     if (close(fd) != 0)
-        return knn__pfail(err, XKNN_ERROR_IO, "--predict: cannot write %s: %s", p->out_path, strerror(errno));
+        return knn__fail(err, XKNN_ERROR_IO, "--predict: cannot write %s: %s", p->out_path, strerror(errno));
 #else
     p->fd = fd;
 #endif
@@ -259,7 +246,7 @@ xknn_status knn_predict_rows(knn_predict *p, int64_t q0, int64_t rows, int64_t k
     if (!knn_predict_active(p)) return XKNN_SUCCESS;
     if (p->labels) {
         int32_t *out = (int32_t *)malloc((size_t)(rows > 0 ? rows : 1) * sizeof *out);
-        if (!out) return knn__pfail(err, XKNN_ERROR_OUT_OF_MEMORY, "out of memory for %lld predictions", (long long)rows);
+        if (!out) return knn__fail(err, XKNN_ERROR_OUT_OF_MEMORY, "out of memory for %lld predictions", (long long)rows);
         st = xknn_classify(rows, k, ids, dist, p->metric, p->vote, p->labels, p->n, out, err);
         if (st == XKNN_SUCCESS && p->confusion)
             st = xknn_confusion(rows, p->qlabels + q0, out, p->nclasses, p->classes, p->confusion, err);
@@ -273,7 +260,7 @@ xknn_status knn_predict_rows(knn_predict *p, int64_t q0, int64_t rows, int64_t k
         return st;
     } else {
         float *out = (float *)malloc((size_t)(rows > 0 ? rows : 1) * sizeof *out);
-        if (!out) return knn__pfail(err, XKNN_ERROR_OUT_OF_MEMORY, "out of memory for %lld predictions", (long long)rows);
+        if (!out) return knn__fail(err, XKNN_ERROR_OUT_OF_MEMORY, "out of memory for %lld predictions", (long long)rows);
         st = xknn_regress(rows, k, ids, dist, p->metric, p->vote, p->targets, p->n, out, err);
         if (st == XKNN_SUCCESS)
             for (i = 0; i < rows; i++) {
@@ -334,7 +321,7 @@ static xknn_status knn__pwrite_rows(knn_predict *p, int64_t hdr, const int64_t *
         if (cap < (size_t)(e - q) * 32) {
             unsigned char *nb = (unsigned char *)realloc(buf, (size_t)(e - q) * 32);
             if (!nb) {
-                st = knn__pfail(err, XKNN_ERROR_OUT_OF_MEMORY, "out of memory writing predictions");
+                st = knn__fail(err, XKNN_ERROR_OUT_OF_MEMORY, "out of memory writing predictions");
                 break;
             }
             buf = nb;
@@ -387,7 +374,7 @@ xknn_status knn_predict_finish(knn_predict *p, xknn_error *err)
         int32_t *len = (int32_t *)calloc((size_t)(p->nq > 0 ? p->nq : 1), sizeof *len);
         offs = (int64_t *)malloc((size_t)(p->nq > 0 ? p->nq : 1) * sizeof *offs);
         if (!len || !offs) {
-            st = knn__pfail(err, XKNN_ERROR_OUT_OF_MEMORY, "out of memory for %lld prediction offsets",
+            st = knn__fail(err, XKNN_ERROR_OUT_OF_MEMORY, "out of memory for %lld prediction offsets",
                             (long long)p->nq);
         } else {
             char line[32];
@@ -418,16 +405,16 @@ xknn_status knn_predict_finish(knn_predict *p, xknn_error *err)
 #else
     if (p->fd >= 0) {
         if (fsync(p->fd) != 0 && st == XKNN_SUCCESS)
-            st = knn__pfail(err, XKNN_ERROR_IO, "writing %s: %s", p->tmp, strerror(errno));
+            st = knn__fail(err, XKNN_ERROR_IO, "writing %s: %s", p->tmp, strerror(errno));
         if (close(p->fd) != 0 && st == XKNN_SUCCESS)
-            st = knn__pfail(err, XKNN_ERROR_IO, "writing %s: %s", p->tmp, strerror(errno));
+            st = knn__fail(err, XKNN_ERROR_IO, "writing %s: %s", p->tmp, strerror(errno));
         p->fd = -1;
     }
 #endif
     if (st == XKNN_SUCCESS && p->rank == 0) { /* complete before it takes the name */
         struct stat sb;
         if (stat(p->tmp, &sb) != 0 || (int64_t)sb.st_size != total)
-            st = knn__pfail(err, XKNN_ERROR_IO, "--predict: %s is incomplete (%lld of %lld bytes written): disk full?",
+            st = knn__fail(err, XKNN_ERROR_IO, "--predict: %s is incomplete (%lld of %lld bytes written): disk full?",
                             p->tmp, stat(p->tmp, &sb) == 0 ? (long long)sb.st_size : -1LL, (long long)total);
     }
     return knn__pagree(p, st, err);
@@ -437,7 +424,7 @@ xknn_status knn_predict_commit(knn_predict *p, xknn_error *err)
 {
     if (!p->out_path || p->rank != 0 || !p->tmp_exists) return XKNN_SUCCESS;
     if (rename(p->tmp, p->out_path) != 0)
-        return knn__pfail(err, XKNN_ERROR_IO, "cannot rename %s to %s: %s", p->tmp, p->out_path, strerror(errno));
+        return knn__fail(err, XKNN_ERROR_IO, "cannot rename %s to %s: %s", p->tmp, p->out_path, strerror(errno));
     p->tmp_exists = 0;
     return XKNN_SUCCESS;
 }

@@ -24,11 +24,11 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "cmd.h"
 #include "xknn.h"
 #include "xknn/io.h"
 #include "xknn/learn.h"
 
-enum { EXIT_OK = 0, EXIT_USAGE = 1, EXIT_INPUT = 2, EXIT_RESOURCE = 3, EXIT_INTERNAL = 4 };
 
 typedef struct prune_opts {
     int cnn, enn, quiet, help;
@@ -203,36 +203,7 @@ static int prune__parse(int argc, char **argv, prune_opts *o, char *msg, size_t 
     return EXIT_OK;
 }
 
-static xknn_status prune__fail(xknn_error *err, xknn_status st, const char *fmt, ...)
-#if defined(__GNUC__)
-    __attribute__((format(printf, 3, 4)))
-#endif
-    ;
-static xknn_status prune__fail(xknn_error *err, xknn_status st, const char *fmt, ...)
-{
-    va_list ap;
-    err->status = st;
-    va_start(ap, fmt);
-    vsnprintf(err->message, sizeof err->message, fmt, ap);
-    va_end(ap);
-    return st;
-}
 
-static int prune__exit_code(xknn_status st)
-{
-    switch (st) {
-    case XKNN_SUCCESS: return EXIT_OK;
-    case XKNN_ERROR_INVALID_ARGUMENT:
-    case XKNN_ERROR_INVALID_VALUE:
-    case XKNN_ERROR_IO:
-    case XKNN_ERROR_FORMAT: return EXIT_INPUT;
-    case XKNN_ERROR_OUT_OF_MEMORY:
-    case XKNN_ERROR_NOT_BUILT:
-    case XKNN_ERROR_NO_DEVICE:
-    case XKNN_ERROR_DEVICE: return EXIT_RESOURCE;
-    default: return EXIT_INTERNAL;
-    }
-}
 
 /* A file written to "PATH.tmp.XXXXXX" and renamed at commit. */
 typedef struct prune_file {
@@ -248,17 +219,17 @@ static xknn_status prune__open(prune_file *pf, const char *path, xknn_error *err
     mode_t um;
     pf->path = path;
     if (strlen(path) + 16 > sizeof pf->tmp)
-        return prune__fail(err, XKNN_ERROR_INVALID_ARGUMENT, "output name %s is too long", path);
+        return knn__fail(err, XKNN_ERROR_INVALID_ARGUMENT, "output name %s is too long", path);
     snprintf(pf->tmp, sizeof pf->tmp, "%s.tmp.XXXXXX", path);
     fd = mkstemp(pf->tmp);
-    if (fd < 0) return prune__fail(err, XKNN_ERROR_IO, "cannot write %s: %s", path, strerror(errno));
+    if (fd < 0) return knn__fail(err, XKNN_ERROR_IO, "cannot write %s: %s", path, strerror(errno));
     pf->exists = 1;
     um = umask(0);
     umask(um);
     if (fchmod(fd, 0666 & ~um) != 0 || !(pf->f = fdopen(fd, "wb"))) {
         int e = errno;
         close(fd);
-        return prune__fail(err, XKNN_ERROR_IO, "cannot write %s: %s", path, strerror(e));
+        return knn__fail(err, XKNN_ERROR_IO, "cannot write %s: %s", path, strerror(e));
     }
     return XKNN_SUCCESS;
 }
@@ -272,7 +243,7 @@ static xknn_status prune__close(prune_file *pf, xknn_error *err)
         e = errno;
     }
     pf->f = NULL;
-    if (bad) return prune__fail(err, XKNN_ERROR_IO, "writing %s: %s", pf->path, strerror(e));
+    if (bad) return knn__fail(err, XKNN_ERROR_IO, "writing %s: %s", pf->path, strerror(e));
     return XKNN_SUCCESS;
 }
 
@@ -337,11 +308,11 @@ int main(int argc, char **argv)
     subset = o.subset ? strdup(o.subset) : prune__derive(o.out, ".fbin");
     subset_labels = o.subset_labels ? strdup(o.subset_labels) : prune__derive(o.out, ".labels.txt");
     if (!subset || !subset_labels) {
-        st = prune__fail(&err, XKNN_ERROR_OUT_OF_MEMORY, "out of memory");
+        st = knn__fail(&err, XKNN_ERROR_OUT_OF_MEMORY, "out of memory");
         goto report;
     }
     if (!strcmp(subset, o.out) || !strcmp(subset_labels, o.out) || !strcmp(subset, subset_labels)) {
-        st = prune__fail(&err, XKNN_ERROR_INVALID_ARGUMENT, "the three outputs %s, %s, %s must differ", o.out, subset,
+        st = knn__fail(&err, XKNN_ERROR_INVALID_ARGUMENT, "the three outputs %s, %s, %s must differ", o.out, subset,
                          subset_labels);
         goto report;
     }
@@ -351,19 +322,19 @@ int main(int argc, char **argv)
     n = info.rows;
     if ((st = xknn_labels_read(o.labels, &nl, &labels, &err)) != XKNN_SUCCESS) goto report;
     if (nl != n) {
-        st = prune__fail(&err, XKNN_ERROR_INVALID_ARGUMENT, "--labels: %s holds %lld labels, but %s has n=%lld rows",
+        st = knn__fail(&err, XKNN_ERROR_INVALID_ARGUMENT, "--labels: %s holds %lld labels, but %s has n=%lld rows",
                          o.labels, (long long)nl, o.ref, (long long)n);
         goto report;
     }
     if (n - 1 > INT32_MAX) {
-        st = prune__fail(&err, XKNN_ERROR_INVALID_ARGUMENT, "%s has n=%lld rows: ids beyond int32 are not written",
+        st = knn__fail(&err, XKNN_ERROR_INVALID_ARGUMENT, "%s has n=%lld rows: ids beyond int32 are not written",
                          o.ref, (long long)n);
         goto report;
     }
     x = (float *)malloc((size_t)(n * info.cols) * sizeof *x);
     keep = (unsigned char *)malloc((size_t)(n > 0 ? n : 1));
     if (!x || !keep) {
-        st = prune__fail(&err, XKNN_ERROR_OUT_OF_MEMORY, "out of memory reading %s (%lld x %lld floats)", o.ref,
+        st = knn__fail(&err, XKNN_ERROR_OUT_OF_MEMORY, "out of memory reading %s (%lld x %lld floats)", o.ref,
                          (long long)n, (long long)info.cols);
         goto report;
     }
@@ -413,7 +384,7 @@ int main(int argc, char **argv)
     for (f = 0; f < 3 && st == XKNN_SUCCESS; f++) st = prune__close(&files[f], &err);
     for (f = 0; f < 3 && st == XKNN_SUCCESS; f++) {
         if (rename(files[f].tmp, files[f].path) != 0) {
-            st = prune__fail(&err, XKNN_ERROR_IO, "cannot rename %s to %s: %s", files[f].tmp, files[f].path,
+            st = knn__fail(&err, XKNN_ERROR_IO, "cannot rename %s to %s: %s", files[f].tmp, files[f].path,
                              strerror(errno));
             while (--f >= 0) unlink(files[f].path); /* none or all */
             break;
@@ -422,7 +393,7 @@ int main(int argc, char **argv)
     }
 
 report:
-    code = prune__exit_code(st);
+    code = knn__exit_code(st);
     if (st == XKNN_SUCCESS && !o.quiet) {
         printf("knn_prune: %s k=%lld n=%lld d=%lld kept=%lld (%.2f%%)", o.cnn ? "cnn" : "enn", (long long)o.k,
                (long long)n, (long long)info.cols, (long long)kept, 100.0 * (double)kept / (double)n);
