@@ -26,7 +26,7 @@ O=$T/outdir       # the output directory of every case: must stay empty
 D=$T/data
 mkdir "$O" "$D" || exit 1
 
-PLAN=125
+PLAN=129
 NUM=0
 FAILED=0
 echo "1..$PLAN"
@@ -41,6 +41,7 @@ be32() { byte $((($1 >> 24) & 255)); byte $((($1 >> 16) & 255)); byte $((($1 >> 
 f32nan() { byte 0; byte 0; byte 192; byte 127; }
 f32inf() { byte 0; byte 0; byte 128; byte 127; }
 f32ninf() { byte 0; byte 0; byte 128; byte 255; }
+f32one() { byte 0; byte 0; byte 128; byte 63; }
 patch() { # patch FILE OFFSET < BYTES: overwrite in place
     dd of="$1" bs=1 seek="$2" conv=notrunc 2>/dev/null || { echo "Bail out! patch $1"; exit 1; }
 }
@@ -326,6 +327,14 @@ if mknod "$T/full" c 1 7 2>/dev/null; then
 else
     skip2 "mknod not permitted: output to a character device"
 fi
+
+# ---- side files of the wrong length (exit 2) ------------------------------------------------
+awk 'BEGIN { for (i = 0; i < 399; i++) print i % 3 }' >"$D/lab399.txt"
+{ le32 1; le32 7; i=0; while [ $i -lt 7 ]; do f32one; i=$((i + 1)); done; } >"$D/w7.fbin"
+case_ 2 "lab399.txt|399 labels|n=400" "labels file of the wrong length (399 for 400 rows)" \
+    --labels "$D/lab399.txt" --predict "$O/p.txt" "$D/ref.fbin" "$D/q.fbin"
+case_ 2 "w7.fbin|1 x 7|8" "weights of the wrong length (7 for 8 bits)" \
+    -m whamming --binarize 1 --weights "$D/w7.fbin" -o "$O/r.bin" "$D/ref.fbin" "$D/q.fbin"
 
 # ---- bad options (exit 1) ------------------------------------------------------------------
 case_ 1 "jaccard" "unknown metric" -m jaccard -o "$O/r.bin" "$D/ref.fbin" "$D/q.fbin"
