@@ -358,17 +358,18 @@ else
 fi
 
 # ---- a rank killed mid-run ------------------------------------------------------------------
-# 4 ranks on a problem of a few seconds; after 1.5 s one rank (not rank 0) gets SIGKILL.
+# 4 ranks on a problem of several seconds; once the output's temporary exists (the search
+# has started) one rank (not rank 0) gets SIGKILL.
 # Passes when mpirun ends nonzero within 60 s and no result file exists. A temporary left
 # by the killed job (nobody is alive to remove it) is allowed, but only under the name
 # that knn_mpi --help documents for it: .kill.bin.xknn-tmp.PID.XXXXXX.
 if [ "$MPIRUN" = none ]; then
     skip_ "MPI not built: rank killed mid-run"
 else
-    mk data gaussian 60000 32 5 "$D/kref.fbin"
-    mk data gaussian 6000 32 6 "$D/kq.fbin"
+    mk data gaussian 200000 64 5 "$D/kref.fbin"
+    mk data gaussian 20000 64 6 "$D/kq.fbin"
     rm -rf "$O"/*
-    "$MPIRUN" --allow-run-as-root --oversubscribe -np 4 "$KNN" -k 50 --query-block 64 -o "$O/kill.bin" \
+    "$MPIRUN" --allow-run-as-root --oversubscribe -np 4 "$KNN" -k 50 --query-block 16 -o "$O/kill.bin" \
         "$D/kref.fbin" "$D/kq.fbin" >"$T/out" 2>"$T/err" &
     mp=$!
     # wait for the 4 ranks to exist, then let them start searching
@@ -376,7 +377,12 @@ else
     while [ "$(ps -o pid= --ppid "$mp" 2>/dev/null | wc -l)" -lt 4 ] && [ $waited -lt 100 ]; do
         sleep 0.1; waited=$((waited + 1))
     done
-    sleep 1.5
+    # the temporary appears once every rank has read its slice and the search starts
+    waited=0
+    while [ -z "$(ls -A "$O" | grep -F 'xknn-tmp')" ] && kill -0 "$mp" 2>/dev/null && [ $waited -lt 300 ]; do
+        sleep 0.1; waited=$((waited + 1))
+    done
+    sleep 0.5
     ranks=$(ps -o pid= --ppid "$mp" 2>/dev/null | tr -d ' ')
     victim=$(echo "$ranks" | sed -n 3p)
     if [ -n "$victim" ]; then kill -9 "$victim"; fi
@@ -400,7 +406,7 @@ else
     fi
     [ -z "$WHY" ]
     ok_ $? "rank killed mid-run (4 ranks): mpirun exits nonzero in time, no result file, only a recognisable temporary"
-    diag "killed pid $victim after 1.5 s; mpirun exit $RC after $((waited / 10)).$((waited % 10)) s"
+    diag "killed pid $victim once the search ran; mpirun exit $RC after $((waited / 10)).$((waited % 10)) s"
     diag "left in the output directory: '$(ls -A "$O" | tr '\n' ' ')'"
     diag "what the user sees (stderr, first lines):"
     grep -v '^ *$' "$T/err" | grep -v '^---' | head -n 4 | sed 's/^/#   /'
