@@ -719,8 +719,8 @@ xknn_status xknn__cpu_search(const xknn__job *job)
      * cpu_path LOOP keeps the canonical loop (same results, used to cross-check). */
     if (path != XKNN_CPU_PATH_LOOP && xknn__cpu_int8_applies(job)) return xknn__cpu_int8(job);
     if (job->dtype == XKNN_DTYPE_F32 && (path == XKNN_CPU_PATH_AUTO || path == XKNN_CPU_PATH_INT8)) {
-        /* f32 l2/euclidean whose values are all 8-bit integers (pixels, int8 codes):
-         * exact in integers through oneDNN's int8 GEMM */
+        /* f32 l2/euclidean/ip whose values are all 8-bit integers (pixels, int8 codes):
+         * converted once and searched exactly by the integer kernel */
         xknn_status st = xknn__cpu_int8_f32(job, path == XKNN_CPU_PATH_INT8);
         if (st != XKNN__FALLBACK) return st;
     }
