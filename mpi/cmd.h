@@ -1,13 +1,17 @@
 /*
  * mpi/cmd.h -- what the commands (knn_mpi, its prediction writer, knn_prune) share: the
- * documented exit statuses, the mapping from a status to them, and printf-style error
- * messages into an xknn_error. Private to mpi/; not installed.
+ * documented exit statuses, the mapping from a status to them, printf-style error
+ * messages into an xknn_error, and two small parsers. Private to mpi/; not installed.
  */
 #ifndef XKNN_MPI_CMD_H
 #define XKNN_MPI_CMD_H
 
+#include <errno.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "xknn.h"
 
@@ -44,6 +48,26 @@ static inline xknn_status knn__fail(xknn_error *err, xknn_status st, const char 
     vsnprintf(err->message, sizeof err->message, fmt, ap);
     va_end(ap);
     return st;
+}
+
+/* Parses a whole decimal integer in [lo, hi]; 0 on success. */
+static inline int knn__parse_int(const char *s, int64_t lo, int64_t hi, int64_t *v)
+{
+    char *end;
+    long long x;
+    if (!s || !*s) return -1;
+    errno = 0;
+    x = strtoll(s, &end, 10);
+    if (errno || *end || x < lo || x > hi) return -1;
+    *v = x;
+    return 0;
+}
+
+/* 1 if s ends with suffix. */
+static inline int knn__ends(const char *s, const char *suffix)
+{
+    size_t a = strlen(s), b = strlen(suffix);
+    return a >= b && !strcmp(s + a - b, suffix);
 }
 
 #endif /* XKNN_MPI_CMD_H */

@@ -157,19 +157,6 @@ static void knn__usage(FILE *f)
             "  knn_mpi -k 10 --json run.json train-images-idx3-ubyte.gz   # all-kNN graph\n", f);
 }
 
-/* Parses a whole decimal integer in [lo, hi]; 0 on success. */
-static int knn__parse_int(const char *s, int64_t lo, int64_t hi, int64_t *v)
-{
-    char *end;
-    long long x;
-    if (!s || !*s) return -1;
-    errno = 0;
-    x = strtoll(s, &end, 10);
-    if (errno || *end || x < lo || x > hi) return -1;
-    *v = x;
-    return 0;
-}
-
 /* Parses a byte count: a whole decimal number with an optional K, M or G suffix (powers
  * of 1024), at least 1; 0 on success. */
 static int knn__parse_bytes(const char *s, int64_t *v)

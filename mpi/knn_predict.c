@@ -20,12 +20,6 @@
 enum { KNN_PREDICT_MAX_CLASSES = 1000 }; /* confusion matrix: up to C x C int64 */
 
 
-static int knn__ends(const char *s, const char *suffix)
-{
-    size_t a = strlen(s), b = strlen(suffix);
-    return a >= b && !strcmp(s + a - b, suffix);
-}
-
 void knn_predict_init(knn_predict *p)
 {
     memset(p, 0, sizeof *p);

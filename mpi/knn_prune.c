@@ -72,24 +72,6 @@ static void prune__usage(FILE *f)
             "  knn_prune --cnn --labels train-labels-idx1-ubyte.gz -o cnn.txt train-images-idx3-ubyte.gz\n");
 }
 
-static int prune__int(const char *s, int64_t lo, int64_t hi, int64_t *v)
-{
-    char *end;
-    long long x;
-    if (!s || !*s) return -1;
-    errno = 0;
-    x = strtoll(s, &end, 10);
-    if (errno || *end || x < lo || x > hi) return -1;
-    *v = x;
-    return 0;
-}
-
-static int prune__ends(const char *s, const char *suffix)
-{
-    size_t a = strlen(s), b = strlen(suffix);
-    return a >= b && !strcmp(s + a - b, suffix);
-}
-
 static int prune__parse(int argc, char **argv, prune_opts *o, char *msg, size_t msz)
 {
     int i;
@@ -119,19 +101,19 @@ static int prune__parse(int argc, char **argv, prune_opts *o, char *msg, size_t 
             o->help = 1;
         else if (!strcmp(a, "-k")) {
             PRUNE_VALUE();
-            if (prune__int(val, 1, INT32_MAX, &o->k)) {
+            if (knn__parse_int(val, 1, INT32_MAX, &o->k)) {
                 snprintf(msg, msz, "-k: '%s' is not a positive integer", val);
                 return EXIT_USAGE;
             }
         } else if (!strcmp(a, "--batch")) {
             PRUNE_VALUE();
-            if (prune__int(val, 1, INT32_MAX, &o->batch)) {
+            if (knn__parse_int(val, 1, INT32_MAX, &o->batch)) {
                 snprintf(msg, msz, "--batch: '%s' is not a positive integer", val);
                 return EXIT_USAGE;
             }
         } else if (!strcmp(a, "--threads")) {
             PRUNE_VALUE();
-            if (prune__int(val, 1, 1 << 16, &v)) {
+            if (knn__parse_int(val, 1, 1 << 16, &v)) {
                 snprintf(msg, msz, "--threads: '%s' is not a positive integer", val);
                 return EXIT_USAGE;
             }
@@ -191,11 +173,11 @@ static int prune__parse(int argc, char **argv, prune_opts *o, char *msg, size_t 
                  !o->ref ? "REF file" : !o->labels ? "--labels" : "-o OUT");
         return EXIT_USAGE;
     }
-    if (!prune__ends(o->out, ".txt") && !prune__ends(o->out, ".ibin")) {
+    if (!knn__ends(o->out, ".txt") && !knn__ends(o->out, ".ibin")) {
         snprintf(msg, msz, "-o: %s must end in .txt or .ibin", o->out);
         return EXIT_USAGE;
     }
-    if (o->subset && !prune__ends(o->subset, ".fbin")) {
+    if (o->subset && !knn__ends(o->subset, ".fbin")) {
         snprintf(msg, msz, "--subset: %s must end in .fbin", o->subset);
         return EXIT_USAGE;
     }
@@ -361,7 +343,7 @@ int main(int argc, char **argv)
     if (st != XKNN_SUCCESS) goto report;
 
     /* write, close, then rename all three */
-    if (prune__ends(o.out, ".ibin")) {
+    if (knn__ends(o.out, ".ibin")) {
         prune__u32(files[0].f, (uint32_t)kept);
         prune__u32(files[0].f, 1);
         for (i = 0; i < n; i++)
