@@ -1,7 +1,7 @@
 /*
  * mpi/cmd.h -- what the commands (knn_mpi, its prediction writer, knn_prune) share: the
  * documented exit statuses, the mapping from a status to them, printf-style error
- * messages into an xknn_error, and two small parsers. Private to mpi/; not installed.
+ * messages into an xknn_error (MPI failures included), and small parsers. Private to mpi/; not installed.
  */
 #ifndef XKNN_MPI_CMD_H
 #define XKNN_MPI_CMD_H
@@ -14,6 +14,9 @@
 #include <string.h>
 
 #include "xknn.h"
+#ifdef XKNN_HAVE_MPI
+#include <mpi.h>
+#endif
 
 enum { EXIT_OK = 0, EXIT_USAGE = 1, EXIT_INPUT = 2, EXIT_RESOURCE = 3, EXIT_INTERNAL = 4 };
 
@@ -69,5 +72,28 @@ static inline int knn__ends(const char *s, const char *suffix)
     size_t a = strlen(s), b = strlen(suffix);
     return a >= b && !strcmp(s + a - b, suffix);
 }
+
+/* Parses a backend by its xknn_backend_name ("auto", "cpu", "cuda"); 0 on success. */
+static inline int knn__parse_backend(const char *s, xknn_backend *out)
+{
+    int b;
+    for (b = 0; b < (int)XKNN_BACKEND_COUNT; b++)
+        if (!strcmp(s, xknn_backend_name((xknn_backend)b))) {
+            *out = (xknn_backend)b;
+            return 0;
+        }
+    return -1;
+}
+
+#ifdef XKNN_HAVE_MPI
+/* A failed MPI call on rank `rank`: XKNN_ERROR_MPI with MPI_Error_string's text. */
+static inline xknn_status knn__mpi_fail(xknn_error *err, int rank, int rc, const char *what)
+{
+    char text[MPI_MAX_ERROR_STRING];
+    int len = 0;
+    if (MPI_Error_string(rc, text, &len) != MPI_SUCCESS) snprintf(text, sizeof text, "MPI error %d", rc);
+    return knn__fail(err, XKNN_ERROR_MPI, "rank %d: %s failed: %s", rank, what, text);
+}
+#endif
 
 #endif /* XKNN_MPI_CMD_H */

@@ -309,13 +309,7 @@ static int knn__parse(int argc, char **argv, knn_opts *o, char *msg, size_t msz)
             o->ids64 = 1;
         } else if (KNN_FLAG(NULL, "--backend")) {
             KNN_NEED_VALUE();
-            if (!strcmp(val, "auto"))
-                o->backend = XKNN_BACKEND_AUTO;
-            else if (!strcmp(val, "cpu"))
-                o->backend = XKNN_BACKEND_CPU;
-            else if (!strcmp(val, "cuda"))
-                o->backend = XKNN_BACKEND_CUDA;
-            else {
+            if (knn__parse_backend(val, &o->backend)) {
                 snprintf(msg, msz, "--backend: unknown backend '%s' (use auto, cpu or cuda)", val);
                 return EXIT_USAGE;
             }
@@ -569,10 +563,7 @@ static int knn__tmp_template(knn_run *r)
 #ifdef XKNN_HAVE_MPI
 static xknn_status knn__mpi_error(knn_run *r, xknn_error *err, int rc, const char *what)
 {
-    char text[MPI_MAX_ERROR_STRING];
-    int len = 0;
-    if (MPI_Error_string(rc, text, &len) != MPI_SUCCESS) snprintf(text, sizeof text, "MPI error %d", rc);
-    return knn__fail(err, XKNN_ERROR_MPI, "rank %d: %s failed: %s", r->rank, what, text);
+    return knn__mpi_fail(err, r->rank, rc, what);
 }
 #endif
 

@@ -59,10 +59,7 @@ int knn_predict_check_options(const knn_predict *p, char *msg, size_t msz)
 #ifdef XKNN_HAVE_MPI
 static xknn_status knn__pmpi(knn_predict *p, xknn_error *err, int rc, const char *what)
 {
-    char text[MPI_MAX_ERROR_STRING];
-    int len = 0;
-    if (MPI_Error_string(rc, text, &len) != MPI_SUCCESS) snprintf(text, sizeof text, "MPI error %d", rc);
-    return knn__fail(err, XKNN_ERROR_MPI, "rank %d: %s failed: %s", p->rank, what, text);
+    return knn__mpi_fail(err, p->rank, rc, what);
 }
 #endif
 

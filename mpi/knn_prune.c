@@ -127,13 +127,7 @@ static int prune__parse(int argc, char **argv, prune_opts *o, char *msg, size_t 
             }
         } else if (!strcmp(a, "--backend")) {
             PRUNE_VALUE();
-            if (!strcmp(val, "auto"))
-                o->backend = XKNN_BACKEND_AUTO;
-            else if (!strcmp(val, "cpu"))
-                o->backend = XKNN_BACKEND_CPU;
-            else if (!strcmp(val, "cuda"))
-                o->backend = XKNN_BACKEND_CUDA;
-            else {
+            if (knn__parse_backend(val, &o->backend)) {
                 snprintf(msg, msz, "--backend: unknown backend '%s' (use auto, cpu or cuda)", val);
                 return EXIT_USAGE;
             }

@@ -11,6 +11,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "cmd.h"
 #include "xknn.h"
 #include "xknn/io.h"
 #include "xknn/softknn.h"
@@ -250,11 +251,7 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--near")) okv = (near = atof(v)) >= 0;
         else if (!strcmp(a, "-o")) out = v;
         else if (!strcmp(a, "--backend")) {
-            backend = !strcmp(v, "auto") ? XKNN_BACKEND_AUTO
-                      : !strcmp(v, "cpu") ? XKNN_BACKEND_CPU
-                      : !strcmp(v, "cuda") ? XKNN_BACKEND_CUDA
-                                           : XKNN_BACKEND_COUNT;
-            okv = backend != XKNN_BACKEND_COUNT;
+            okv = knn__parse_backend(v, &backend) == 0;
         } else {
             fprintf(stderr, "knn_softknn: unknown option %s (knn_softknn --help)\n", a);
             return 2;
