@@ -36,7 +36,7 @@
 #define MAXL 32
 
 /* Candidate paths of the CUDA backend: the values of XKNN_CUDA_PATH_* (xknn/cuda.h). */
-enum { PATH_AUTO = 0, PATH_FP32 = 1, PATH_TF32 = 2, PATH_FUSED = 3 };
+enum { PATH_AUTO = 0, PATH_FP32 = 1, PATH_TF32 = 2, PATH_FUSED = 3, PATH_MMA = 4 };
 enum { BK_CPU = 0, BK_CUDA = 1 };
 enum { MODE_DEVICE = 0, MODE_HOST = 1 };
 
@@ -44,7 +44,7 @@ typedef struct opts {
     int64_t n[MAXL], nq[MAXL], d[MAXL], k[MAXL];
     int nn, nnq, nd, nk;
     int backend[2], nbackend;
-    int path[4], npath;
+    int path[5], npath;
     int mode[2], nmode;
     xknn_cpu_path cpu_path;
     bench_data_kind data;
@@ -91,7 +91,7 @@ static void usage(FILE *f)
             "  --d LIST           dimension (default 128)\n"
             "  --k LIST           neighbours (default 10)\n"
             "  --backend LIST     cuda,cpu (default: cuda when built and a device is present)\n"
-            "  --path LIST        CUDA candidate path: auto,fp32,tf32,fused (default auto)\n"
+            "  --path LIST        CUDA candidate path: auto,fp32,tf32,fused,mma (default auto)\n"
             "  --mode LIST        CUDA timing: device (device-resident, events) and/or host\n"
             "                     (xknn_search on host arrays, copies included); default device\n"
             "  --host             same as --mode host\n"
@@ -215,9 +215,9 @@ static void parse_opts(int argc, char **argv, opts *o)
             o->nbackend = parse_names(a, need(argc, argv, &i), nm, val, o->backend, 2);
             backend_set = 1;
         } else if (!strcmp(a, "--path")) {
-            static const char *const nm[] = {"auto", "fp32", "tf32", "fused", NULL};
-            static const int val[] = {PATH_AUTO, PATH_FP32, PATH_TF32, PATH_FUSED};
-            o->npath = parse_names(a, need(argc, argv, &i), nm, val, o->path, 4);
+            static const char *const nm[] = {"auto", "fp32", "tf32", "fused", "mma", NULL};
+            static const int val[] = {PATH_AUTO, PATH_FP32, PATH_TF32, PATH_FUSED, PATH_MMA};
+            o->npath = parse_names(a, need(argc, argv, &i), nm, val, o->path, 5);
         } else if (!strcmp(a, "--mode")) {
             static const char *const nm[] = {"device", "host", NULL};
             static const int val[] = {MODE_DEVICE, MODE_HOST};
@@ -329,7 +329,11 @@ static int effective_path(int path, int64_t n, int64_t nq, int64_t d, int64_t k)
 
 static const char *path_name(int path)
 {
-    return path == PATH_FP32 ? "fp32" : path == PATH_TF32 ? "tf32" : path == PATH_FUSED ? "fused" : "auto";
+    return path == PATH_FP32    ? "fp32"
+           : path == PATH_TF32  ? "tf32"
+           : path == PATH_FUSED ? "fused"
+           : path == PATH_MMA   ? "mma"
+                                : "auto";
 }
 
 static const char *cpu_path_name(xknn_cpu_path p)

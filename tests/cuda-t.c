@@ -45,6 +45,7 @@ typedef struct {
 #define TF XKNN_CUDA_PATH_TF32
 #define AU XKNN_CUDA_PATH_AUTO
 #define FU XKNN_CUDA_PATH_FUSED
+#define MM XKNN_CUDA_PATH_MMA
 
 static const tcase cases[] = {
     /* what                    kind             n      nq    d    k     self met path budget qb rb ldp roff qoff ex pad cmp heavy */
@@ -111,6 +112,32 @@ static const tcase cases[] = {
     {"fused d=784 falls back", DATA_CLUSTERED, 3000, 40, 784, 16, 0, L2, FU, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
     {"fused n=300k nq=37 d=3", DATA_GAUSSIAN, 300007, 37, 3, 10, 0, L2, FU, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
     {"auto d=128 W4-like", DATA_UNIFORM, 16384, 4096, 128, 16, 0, L2, AU, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1},
+    /* the tensor-core path (forced): witnesses, epilogue filter, rescue of overflowed
+     * queries (duplicates and integer ties overflow their buffers and are re-run) */
+    {"mma d=1 k=1", DATA_UNIFORM, 1237, 101, 1, 1, 0, L2, MM, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"mma d=3 k=16", DATA_UNIFORM, 5003, 333, 3, 16, 0, EU, MM, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"mma d=32 k=100", DATA_GAUSSIAN, 30011, 300, 32, 100, 0, L2, MM, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"mma d=100 k=16", DATA_GAUSSIAN, 30001, 257, 100, 16, 0, EU, MM, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"mma d=128 k=1", DATA_UNIFORM, 40000, 513, 128, 1, 0, L2, MM, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"mma d=128 k=1024", DATA_UNIFORM, 270000, 65, 128, 1024, 0, L2, MM, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1},
+    {"mma k=1024 small n falls back", DATA_UNIFORM, 25000, 65, 128, 1024, 0, L2, MM, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"mma d=100 k=4096", DATA_UNIFORM, 1100003, 8, 100, 4096, 0, EU, MM, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1},
+    {"mma ties d=32", DATA_INTEGER, 30000, 140, 32, 100, 0, L2, MM, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"mma dups re-run", DATA_DUPLICATES, 20000, 20, 8, 16, 0, L2, MM, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"mma int d=1 re-run", DATA_INTEGER, 30001, 10, 1, 100, 0, EU, MM, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"mma clustered d=128", DATA_CLUSTERED, 30000, 300, 128, 16, 0, L2, MM, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"mma blocks 7", DATA_GAUSSIAN, 2001, 77, 32, 5, 0, L2, MM, 0, 7, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"mma ld+3 d=17", DATA_UNIFORM, 9000, 11, 17, 33, 0, EU, MM, 0, 3, 0, 3, 0, 0, 0, 0, 0, 0},
+    {"mma self k=16", DATA_UNIFORM, 6001, 0, 64, 16, 1, L2, MM, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"mma self ties k=10", DATA_INTEGER, 3500, 0, 5, 10, 1, L2, MM, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"mma self k=n-1 falls back", DATA_DUPLICATES, 400, 0, 3, 0, 1, EU, MM, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"mma offsets exclude", DATA_INTEGER, 800, 300, 5, 3, 0, L2, MM, 0, 0, 0, 0, 1000, 1100, 1, 0, 0, 0},
+    {"mma pad_missing falls back", DATA_GAUSSIAN, 50, 9, 7, 60, 0, L2, MM, 0, 0, 0, 0, 7, 0, 0, 1, 0, 0},
+    {"mma n=1", DATA_GAUSSIAN, 1, 3, 5, 1, 0, L2, MM, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"mma d=784 falls back", DATA_CLUSTERED, 3000, 40, 784, 16, 0, L2, MM, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"mma stream falls back", DATA_GAUSSIAN, 20000, 100, 32, 16, 0, L2, MM, (size_t)2 << 20, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"mma big W1-like", DATA_UNIFORM, 300007, 2000, 128, 10, 0, L2, MM, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1},
+    {"mma big clustered k=100", DATA_CLUSTERED, 200000, 1000, 128, 100, 0, L2, MM, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1},
 };
 #define NCASES (int)(sizeof cases / sizeof cases[0])
 
@@ -122,7 +149,8 @@ static int quick;
 static const char *const tiny_cases[] = {
     "d=3 k=16", "d=32 k=100 fp32", "dups exact compaction", "d=100 k=4096", "blocks 7 x 129",
     "self k=n-1", "pad_missing self", "stream 1 MB ties", "fused d=3 k=16", "fused dups d=3 k=100",
-    "fused blocks 7 x 129", "fused pad_missing self",
+    "fused blocks 7 x 129", "fused pad_missing self", "mma d=3 k=16", "mma dups re-run", "mma self k=n-1 falls back",
+    "mma ld+3 d=17",
 };
 
 static int skipped_by_quick(const tcase *c)
@@ -195,7 +223,11 @@ static void run_case(const tcase *c)
 
     snprintf(name, sizeof name, "%s: %s n=%lld nq=%lld d=%lld k=%lld %s%s path=%s%s", c->what, ref_data_name(c->kind),
              (long long)c->n, (long long)nq, (long long)c->d, (long long)k, xknn_metric_name((xknn_metric)c->metric),
-             c->self ? " self" : "", c->path == TF ? "tf32" : c->path == FP ? "fp32" : c->path == FU ? "fused" : "auto",
+             c->self ? " self" : "", c->path == TF   ? "tf32"
+             : c->path == FP ? "fp32"
+             : c->path == FU ? "fused"
+             : c->path == MM ? "mma"
+                             : "auto",
              c->budget ? " (streamed)" : "");
     if (skipped_by_quick(c)) {
         skip(2, "%s: not in the XKNN_CUDA_TEST_QUICK=%d list", name, quick);

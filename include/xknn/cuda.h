@@ -54,10 +54,13 @@ struct CUstream_st; /* = cudaStream_t's pointee; NULL means the legacy default s
 /* Values of xknn_params.cuda_path: how the CUDA backend generates candidates. Results are
  * identical for all values (the canonical distance decides).
  * AUTO: FUSED where it is supported, min(k, n) <= 32 and either d <= 16, or d <= 32 and
- * n*nq*d <= 4e9; otherwise TF32 for large problems (d >= 32, n*nq*d >= 1e10), else FP32
- * (xknn_cuda_path_for tells).
+ * n*nq*d <= 4e9; otherwise MMA where it is supported; otherwise TF32 for large problems
+ * (d >= 32, n*nq*d >= 1e10), else FP32 (xknn_cuda_path_for tells).
  * FUSED is supported for metric l2 / euclidean, d <= 128 and min(k, n) <= 128; beyond
- * that, or when its workspace does not fit, FUSED behaves as AUTO on the GEMM paths. */
+ * that, or when its workspace does not fit, FUSED behaves as AUTO on the GEMM paths.
+ * MMA is supported for metric l2 / euclidean and d <= 128 on GPUs of compute capability
+ * 8.0 or newer, with the references resident in device memory; otherwise (or when its
+ * workspace does not fit) it behaves as TF32. */
 #define XKNN_CUDA_PATH_AUTO 0  /* see above                                                 */
 #define XKNN_CUDA_PATH_FP32 1  /* cuBLAS SGEMM, pedantic FP32 (no tensor cores)              */
 #define XKNN_CUDA_PATH_TF32 2  /* cuBLAS GEMM on TF32 tensor cores, wider certified margin   */
@@ -65,6 +68,12 @@ struct CUstream_st; /* = cudaStream_t's pointee; NULL means the legacy default s
                                   with a relative error bound, warp-level selection of 2k or
                                   more candidates, canonical re-rank; a query whose candidates
                                   cannot be certified is searched again exactly (RERUNS)  */
+#define XKNN_CUDA_PATH_MMA 4   /* TF32 tensor-core tiles (mma.sync) whose epilogue filters in
+                                  registers: pass A bounds each query's k-th distance from
+                                  witnesses on a prefix of the references, pass B keeps the
+                                  pairs whose certified lower bound is within it; canonical
+                                  re-rank; a query whose candidates overflow is searched
+                                  again exactly (RERUNS). No distance tile is written.     */
 
 /* Diagnostics: the workspace begins with XKNN_CUDA_STAT_COUNT unsigned 64-bit counters,
  * zeroed by each xknn_cuda_search and valid once its work on the stream has completed
@@ -75,7 +84,7 @@ struct CUstream_st; /* = cudaStream_t's pointee; NULL means the legacy default s
 #define XKNN_CUDA_STAT_EXACT_COMPACTIONS 1
 #define XKNN_CUDA_STAT_CANDIDATES 2
 #define XKNN_CUDA_STAT_UNRESOLVED 3
-#define XKNN_CUDA_STAT_RERUNS 4 /* fused path: queries whose certificate failed (re-run exactly) */
+#define XKNN_CUDA_STAT_RERUNS 4 /* fused / mma paths: queries searched again exactly       */
 #define XKNN_CUDA_STAT_COUNT 8
 
 /* Opaque reusable context: device ordinal, device properties, a stream and a device

@@ -59,6 +59,19 @@ enum : int {
     kRescueCap = 4096,
 };
 
+/* Tensor-core path (mma.cu): kMmaBM queries resident per CTA, reference tiles of kMmaBN
+ * rows, kMmaStages-deep cp.async ring of 32-dimension chunks, 8 warps of 64 x 64 tiles;
+ * witnesses per group of kMmaGroup references (a warp tile's width); d <= kMmaMaxD keeps
+ * the resident queries within shared memory (186 KB at d = 128). */
+enum : int {
+    kMmaBM = 256,
+    kMmaBN = 128,
+    kMmaStages = 3,
+    kMmaThreads = 256,
+    kMmaGroup = 64,
+    kMmaMaxD = 128,
+};
+
 /* Candidate slots per (query, split) beyond 2k: one filter chunk plus slack, so that
  * after an exact compaction (k entries left) a whole chunk always fits. */
 static const int64_t kCapSlack = kChunk + 1024;

@@ -4,8 +4,19 @@
  * and the host-array entry point xknn__cuda_search (include/xknn/impl/backend.h).
  *
  * PATHS: choose_path picks the fused path (fused.cu: distances and warp selection in one
- * kernel, for small d and k) or the GEMM pipeline below (fp32 or TF32 candidates); the
- * fused plan and workspace come from plan_fused, the GEMM ones from plan_fit.
+ * kernel, for small d and k), the tensor-core path (mma.cu: TF32 mma tiles with the
+ * filter in their epilogue, references resident, d <= 128) or the GEMM pipeline below
+ * (cuBLAS fp32 or TF32 candidates); the fused plan and workspace come from plan_fused,
+ * the others from plan_fit (plan_mma for the tensor-core path).
+ *
+ * TENSOR-CORE PIPELINE (one state block; mma.cu describes the passes and their bounds)
+ *   begin    as below (tau = +inf, counts = 0, query norms)
+ *   pass     reference norms; pass A over the first nA references (witnesses), select
+ *            (thresholds), pass B over all references (candidates), rescue of overflowed
+ *            queries, resolve (canonical values)
+ *   finish   as below
+ *   Workspace: stats | qn QS*4 | tau QS*4 | cnt QS*4 | mcount QS*8 | cand QS*cap*16 |
+ *   rn round_up(n, 128)*4 | witnesses QS*ga*4 | thr QS*4, ga = ceil(nA / 64).
  *
  * FUSED PIPELINE (one state block of QS queries, one stream): fused kernel over Z slices
  * of RZ references (one launch, or on the host path one launch per quarter of the slices
@@ -230,6 +241,11 @@ struct Plan {
     int64_t Z, RZ;
     size_t off_part, off_flag, off_tpv;
     float lrel, labs, urel, uabs;
+    /* tensor-core path (mma = 1): witnesses over nA references in ga groups */
+    int mma;
+    int64_t nA, ga;
+    size_t off_gmin, off_thr;
+    float la, ua;
 };
 
 void plan_bounds(Plan &p)
@@ -285,7 +301,7 @@ void plan_shape(Plan &p, const xknn_cuda_context *ctx, int64_t QS, int64_t QB, i
 
 int choose_tf32(const xknn_params *prm, int64_t n, int64_t nq, int64_t d)
 {
-    if (prm->cuda_path == XKNN_CUDA_PATH_TF32) return 1;
+    if (prm->cuda_path == XKNN_CUDA_PATH_TF32 || prm->cuda_path == XKNN_CUDA_PATH_MMA) return 1;
     if (prm->cuda_path == XKNN_CUDA_PATH_FP32) return 0;
     return d >= 32 && (double)n * (double)nq * (double)d >= 1e10;
 }
@@ -312,6 +328,15 @@ int fused_supported(const xknn_params *prm, int64_t n, int64_t d, int64_t k)
            min64(k, n) <= kFusedMaxKeep / 2;
 }
 
+/* Tensor-core path: l2 / euclidean, d <= kMmaMaxD (queries resident in shared memory).
+ * Chosen by XKNN_CUDA_PATH_MMA, or by AUTO wherever the fused path is not taken. It needs
+ * the references resident (a streamed host search takes the cuBLAS TF32 path) and a GPU
+ * of compute capability >= 8.0 with enough shared memory per block (plan_fit checks). */
+int mma_supported(const xknn_params *prm, int64_t d)
+{
+    return (prm->metric == XKNN_METRIC_L2 || prm->metric == XKNN_METRIC_EUCLIDEAN) && d <= kMmaMaxD;
+}
+
 int choose_path(const xknn_params *prm, int64_t n, int64_t nq, int64_t d, int64_t k)
 {
     if (prm->cuda_path == XKNN_CUDA_PATH_FUSED || prm->cuda_path == XKNN_CUDA_PATH_AUTO) {
@@ -322,6 +347,8 @@ int choose_path(const xknn_params *prm, int64_t n, int64_t nq, int64_t d, int64_
                (d <= kFusedAutoMidD && (double)n * (double)nq * (double)d <= kFusedAutoWork)))))
             return XKNN_CUDA_PATH_FUSED;
     }
+    if ((prm->cuda_path == XKNN_CUDA_PATH_MMA || prm->cuda_path == XKNN_CUDA_PATH_AUTO) && mma_supported(prm, d))
+        return XKNN_CUDA_PATH_MMA;
     return choose_tf32(prm, n, nq, d) ? XKNN_CUDA_PATH_TF32 : XKNN_CUDA_PATH_FP32;
 }
 
@@ -393,12 +420,93 @@ int plan_fused(const xknn_cuda_context *ctx, const xknn_params *prm, int64_t n, 
     return 0;
 }
 
+/* ---- tensor-core plan ----------------------------------------------------------------
+ * Witness prefix nA = f n with f = sqrt(kMmaWitnessC kk / n): pass A costs f of the GEMM,
+ * and about kk / f references per query then pass the threshold, each re-ranked by
+ * gathering its row (d floats); the constant balances the two on an H100 (TF32 rate over
+ * memory bandwidth). At least 4 kk witness groups, at least kMmaMinPrefix references.
+ * cap: twice the expected candidates (times 3 for the bound's band) plus slack; a query
+ * that overflows it is re-run exactly (counted in XKNN_CUDA_STAT_RERUNS). */
+static const double kMmaWitnessC = 200.0;
+static const int64_t kMmaMinPrefix = 8192;
+
+void plan_mma_layout(Plan &p)
+{
+    size_t o = 0;
+    auto take = [&o](size_t b) {
+        const size_t r = o;
+        o = align_up(o + b);
+        return r;
+    };
+    p.off_stats = take(sizeof(unsigned long long) * kStatCount);
+    p.off_qn = take((size_t)p.QS * sizeof(float));
+    p.off_tau = take((size_t)p.QS * sizeof(float));
+    p.off_cnt = take((size_t)p.QS * sizeof(int));
+    p.off_mcount = take((size_t)p.QS * sizeof(long long));
+    p.off_cand = take((size_t)p.QS * p.cap * sizeof(Cand));
+    p.off_rn = take((size_t)p.RN * sizeof(float));
+    p.off_gmin = take((size_t)p.QS * p.ga * sizeof(float));
+    p.off_thr = take((size_t)p.QS * sizeof(float));
+    p.off_tile = p.off_cublas = p.bytes = o;
+}
+
+int plan_mma(const xknn_cuda_context *ctx, const xknn_params *prm, int64_t n, int64_t nq, int64_t d, int64_t k,
+             size_t limit, size_t per_query_extra, Plan *out)
+{
+    if (ctx->cc_major < 8 || mma_smem_bytes(d) > ctx->smem_optin || n > kMaxRefsPerCall - kMmaBN) return 0;
+    /* witnesses need groups: with fewer than 4 kk groups in all the threshold would be
+     * loose or infinite (every query re-run), so such shapes take the cuBLAS path */
+    if (ceil_div(n, kMmaGroup) < 4 * min64(k, n)) return 0;
+    Plan p;
+    memset(&p, 0, sizeof p);
+    p.n = n;
+    p.nq = nq;
+    p.d = d;
+    p.k = k;
+    p.kk = min64(k, n);
+    p.euclid = prm->metric == XKNN_METRIC_EUCLIDEAN;
+    p.tf32 = 1;
+    p.mma = 1;
+    p.S = 1;
+    /* the bound of engine.cu's TF32 derivation for the padded depth */
+    p.d = round_up(d, 32);
+    plan_bounds(p);
+    p.d = d;
+    if (!(p.mabs < INFINITY)) return 0;
+    p.la = round_down_float(0.5 * (1.0 - (double)p.mrel));
+    p.ua = round_up_float(1.0 + (double)p.mrel);
+    const double f = sqrt(kMmaWitnessC * (double)p.kk / (double)n);
+    int64_t nA = (int64_t)ceil(f * (double)n);
+    nA = max64(nA, max64(4 * kMmaGroup * p.kk, kMmaMinPrefix));
+    nA = round_up(nA, kMmaBN);
+    p.nA = min64(nA, n);
+    p.ga = ceil_div(p.nA, kMmaGroup);
+    const double expect = 3.0 * (double)p.kk * (double)n / (double)p.nA + 256.0;
+    const double capd = 2.0 * expect + 1024.0;
+    p.cap = round_up(max64((int64_t)capd, 2 * p.kk + 1024 + kBlock), 256);
+    if (p.cap > INT_MAX / 2) return 0;
+    p.RN = round_up(n, kMmaBN);
+    int64_t QS = prm->query_block > 0 ? min64(prm->query_block, nq) : min64(nq, kMaxStateQueries);
+    for (;; QS = (QS + 1) / 2) {
+        p.QS = QS;
+        plan_mma_layout(p);
+        if (p.bytes + (size_t)QS * per_query_extra <= limit) {
+            *out = p;
+            return 1;
+        }
+        if (QS == 1) return 0;
+    }
+}
+
 /* The largest plan whose workspace plus QS * per_query_extra fits in `limit` bytes.
  * Resident: QS = QB. Streaming: QS (queries with live state, amortising each reference
  * pass) as large as fits, QB <= QS. Returns 0 and the minimum in *min_needed if none. */
 int plan_fit(const xknn_cuda_context *ctx, const xknn_params *prm, int64_t n, int64_t nq, int64_t d, int64_t k,
              int64_t pass_rows, size_t limit, size_t per_query_extra, int streaming, Plan *out, size_t *min_needed)
 {
+    if (!streaming && choose_path(prm, n, nq, d, k) == XKNN_CUDA_PATH_MMA &&
+        plan_mma(ctx, prm, n, nq, d, k, limit, per_query_extra, out))
+        return 1;
     Plan p;
     memset(&p, 0, sizeof p);
     p.n = n;
@@ -468,7 +576,7 @@ xknn_status check_sizes(Err er, const xknn_params *prm, int64_t n, int64_t nq, i
     if (2 * min64(k, n) + kCapSlack > INT_MAX / 2)
         return failf(er, XKNN_ERROR_INVALID_ARGUMENT, "cuda backend: k=%lld is too large (at most %lld)",
                      (long long)k, (long long)((INT_MAX / 2 - kCapSlack) / 2));
-    if (prm->cuda_path < XKNN_CUDA_PATH_AUTO || prm->cuda_path > XKNN_CUDA_PATH_FUSED)
+    if (prm->cuda_path < XKNN_CUDA_PATH_AUTO || prm->cuda_path > XKNN_CUDA_PATH_MMA)
         return failf(er, XKNN_ERROR_INVALID_ARGUMENT, "cuda backend: unknown cuda_path %d", prm->cuda_path);
     if ((int)prm->metric < 0 || prm->metric >= XKNN_METRIC_COUNT)
         return failf(er, XKNN_ERROR_INVALID_ARGUMENT, "unknown metric %d", (int)prm->metric);
@@ -512,6 +620,10 @@ Run run_bind(xknn_cuda_context *ctx, const Plan *p, void *ws, cudaStream_t st)
 xknn_status run_start(const Run &r, Err er)
 {
     xknn_status st = XKNN_SUCCESS;
+    if (r.p->mma) { /* no cuBLAS on the tensor-core path */
+        XKNN__CUDA_CHECK(cudaMemsetAsync(r.stats, 0, sizeof(unsigned long long) * kStatCount, r.st));
+        return st;
+    }
     if (!r.ctx->blas) XKNN__CUBLAS_CHECK(cublasCreate(&r.ctx->blas));
     XKNN__CUBLAS_CHECK(cublasSetStream(r.ctx->blas, r.st));
     XKNN__CUBLAS_CHECK(cublasSetWorkspace(r.ctx->blas, r.cublas_ws, r.p->cublas_ws));
@@ -534,11 +646,72 @@ cleanup:
 
 /* One pass of the state block's qs queries over references R[0, nr) whose local ids
  * start at r_local0. self_local0: local id of state query 0 itself (exclude_self). */
+/* The tensor-core pass (mma.cu) over all p.n references, resident at R. */
+xknn_status mma_pass(const Run &r, const float *Q, int64_t ldq, int64_t qs, int exclude, int64_t self_local0,
+                     const float *R, int64_t ldr, Err er)
+{
+    const Plan &p = *r.p;
+    const int sms = r.ctx->sms;
+    xknn_status st = XKNN_SUCCESS;
+    char *b = (char *)r.stats; /* the workspace starts with the statistics */
+    MmaParams mp;
+    ResolveParams rp;
+    memset(&mp, 0, sizeof mp);
+    memset(&rp, 0, sizeof rp);
+    mp.Q = Q;
+    mp.ldq = ldq;
+    mp.R = R;
+    mp.ldr = ldr;
+    mp.qn = r.qn;
+    mp.rn = r.rn;
+    mp.d = p.d;
+    mp.self_local0 = self_local0;
+    mp.gmin = (float *)(b + p.off_gmin);
+    mp.ga = p.ga;
+    mp.thr = (float *)(b + p.off_thr);
+    mp.cnt = r.cnt;
+    mp.cand = r.cand;
+    mp.stats = r.stats;
+    mp.ua = p.ua;
+    mp.ub = p.mabs;
+    mp.la = p.la;
+    mp.qs = (int)qs;
+    mp.cap = (int)p.cap;
+    mp.exclude = exclude;
+    XKNN__CUDA_CHECK(launch_sqnorms(R, ldr, p.n, p.d, r.rn, r.st));
+    mp.n = p.nA;
+    XKNN__CUDA_CHECK(launch_mma_pass(mp, 0, sms, r.st));
+    XKNN__CUDA_CHECK(launch_mma_select(mp, (int)p.kk, sms, r.st));
+    mp.n = p.n;
+    XKNN__CUDA_CHECK(launch_mma_pass(mp, 1, sms, r.st));
+    XKNN__CUDA_CHECK(launch_mma_rescue(mp, (int)p.kk, p.euclid, sms, r.st));
+    rp.tau = r.tau;
+    rp.cnt = r.cnt;
+    rp.cand = r.cand;
+    rp.Q = Q;
+    rp.ldq = ldq;
+    rp.R = R;
+    rp.ldr = ldr;
+    rp.r_local0 = 0;
+    rp.d = p.d;
+    rp.S = 1;
+    rp.cap = (int)p.cap;
+    rp.euclid = p.euclid;
+    XKNN__CUDA_CHECK(launch_resolve(rp, (int)qs, r.st));
+cleanup:
+    return st;
+}
+
 xknn_status block_pass(const Run &r, const float *Q, int64_t ldq, int64_t qs, int exclude, int64_t self_local0,
                        const float *R, int64_t ldr, int64_t nr, int64_t r_local0, Err er)
 {
     const Plan &p = *r.p;
     xknn_status st = XKNN_SUCCESS;
+    if (p.mma) {
+        if (nr != p.n || r_local0 != 0)
+            return failf(er, XKNN_ERROR_INTERNAL, "cuda backend: tensor-core pass over a partial reference set");
+        return mma_pass(r, Q, ldq, qs, exclude, self_local0, R, ldr, er);
+    }
     const float alpha = -2.0f, beta = 0.0f;
     const cublasComputeType_t ct = p.tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F_PEDANTIC;
     FilterParams fp;
@@ -688,6 +861,16 @@ void print_plan(const xknn_cuda_context *ctx, const Plan &p, const char *mode, s
                 "budget %.1f MiB\n",
                 ctx->device, ctx->name, ctx->sms, mode, (long long)p.n, (long long)p.nq, (long long)p.d,
                 (long long)p.k, (long long)p.QS, (long long)p.Z, (long long)p.RZ, p.KP,
+                (double)p.bytes / 1048576.0, (double)budget / 1048576.0);
+        return;
+    }
+    if (p.mma) {
+        fprintf(stderr,
+                "xknn: cuda: device %d (%s, %d SMs): %s, path mma (TF32 tensor-core tiles, filter in the "
+                "epilogue), n=%lld nq=%lld d=%lld k=%lld; state block %lld, witnesses over %lld references (%lld "
+                "groups), %lld candidate slots per query, workspace %.1f MiB, budget %.1f MiB\n",
+                ctx->device, ctx->name, ctx->sms, mode, (long long)p.n, (long long)p.nq, (long long)p.d,
+                (long long)p.k, (long long)p.QS, (long long)p.nA, (long long)p.ga, (long long)p.cap,
                 (double)p.bytes / 1048576.0, (double)budget / 1048576.0);
         return;
     }
@@ -1123,8 +1306,10 @@ xknn_status host_search(const xknn__job *job, Err er)
     XKNN__CUDA_CHECK(cudaMemcpyAsync(stats, run.stats, sizeof stats, cudaMemcpyDeviceToHost, sc));
     XKNN__CUDA_CHECK(cudaStreamSynchronize(sc));
     if (prm->verbose)
-        fprintf(stderr, "xknn: cuda: %llu candidates appended, %llu bound compactions, %llu exact compactions\n",
-                stats[kStatAppended], stats[kStatUnion], stats[kStatExact]);
+        fprintf(stderr,
+                "xknn: cuda: %llu candidates appended, %llu bound compactions, %llu exact compactions, %llu "
+                "queries re-run exactly\n",
+                stats[kStatAppended], stats[kStatUnion], stats[kStatExact], stats[kStatReruns]);
     if (stats[kStatUnresolved])
         st = failf(er, XKNN_ERROR_INTERNAL, "cuda backend: %llu final candidates had no canonical distance",
                    stats[kStatUnresolved]);

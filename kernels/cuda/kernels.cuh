@@ -104,6 +104,33 @@ struct FusedParams {
     int z0;                /* first slice of a launch (launch_fused_slices sets it)      */
 };
 
+/* Tensor-core path (mma.cu): pass A (mode 0) writes witnesses, select turns them into
+ * thresholds, pass B (mode 1) appends candidates, rescue re-runs overflowed queries. */
+struct MmaParams {
+    const float *Q;        /* state block queries, row stride ldq                        */
+    int64_t ldq;
+    const float *R;        /* references, row stride ldr; local ids 0 .. n-1             */
+    int64_t ldr;
+    const float *qn;       /* per state query |q|^2 (float)                              */
+    const float *rn;       /* per reference |x|^2 (float), at least n entries            */
+    int64_t n, d;          /* references this launch covers: [0, n) (pass A: nA)         */
+    int64_t self_local0;   /* local reference index equal to state query 0's global id   */
+    float *gmin;           /* qs x ga witnesses (pass A), row stride ga                  */
+    int64_t ga;            /* witness groups: ceil(nA / kMmaGroup)                       */
+    float *thr;            /* per state query: (mabs + tau') / 2 rounded up (pass B)     */
+    int *cnt;              /* per state query: candidates appended (may exceed cap)      */
+    Cand *cand;            /* per state query: cap slots                                 */
+    unsigned long long *stats;
+    float ua, ub, la;      /* U = fma_ru(acc, -2, fma_ru(s, ua, ub)); r = fma_rd(s, la, -thr) */
+    int qs, cap, exclude;
+    int tiles_per_cta;     /* set by the launcher                                        */
+};
+
+size_t mma_smem_bytes(int64_t d);
+cudaError_t launch_mma_pass(const MmaParams &p, int mode, int sms, cudaStream_t st);
+cudaError_t launch_mma_select(const MmaParams &p, int kk, int sms, cudaStream_t st);
+cudaError_t launch_mma_rescue(const MmaParams &p, int kk, int euclid, int sms, cudaStream_t st);
+
 cudaError_t launch_sqnorms(const float *X, int64_t ld, int64_t rows, int64_t d, float *out, cudaStream_t st);
 cudaError_t launch_init_state(float *tau, int *cnt, int qs, int S, cudaStream_t st);
 cudaError_t launch_filter(const FilterParams &p, int qb, cudaStream_t st);
