@@ -70,6 +70,20 @@
  *     the exact loop (still exact, slower).
  *   - Memory of the CPU backend: O(query_block * (ref_block + k)) per call, never nq*n.
  *
+ * SELF-JOIN (query == NULL: the all-kNN graph)
+ *   - Symmetric by default (params.self_join = XKNN_SELF_JOIN_AUTO): every canonical
+ *     distance is symmetric in its two points bit for bit, so the CPU computes each
+ *     pair once and offers it to both points' selections (triangle of tiles, diagonal
+ *     tiles with each point's own id skipped): about half the distance work, the same
+ *     ids and distance bits as XKNN_SELF_JOIN_PLAIN. The CPU covers every metric and
+ *     dtype this way except the paths whose fast kernels are not symmetric yet: u8/i8
+ *     l2/euclidean/ip (exact integer path), f32 ip/cosine with CBLAS (sgemm inner-
+ *     product path), cpu_path INT8; the CUDA backend has no symmetric kernel yet. Those
+ *     run the plain search; xknn_self_join_why_plain() says which, and params.verbose
+ *     prints it. (f32 l2/euclidean whose values are small integers take the symmetric
+ *     sgemm path, not the integer one, in a self-join.)
+ *   - xknn_search_pair() is the tile primitive, for distributed layers (xknn_mpi.h).
+ *
  * METRICS (canonical values; x_t, y_t are the elements converted exactly to double,
  * t = 0 .. d-1 in order; "fma" is the correctly rounded fused multiply-add; every sum is
  * a left-to-right double chain; the result is rounded ONCE to float at the end)
@@ -176,6 +190,15 @@ typedef enum xknn_cpu_path {
     XKNN_CPU_PATH_COUNT
 } xknn_cpu_path;
 
+/* How a self-join (xknn_search with query == NULL) runs. Results are identical. */
+typedef enum xknn_self_join {
+    XKNN_SELF_JOIN_AUTO = 0, /* symmetric where supported: each distance d(i, j) is
+                                computed once and serves both i and j (about half
+                                the distance work); else the plain search          */
+    XKNN_SELF_JOIN_PLAIN,    /* plain Q = R search (every distance twice)          */
+    XKNN_SELF_JOIN_COUNT
+} xknn_self_join;
+
 /* A row-major matrix. Memory space depends on the call (host for xknn_search). */
 typedef struct xknn_matrix {
     const void *data; /* rows x cols elements of dtype, row i at data + i*ld      */
@@ -220,10 +243,12 @@ typedef struct xknn_params {
     const float *weights;        /* whamming: one weight per bit (|w| is used), host
                                     memory; NULL otherwise                            */
     int64_t weights_count;       /* number of weights: must equal the bit count d     */
+    xknn_self_join self_join;    /* XKNN_SELF_JOIN_AUTO (see SELF-JOIN above)         */
 } xknn_params;
 
-#define XKNN_PARAMS_INIT \
-    { XKNN_BACKEND_AUTO, XKNN_METRIC_L2, 0, 0, 0, 0, 0, 0, 0, XKNN_CPU_PATH_AUTO, -1, 0, 0, 0, NULL, 0.0, NULL, 0 }
+#define XKNN_PARAMS_INIT                                                                                  \
+    { XKNN_BACKEND_AUTO, XKNN_METRIC_L2, 0, 0, 0, 0, 0, 0, 0, XKNN_CPU_PATH_AUTO, -1, 0, 0, 0, NULL, 0.0, NULL, 0, \
+      XKNN_SELF_JOIN_AUTO }
 
 /* Error report filled by calls that take one (may be NULL). message is one line,
  * without a trailing newline, naming the argument, row and column at fault. */
@@ -286,6 +311,35 @@ XKNN_API int xknn_cuda_device_count(void);
 XKNN_API xknn_status xknn_search(const xknn_params *params, const xknn_matrix *ref,
                                  const xknn_matrix *query, int64_t k, int64_t *ids,
                                  float *dist, xknn_error *err);
+
+/*
+ * Not collective. NULL when a self-join with these params and dtype (d elements, bits
+ * for BIN) takes the symmetric path (see SELF-JOIN), else a static one-line reason why
+ * it runs the plain search. backend auto counts as cuda when a CUDA device would take
+ * the search.
+ */
+XKNN_API const char *xknn_self_join_why_plain(const xknn_params *params, xknn_dtype dtype, int64_t d);
+
+/*
+ * Symmetric tile update, the primitive of the symmetric self-join. Host memory, CPU
+ * backend (backend cuda: INVALID_ARGUMENT; auto runs it on the CPU). Not collective.
+ *   a, b         row-major blocks of the same dtype and d (b may be NULL: a against
+ *                itself); global ids a_id0 + i and b_id0 + j, ranges not overlapping.
+ *   a_ids/a_dist a->rows x k running lists of a's rows (ld = k), sorted by the result
+ *                order and padded at the end with id -1 and +inf (-inf for ip); start
+ *                from all padding. Updated in place with b's rows as references (with a's
+ *                own rows, each row's own id skipped, when b is NULL).
+ *   b_ids/b_dist b->rows x k lists of b's rows, updated with a's rows (unused if b NULL).
+ * Each distance is computed once for both lists. After all pairs (i <= j) of blocks of
+ * a partition of a reference set have been applied, the lists equal xknn_search's
+ * self-join (ids and distance bits). params: metric, p, weights, cpu_path,
+ * num_threads, query_block (tile edge; 0: automatic), verbose.
+ * Errors: INVALID_ARGUMENT (k < 1, NULL, mismatched d/dtype, metric/dtype), INVALID_VALUE
+ * (NaN/Inf, negative with hellinger), OUT_OF_MEMORY.
+ */
+XKNN_API xknn_status xknn_search_pair(const xknn_params *params, const xknn_matrix *a, int64_t a_id0,
+                                      const xknn_matrix *b, int64_t b_id0, int64_t k, int64_t *a_ids, float *a_dist,
+                                      int64_t *b_ids, float *b_dist, xknn_error *err);
 
 /*
  * Canonical distance between two float vectors of length d (host memory), the value
@@ -708,6 +762,72 @@ static xknn_status xknn__check_matrix(const char *what, const xknn_matrix *m, xk
     return XKNN_SUCCESS;
 }
 
+const char *xknn_self_join_why_plain(const xknn_params *params, xknn_dtype dtype, int64_t d)
+{
+    const xknn_params p = xknn__resolved(params);
+    if (p.self_join == XKNN_SELF_JOIN_PLAIN) return "self_join plain asked for";
+    if (p.backend == XKNN_BACKEND_CUDA ||
+        (p.backend == XKNN_BACKEND_AUTO && xknn__cuda_supports(p.metric, dtype) && xknn__cuda_built() &&
+         xknn__cuda_device_count() > 0))
+        return "the cuda backend has no symmetric kernel yet: plain search";
+    return xknn__cpu_sym_why_not(&p, dtype, d);
+}
+
+xknn_status xknn_search_pair(const xknn_params *params, const xknn_matrix *a, int64_t a_id0, const xknn_matrix *b,
+                             int64_t b_id0, int64_t k, int64_t *a_ids, float *a_dist, int64_t *b_ids, float *b_dist,
+                             xknn_error *err)
+{
+    xknn_params p = xknn__resolved(params);
+    xknn__job job;
+    xknn__sym_side sa, sb;
+    xknn_status st;
+    if (err) {
+        err->status = XKNN_SUCCESS;
+        err->message[0] = '\0';
+    }
+    if (!a || !a_ids || !a_dist || (b && (!b_ids || !b_dist)))
+        return xknn__fail(err, XKNN_ERROR_INVALID_ARGUMENT, "xknn_search_pair: NULL argument");
+    if (k < 1) return xknn__fail(err, XKNN_ERROR_INVALID_ARGUMENT, "k=%lld: need k >= 1", (long long)k);
+    if (p.backend == XKNN_BACKEND_CUDA)
+        return xknn__fail(err, XKNN_ERROR_INVALID_ARGUMENT,
+                          "xknn_search_pair: the cuda backend has no symmetric kernel yet (use backend cpu or auto)");
+    if ((int)p.cpu_path < 0 || p.cpu_path >= XKNN_CPU_PATH_COUNT || p.num_threads < 0 || p.query_block < 0)
+        return xknn__fail(err, XKNN_ERROR_INVALID_ARGUMENT, "xknn_search_pair: bad cpu_path, num_threads or query_block");
+    if ((st = xknn_check_input(&p, "a", a, a_id0, err)) != XKNN_SUCCESS) return st;
+    if (b) {
+        if ((st = xknn_check_input(&p, "b", b, b_id0, err)) != XKNN_SUCCESS) return st;
+        if (b->cols != a->cols || b->dtype != a->dtype)
+            return xknn__fail(err, XKNN_ERROR_INVALID_ARGUMENT,
+                              "xknn_search_pair: a is %s d=%lld, b is %s d=%lld: need the same dtype and d",
+                              xknn_dtype_name(a->dtype), (long long)a->cols, xknn_dtype_name(b->dtype),
+                              (long long)b->cols);
+    }
+    memset(&job, 0, sizeof job);
+    job.dtype = a->dtype;
+    job.d = a->cols;
+    job.k = k;
+    job.params = p;
+    job.msg = err ? err->message : NULL;
+    job.msg_size = err ? sizeof err->message : 0;
+    sa.data = a->data;
+    sa.rows = a->rows;
+    sa.ld = xknn__ld(a);
+    sa.id0 = a_id0;
+    sa.ids = a_ids;
+    sa.dist = a_dist;
+    if (b) {
+        sb.data = b->data;
+        sb.rows = b->rows;
+        sb.ld = xknn__ld(b);
+        sb.id0 = b_id0;
+        sb.ids = b_ids;
+        sb.dist = b_dist;
+    }
+    st = xknn__cpu_sym_pair(&job, &sa, b ? &sb : NULL);
+    if (err) err->status = st;
+    return st;
+}
+
 xknn_status xknn_search(const xknn_params *params, const xknn_matrix *ref, const xknn_matrix *query,
                         int64_t k, int64_t *ids, float *dist, xknn_error *err)
 {
@@ -742,6 +862,8 @@ xknn_status xknn_search(const xknn_params *params, const xknn_matrix *ref, const
         return xknn__fail(err, XKNN_ERROR_INVALID_ARGUMENT, "unknown backend %d", (int)p.backend);
     if ((int)p.cpu_path < 0 || p.cpu_path >= XKNN_CPU_PATH_COUNT)
         return xknn__fail(err, XKNN_ERROR_INVALID_ARGUMENT, "unknown cpu_path %d", (int)p.cpu_path);
+    if ((int)p.self_join < 0 || p.self_join >= XKNN_SELF_JOIN_COUNT)
+        return xknn__fail(err, XKNN_ERROR_INVALID_ARGUMENT, "unknown self_join %d", (int)p.self_join);
     if (p.num_threads < 0 || p.query_block < 0 || p.ref_block < 0)
         return xknn__fail(err, XKNN_ERROR_INVALID_ARGUMENT,
                           "num_threads, query_block and ref_block must be >= 0");
@@ -783,6 +905,7 @@ xknn_status xknn_search(const xknn_params *params, const xknn_matrix *ref, const
     job.params = p;
     job.msg = err ? err->message : NULL;
     job.msg_size = err ? sizeof err->message : 0;
+    job.symmetric = !query && p.self_join == XKNN_SELF_JOIN_AUTO;
 
     switch (p.backend) {
     case XKNN_BACKEND_CUDA:
@@ -797,10 +920,14 @@ xknn_status xknn_search(const xknn_params *params, const xknn_matrix *ref, const
                               "backend cuda: this xknn was built without CUDA (reconfigure with -Dcuda=enabled)");
         if (xknn__cuda_device_count() <= 0)
             return xknn__fail(err, XKNN_ERROR_NO_DEVICE, "backend cuda: no CUDA device is available");
+        if (job.symmetric && p.verbose)
+            fprintf(stderr, "xknn: self-join: the cuda backend has no symmetric kernel yet: plain search\n");
         st = xknn__cuda_search(&job);
         break;
     case XKNN_BACKEND_AUTO:
         if (xknn__cuda_supports(p.metric, job.dtype) && xknn__cuda_built() && xknn__cuda_device_count() > 0) {
+            if (job.symmetric && p.verbose)
+                fprintf(stderr, "xknn: self-join: the cuda backend has no symmetric kernel yet: plain search\n");
             st = xknn__cuda_search(&job);
             break;
         }

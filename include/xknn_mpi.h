@@ -238,9 +238,22 @@ XKNN_API xknn_status xknn_mpi_search(xknn_mpi_context *ctx, const xknn_params *p
 
 /*
  * Collective. The all-kNN graph: the queries are the references (n = nq); a point is
- * never its own neighbour (duplicates at other ids are); 1 <= k <= n - 1. Each query
- * block is broadcast by the rank that owns those rows; blocks never straddle slices.
- * Arguments and errors as xknn_mpi_search().
+ * never its own neighbour (duplicates at other ids are); 1 <= k <= n - 1.
+ * Symmetric (params->self_join = XKNN_SELF_JOIN_AUTO, where every rank's backend
+ * supports it: xknn_self_join_why_plain() is NULL on all ranks): only the slice pairs
+ * (i, j), i <= j, are computed, each distance once for both points, with
+ * xknn_search_pair(); in step s = 0 .. floor(P/2) rank r pairs its slice with slice
+ * (r + s) mod P (for even P the last step only on ranks r < P/2), so every rank computes
+ * the same number of slice pairs up to one; slices travel around the ring with
+ * MPI_Isend/MPI_Irecv posted before each step's compute; each rank's lists for rows it
+ * does not own reach the owner through the search's tree reduction. Results: one block
+ * per non-empty slice, delivered on the rank that owns it (the sink is called once
+ * there with the whole slice); memory per rank about (floor(P/2) + 4) * (n/P) * k * 12
+ * bytes plus two slices. Plain (XKNN_SELF_JOIN_PLAIN, or a backend without a symmetric
+ * kernel: the CUDA backend today): each query block is broadcast by the rank that owns
+ * those rows (blocks never straddle slices) and searched everywhere. Both give the same
+ * ids and distance bits. The context's verbose prints which path ran and, for the
+ * ring, every rank's tiles and busy seconds. Arguments and errors as xknn_mpi_search().
  */
 XKNN_API xknn_status xknn_mpi_self_join(xknn_mpi_context *ctx, const xknn_params *params, const xknn_matrix *ref,
                                         int64_t ref_offset, int64_t k, const xknn_mpi_output *out,

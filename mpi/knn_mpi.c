@@ -55,6 +55,7 @@ typedef struct knn_opts {
     int threads;
     int64_t device_memory; /* bytes; 0: the backend's default (free device memory) */
     int ids64, quiet, verbose, help, version;
+    int no_symmetric;       /* --no-symmetric: plain self-join (every distance twice) */
     /* classification / regression (knn_predict.c) */
     const char *labels, *targets, *query_labels, *predict;
     xknn_vote vote;
@@ -98,6 +99,9 @@ static void knn__usage(FILE *f)
             "                       on any error. A job killed by a signal or a node failure cannot\n"
             "                       remove it: delete such a file when no job writing FILE runs.\n"
             "      --ids64          64-bit ids in the .bin result (needed above 2^31-1 references)\n"
+            "      --no-symmetric   self-join (no QUERY): plain search of every row against all\n"
+            "                       rows; the default computes each distance once for both of its\n"
+            "                       points (about half the work, the same bytes); -v tells which\n"
             "      --backend NAME   auto (default), cpu or cuda\n"
             "      --query-block N  queries per broadcast block (default: automatic)\n"
             "      --dtype T        element type of '.bin' inputs: f32 (default), u8, i8, f16.\n"
@@ -307,6 +311,9 @@ static int knn__parse(int argc, char **argv, knn_opts *o, char *msg, size_t msz)
         } else if (KNN_FLAG(NULL, "--ids64")) {
             KNN_NO_VALUE();
             o->ids64 = 1;
+        } else if (KNN_FLAG(NULL, "--no-symmetric")) {
+            KNN_NO_VALUE();
+            o->no_symmetric = 1;
         } else if (KNN_FLAG(NULL, "--backend")) {
             KNN_NEED_VALUE();
             if (knn__parse_backend(val, &o->backend)) {
@@ -1256,6 +1263,7 @@ int main(int argc, char **argv)
     r->params.num_threads = r->o.threads;
     r->params.device_memory_budget = (size_t)r->o.device_memory;
     r->params.verbose = r->o.verbose && r->rank == 0;
+    r->params.self_join = r->o.no_symmetric ? XKNN_SELF_JOIN_PLAIN : XKNN_SELF_JOIN_AUTO;
     r->backend_used = r->o.backend == XKNN_BACKEND_CUDA ? "cuda"
                       : r->o.backend == XKNN_BACKEND_CPU ? "cpu"
                       : (xknn_backend_built(XKNN_BACKEND_CUDA) && xknn_cuda_device_count() > 0) ? "cuda"

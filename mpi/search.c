@@ -443,6 +443,40 @@ agree_setup:
         st = agreed;
         goto finish;
     }
+    if (self) {
+        /* Symmetric when every rank's backend allows it (the device count may differ
+         * between ranks): one more agreement, on a flag. */
+        const char *why = xknn_self_join_why_plain(&p, dtype, d);
+        int mine = why == NULL, all = 0;
+        rc = MPI_Allreduce(&mine, &all, 1, MPI_INT, MPI_MIN, ctx->comm);
+        if (rc != MPI_SUCCESS) {
+            st = xknn__mpi_error(rank, &lerr, rc, "MPI_Allreduce (symmetric)");
+            goto verdict;
+        }
+        if (ctx->config.verbose && rank == 0)
+            fprintf(stderr, "xknn_mpi: self-join: %s%s\n", all ? "symmetric ring" : "plain",
+                    all ? "" : (why ? why : "another rank's backend has no symmetric kernel"));
+        if (all) {
+            int64_t *row0s = (int64_t *)malloc((size_t)P * 2 * sizeof(int64_t));
+            int have = row0s != NULL, every = 0;
+            if (!have) st = xknn__mpi_fail(&lerr, XKNN_ERROR_OUT_OF_MEMORY, "rank %d: out of memory", rank);
+            rc = MPI_Allreduce(&have, &every, 1, MPI_INT, MPI_MIN, ctx->comm);
+            if (rc == MPI_SUCCESS && every) {
+                for (i = 0; i < P; i++) {
+                    row0s[i] = tab[i * D_COUNT + D_ROW0];
+                    row0s[P + i] = tab[i * D_COUNT + D_ROWS];
+                }
+                p.ref_id_offset = ref_offset;
+                st = xknn__sym_ring(ctx, &p, nloc > 0 ? ref : NULL, ref_offset, k, row0s, row0s + P, d, dtype, out, &tm,
+                                    &owned, &mpi_broken, &lerr);
+            } else if (rc != MPI_SUCCESS) {
+                st = xknn__mpi_error(rank, &lerr, rc, "MPI_Allreduce");
+            }
+            free(row0s);
+            if (stats) stats->blocks = norder;
+            goto verdict;
+        }
+    }
     if (ctx->config.verbose && rank == 0)
         fprintf(stderr,
                 "xknn_mpi: %s n=%lld nq=%lld d=%lld k=%lld ranks=%d query_block=%lld blocks=%lld transfer=%s\n",
@@ -603,6 +637,7 @@ agree_setup:
     }
 
     /* ---- 5. the verdict ------------------------------------------------------------ */
+verdict:
     st = xknn_mpi_agree(ctx, st, &lerr);
 
 finish:

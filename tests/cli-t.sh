@@ -12,7 +12,7 @@ trap 'rm -rf "$T"' EXIT INT TERM
 
 NUM=0
 FAILED=0
-echo "1..54"
+echo "1..59"
 
 ok() { # ok STATUS DESCRIPTION
     NUM=$((NUM + 1))
@@ -77,7 +77,7 @@ mk oracle l2 599 "$T/ref.fbin" - "$T/want_self599.bin"
 knn --help
 ok $(
     [ $RC -eq 0 ] && has "-k N" "$T/out" && has "--metric" "$T/out" && has "--query-block" "$T/out" &&
-        has "--json" "$T/out" && has "--dtype" "$T/out" && has "--ids64" "$T/out" && has "Example" "$T/out" &&
+        has "--json" "$T/out" && has "--dtype" "$T/out" && has "--ids64" "$T/out" && has "--no-symmetric" "$T/out" && has "Example" "$T/out" &&
         has "--device-memory" "$T/out" && has ".NAME.xknn-tmp.PID.XXXXXX" "$T/out"
     echo $?
 ) "--help: exit 0, every option, the temporary's name and an example"
@@ -169,7 +169,7 @@ ok $([ $RC -eq 0 ] && cmp -s "$T/r_q.bin" "$T/want_q.bin" && no_tmp "$T/r_q.bin"
 
 # ---- many ranks: identical bytes, agreed errors ---------------------------------------------
 if [ "$MPIRUN" = none ]; then
-    skip 19 "MPI not built"
+    skip 24 "MPI not built"
 else
     for np in 1 2 3 4 5; do
         mknn $np -q -k 10 --query-block 7 -o "$T/m_q$np.bin" "$T/ref.fbin" "$T/q.fbin"
@@ -179,6 +179,11 @@ else
         mknn $np -q --query-block 16 -o "$T/m_d$np.bin" "$T/dup.fbin"
         ok $([ $RC -eq 0 ] && cmp -s "$T/m_d$np.bin" "$T/want_dup.bin"; echo $?) \
             "mpirun -np $np: all-kNN graph identical"
+    done
+    for np in 1 2 3 4 5; do
+        mknn $np -q --no-symmetric -o "$T/m_p$np.bin" "$T/dup.fbin"
+        ok $([ $RC -eq 0 ] && cmp -s "$T/m_p$np.bin" "$T/m_d$np.bin" && cmp -s "$T/m_p$np.bin" "$T/want_dup.bin"
+            echo $?) "mpirun -np $np: --no-symmetric all-kNN graph identical to the symmetric one"
     done
     mknn 3 -q -o "$T/m_q.ivecs" "$T/ref.fbin" "$T/q.fbin"
     ok $([ $RC -eq 0 ] && cmp -s "$T/m_q.ivecs" "$T/want_q.ivecs"; echo $?) "mpirun -np 3: .ivecs identical"
@@ -205,5 +210,5 @@ else
         "mpirun -np 3, bad option: exit 1, one message"
 fi
 
-[ $NUM -eq 54 ] || echo "# planned 54 tests, ran $NUM"
-[ $FAILED -eq 0 ] && [ $NUM -eq 54 ]
+[ $NUM -eq 59 ] || echo "# planned 59 tests, ran $NUM"
+[ $FAILED -eq 0 ] && [ $NUM -eq 59 ]

@@ -117,34 +117,43 @@ typedef struct tcase {
     xknn_mpi_transfer transfer;
     int slicing;
     int pad_ld; /* > 0: slices passed with ld = d + pad_ld */
+    int plain;  /* self-join: params.self_join = plain (else the symmetric ring) */
 } tcase;
 
 static const tcase cases[] = {
     {"n not a multiple of P", DATA_UNIFORM, 1001, 97, 8, 7, 0, XKNN_METRIC_L2, 0, XKNN_MPI_TRANSFER_AUTO,
-     SLICE_STANDARD, 0},
+     SLICE_STANDARD, 0, 0},
     {"ties, blocks of 7 (not dividing nq)", DATA_INTEGER, 1000, 50, 3, 10, 0, XKNN_METRIC_L2, 7,
-     XKNN_MPI_TRANSFER_HOST_STAGED, SLICE_STANDARD, 0},
+     XKNN_MPI_TRANSFER_HOST_STAGED, SLICE_STANDARD, 0, 0},
     {"ties, blocks of 7, cuda-aware path", DATA_INTEGER, 1000, 50, 3, 10, 0, XKNN_METRIC_L2, 7,
-     XKNN_MPI_TRANSFER_CUDA_AWARE, SLICE_STANDARD, 0},
+     XKNN_MPI_TRANSFER_CUDA_AWARE, SLICE_STANDARD, 0, 0},
     {"slices smaller than k", DATA_DUPLICATES, 203, 40, 5, 100, 0, XKNN_METRIC_L2, 16, XKNN_MPI_TRANSFER_AUTO,
-     SLICE_STANDARD, 0},
-    {"n < P, k = n", DATA_INTEGER, 3, 11, 4, 0, 0, XKNN_METRIC_L2, 4, XKNN_MPI_TRANSFER_AUTO, SLICE_STANDARD, 0},
-    {"k = 1", DATA_INTEGER, 500, 64, 2, 1, 0, XKNN_METRIC_L2, 9, XKNN_MPI_TRANSFER_CUDA_AWARE, SLICE_STANDARD, 0},
-    {"k = n", DATA_INTEGER, 60, 30, 3, 0, 0, XKNN_METRIC_L2, 8, XKNN_MPI_TRANSFER_HOST_STAGED, SLICE_STANDARD, 0},
+     SLICE_STANDARD, 0, 0},
+    {"n < P, k = n", DATA_INTEGER, 3, 11, 4, 0, 0, XKNN_METRIC_L2, 4, XKNN_MPI_TRANSFER_AUTO, SLICE_STANDARD, 0, 0},
+    {"k = 1", DATA_INTEGER, 500, 64, 2, 1, 0, XKNN_METRIC_L2, 9, XKNN_MPI_TRANSFER_CUDA_AWARE, SLICE_STANDARD, 0, 0},
+    {"k = n", DATA_INTEGER, 60, 30, 3, 0, 0, XKNN_METRIC_L2, 8, XKNN_MPI_TRANSFER_HOST_STAGED, SLICE_STANDARD, 0, 0},
     {"self-join k = n - 1", DATA_DUPLICATES, 50, 0, 3, 0, 1, XKNN_METRIC_L2, 6, XKNN_MPI_TRANSFER_AUTO,
-     SLICE_STANDARD, 0},
+     SLICE_STANDARD, 0, 0},
     {"self-join ties, blocks of 33", DATA_INTEGER, 700, 0, 4, 10, 1, XKNN_METRIC_L2, 33,
-     XKNN_MPI_TRANSFER_CUDA_AWARE, SLICE_STANDARD, 0},
+     XKNN_MPI_TRANSFER_CUDA_AWARE, SLICE_STANDARD, 0, 0},
     {"self-join skewed slices", DATA_DUPLICATES, 120, 0, 5, 12, 1, XKNN_METRIC_EUCLIDEAN, 5,
-     XKNN_MPI_TRANSFER_HOST_STAGED, SLICE_SKEWED, 0},
+     XKNN_MPI_TRANSFER_HOST_STAGED, SLICE_SKEWED, 0, 0},
+    {"self-join plain, ties", DATA_INTEGER, 700, 0, 4, 10, 1, XKNN_METRIC_L2, 33, XKNN_MPI_TRANSFER_CUDA_AWARE,
+     SLICE_STANDARD, 0, 1},
+    {"self-join plain k = n - 1", DATA_DUPLICATES, 50, 0, 3, 0, 1, XKNN_METRIC_L2, 6, XKNN_MPI_TRANSFER_AUTO,
+     SLICE_STANDARD, 0, 1},
+    {"self-join k = 1, rank order != row order, ld > d", DATA_DUPLICATES, 211, 0, 9, 1, 1, XKNN_METRIC_EUCLIDEAN, 0,
+     XKNN_MPI_TRANSFER_AUTO, SLICE_REVERSED, 2, 0},
+    {"self-join n < P", DATA_INTEGER, 3, 0, 4, 0, 1, XKNN_METRIC_L2, 4, XKNN_MPI_TRANSFER_HOST_STAGED,
+     SLICE_STANDARD, 0, 0},
     {"skewed slices, empty ranks", DATA_INTEGER, 400, 45, 6, 20, 0, XKNN_METRIC_L2, 10, XKNN_MPI_TRANSFER_AUTO,
-     SLICE_SKEWED, 0},
+     SLICE_SKEWED, 0, 0},
     {"rank order != row order, ld > d", DATA_GAUSSIAN, 777, 61, 17, 25, 0, XKNN_METRIC_EUCLIDEAN, 0,
-     XKNN_MPI_TRANSFER_AUTO, SLICE_REVERSED, 3},
+     XKNN_MPI_TRANSFER_AUTO, SLICE_REVERSED, 3, 0},
     {"d = 784 clustered", DATA_CLUSTERED, 300, 20, 784, 5, 0, XKNN_METRIC_L2, 6, XKNN_MPI_TRANSFER_AUTO,
-     SLICE_STANDARD, 0},
+     SLICE_STANDARD, 0, 0},
     {"single block", DATA_UNIFORM, 256, 5, 32, 16, 0, XKNN_METRIC_L2, 1000, XKNN_MPI_TRANSFER_AUTO,
-     SLICE_STANDARD, 0},
+     SLICE_STANDARD, 0, 0},
 };
 #define NCASES (int)(sizeof cases / sizeof cases[0])
 #define TESTS_PER_CASE 3
@@ -214,6 +223,7 @@ static void run_case(const tcase *c)
 
     p.metric = (xknn_metric)c->metric;
     p.backend = XKNN_BACKEND_CPU;
+    p.self_join = c->plain ? XKNN_SELF_JOIN_PLAIN : XKNN_SELF_JOIN_AUTO;
     mref.data = mine;
     mref.rows = rows;
     mref.cols = c->d;
@@ -259,7 +269,8 @@ static void run_case(const tcase *c)
         }
     }
 
-    /* 3: sink blocks: on rank b mod P, each once, in order, equal to the gathered rows */
+    /* 3: sink blocks: on rank b mod P (symmetric self-join: the slice's owner), each
+     * once, in order, equal to the gathered rows */
     if (st == XKNN_SUCCESS) {
         int64_t b, prev = -1, owned_rows = 0, tot = 0;
         int64_t *bc = (int64_t *)malloc((size_t)(nq * k) * sizeof(int64_t));
@@ -274,8 +285,13 @@ static void run_case(const tcase *c)
             const int64_t q0 = rec.q0s[b], nr = rec.rowsv[b];
             const int64_t bi = block_index(c->self, q0, stats.query_block, row0s, rowss, size);
             int64_t j;
-            if (bi < 0 || bi % size != rank || q0 <= prev || nr < 1 || nr > stats.query_block || q0 + nr > nq)
+            if (c->self && !c->plain) {
+                /* symmetric ring: one block per slice, on its owner */
+                if (q0 != row0s[rank] || nr != rowss[rank] || q0 <= prev) good_sink = 0;
+            } else if (bi < 0 || bi % size != rank || q0 <= prev || nr < 1 || nr > stats.query_block ||
+                       q0 + nr > nq) {
                 good_sink = 0;
+            }
             prev = q0;
             for (j = q0 * k; good_sink && j < (q0 + nr) * k; j++)
                 if (rec.ids[j] != bc[j] || memcmp(&rec.dist[j], &bd[j], sizeof(float))) good_sink = 0;
@@ -290,7 +306,7 @@ static void run_case(const tcase *c)
         good_sink = 0;
     }
     good_sink = all_ok(good_sink);
-    if (rank == 0) ok(good_sink, "%s: sink blocks on rank b mod P, complete, equal", label);
+    if (rank == 0) ok(good_sink, "%s%s: sink blocks on their owner rank, complete, equal", label, c->plain ? " plain" : "");
 
     xknn_mpi_destroy(ctx);
     free(rec.ids);

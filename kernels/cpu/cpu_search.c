@@ -213,16 +213,6 @@ done:
 /* ----------------------------------------------------------------------------------- */
 #ifdef XKNN_HAVE_CBLAS
 
-typedef struct {
-    int64_t *cand;    /* candidate reference rows (local)                          */
-    float *cand_lo;   /* lower bounds of their squared distance (-inf once exact)  */
-    float *cand_hi;   /* upper bounds of their squared distance                    */
-    float *cand_c;    /* canonical distance, or NaN when not computed              */
-    int64_t count;
-    int64_t trigger;  /* prune when count reaches this                             */
-    float tau;        /* tau' = (k-th smallest upper bound)(1 + 2^-19) + 16 FLT_MIN;
-                         +inf until the buffer first held k candidates             */
-} xknn__qstate;
 
 /* k-th smallest (0-based) of v[0..n), reordering v: iterative quickselect. */
 static float xknn__select_kth(float *v, int64_t n, int64_t kth)
@@ -279,7 +269,7 @@ static void xknn__prune(xknn__qstate *s, int64_t kk, float *vals)
  * `keep` remain, keep the exact best `keep` by (distance, id): anything cut has `keep`
  * better ones in the buffer, forever (they are marked exact and never dropped).
  * rows/vals/tmp are scratch of the buffer's capacity. */
-static int64_t xknn__rerank(const xknn__job *job, xknn__qstate *s, const float *q, int64_t keep, int64_t *rows,
+int64_t xknn__rerank(const xknn__job *job, xknn__qstate *s, const float *q, int64_t keep, int64_t *rows,
                             float *vals, xknn__pair *tmp, int64_t kk)
 {
     int64_t c, m, todo = 0;
@@ -405,7 +395,7 @@ XKNN__TARGET_FAST static void scan_row_fast(XKNN__SCAN_ARGS)
 #endif
 
 #define XKNN__SCAN_CALL job, s, crow, r0, rb, nx, nqi, eps, absb, self_row, kk, cap, q, rows, vals, tmp
-static void xknn__scan_row(XKNN__SCAN_ARGS)
+void xknn__scan_row(XKNN__SCAN_ARGS)
 {
     if (s->tau == INFINITY && s->count == 0 && rb > kk) {
         /* First tile of this query: seed tau from the k smallest upper bounds of the
@@ -441,6 +431,29 @@ extern int openblas_get_num_threads(void) __attribute__((weak));
 extern void openblas_set_num_threads(int) __attribute__((weak));
 #define XKNN__HAVE_WEAK 1
 #endif
+
+int xknn__blas_threads_single(int nt)
+{
+#ifdef XKNN__HAVE_WEAK
+    if (nt > 1 && openblas_get_parallel && openblas_get_num_threads && openblas_set_num_threads &&
+        openblas_get_parallel() == 1) {
+        const int saved = openblas_get_num_threads();
+        openblas_set_num_threads(1);
+        return saved;
+    }
+#endif
+    (void)nt;
+    return -1;
+}
+
+void xknn__blas_threads_restore(int saved)
+{
+#ifdef XKNN__HAVE_WEAK
+    if (saved > 0) openblas_set_num_threads(saved);
+#else
+    (void)saved;
+#endif
+}
 
 
 typedef struct {
@@ -585,13 +598,7 @@ static xknn_status xknn__cpu_blas(const xknn__job *job)
         }
     }
 
-#ifdef XKNN__HAVE_WEAK
-    if (nt > 1 && openblas_get_parallel && openblas_get_num_threads && openblas_set_num_threads &&
-        openblas_get_parallel() == 1) {
-        blas_threads = openblas_get_num_threads();
-        openblas_set_num_threads(1);
-    }
-#endif
+    blas_threads = xknn__blas_threads_single(nt);
 
 #pragma omp parallel num_threads(nt)
     {
@@ -610,9 +617,7 @@ static xknn_status xknn__cpu_blas(const xknn__job *job)
         xknn__ws_free(&w);
     }
 
-#ifdef XKNN__HAVE_WEAK
-    if (blas_threads > 0) openblas_set_num_threads(blas_threads);
-#endif
+    xknn__blas_threads_restore(blas_threads);
     free(nx);
     if (status != XKNN_SUCCESS)
         return xknn__cpu_fail(job, status,
@@ -625,9 +630,7 @@ static xknn_status xknn__cpu_blas(const xknn__job *job)
 /* ----------------------------------------------------------------------------------- */
 /* Every metric and dtype: the canonical loop                                            */
 /* ----------------------------------------------------------------------------------- */
-typedef float (*xknn__dist_fn)(const xknn__cm_spec *s, const void *a, const void *b, int64_t d);
-
-static xknn__dist_fn xknn__pick_dist(xknn_dtype dtype)
+xknn__dist_fn xknn__pick_dist(xknn_dtype dtype)
 {
     switch (dtype) {
     case XKNN_DTYPE_F16: return xknn__cm_dist_f16;
@@ -640,7 +643,7 @@ static xknn__dist_fn xknn__pick_dist(xknn_dtype dtype)
 }
 
 /* Bytes of one element of a row (BIN: of one uint64 word). */
-static size_t xknn__cpu_elem_bytes(xknn_dtype dtype)
+size_t xknn__cpu_elem_bytes(xknn_dtype dtype)
 {
     switch (dtype) {
     case XKNN_DTYPE_F16:
@@ -715,6 +718,16 @@ static xknn_status xknn__cpu_generic(const xknn__job *job)
 xknn_status xknn__cpu_search(const xknn__job *job)
 {
     xknn_cpu_path path = job->params.cpu_path;
+    if (job->symmetric) {
+        /* self-join: each distance once for both points where the metric's fast path
+         * allows it (sym_search.c); otherwise the plain Q = R search below */
+        const char *why = xknn__cpu_sym_why_not(&job->params, job->dtype, job->d);
+        if (!why) {
+            if (job->params.verbose) fprintf(stderr, "xknn: cpu backend: symmetric self-join\n");
+            return xknn__cpu_sym_self(job);
+        }
+        if (job->params.verbose) fprintf(stderr, "xknn: cpu backend: %s\n", why);
+    }
     /* u8/i8 with l2, euclidean, ip: exact integer dot products (VNNI where present);
      * cpu_path LOOP keeps the canonical loop (same results, used to cross-check). */
     if (path != XKNN_CPU_PATH_LOOP && xknn__cpu_int8_applies(job)) return xknn__cpu_int8(job);

@@ -38,10 +38,30 @@ typedef struct xknn__job {
     const void *ref_data;
     const void *query_data;
     xknn_dtype dtype;
+    /* 1: a self-join (query_data == ref_data, the same ids) that may take the
+     * symmetric path: each distance computed once for both of its points. */
+    int symmetric;
 } xknn__job;
+
+/* One side of a symmetric tile update: rows of the job's dtype at data + i*ld elements
+ * (BIN: words), global ids id0 + i, and their running k-best lists (rows x k, host,
+ * sorted by the result order, padded with id -1 and +inf, -inf for ip). */
+typedef struct xknn__sym_side {
+    const void *data;
+    int64_t rows, ld, id0;
+    int64_t *ids;
+    float *dist;
+} xknn__sym_side;
 
 /* kernels/cpu */
 xknn_status xknn__cpu_search(const xknn__job *job);
+
+/* Symmetric self-join on the CPU (kernels/cpu/sym_search.c). why_not: NULL when the
+ * symmetric path serves this metric/dtype/cpu_path, else a static reason (the plain
+ * path then runs). pair: a's lists updated with b's rows and b's with a's (b NULL:
+ * a against itself, each row's own id skipped); job gives d, k, dtype, params, msg. */
+const char *xknn__cpu_sym_why_not(const xknn_params *p, xknn_dtype dtype, int64_t d);
+xknn_status xknn__cpu_sym_pair(const xknn__job *job, const xknn__sym_side *a, const xknn__sym_side *b);
 
 /* kernels/cuda (stubs returning NOT_BUILT when CUDA is not compiled in) */
 int xknn__cuda_built(void);

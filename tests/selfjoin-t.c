@@ -1,0 +1,215 @@
+/* selfjoin-t: the symmetric self-join (each distance once for both points) against the
+ * plain self-join and the oracle, byte for byte, for every metric and dtype, on
+ * tie-heavy data, n not a multiple of the tile edge, k = 1 and k = n - 1; the tile
+ * primitive xknn_search_pair over an uneven partition; which paths stay plain. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ref/ref.h"
+#include "tap/tap.h"
+#include "xknn.h"
+
+typedef struct {
+    xknn_metric metric;
+    double p;
+} mcase;
+
+static const mcase metrics[] = {
+    {XKNN_METRIC_L2, 0},        {XKNN_METRIC_EUCLIDEAN, 0}, {XKNN_METRIC_L1, 0},          {XKNN_METRIC_MINKOWSKI, 3},
+    {XKNN_METRIC_MINKOWSKI, 2.5}, {XKNN_METRIC_CHEBYSHEV, 0}, {XKNN_METRIC_IP, 0},        {XKNN_METRIC_COSINE, 0},
+    {XKNN_METRIC_HELLINGER, 0}, {XKNN_METRIC_HAMMING, 0},   {XKNN_METRIC_WHAMMING, 0},
+};
+#define NMETRICS (int)(sizeof metrics / sizeof metrics[0])
+
+static const xknn_dtype dtypes[] = {XKNN_DTYPE_F32, XKNN_DTYPE_F16, XKNN_DTYPE_BF16, XKNN_DTYPE_U8, XKNN_DTYPE_I8};
+#define NDT 5
+
+typedef struct {
+    data_kind kind;
+    int64_t n, d, k; /* k <= 0: n - 1 */
+    int64_t tile;    /* params.query_block: the symmetric tile edge (0: automatic) */
+} shape;
+
+static const shape shapes[] = {
+    {DATA_INTEGER, 67, 5, 1, 8},      /* ties everywhere, 9 tiles per side, k = 1     */
+    {DATA_DUPLICATES, 67, 19, 0, 8},  /* duplicates, k = n - 1                          */
+    {DATA_CLUSTERED, 150, 33, 5, 0},  /* automatic tile                                 */
+    {DATA_INTEGER, 150, 70, 7, 16},   /* 150 = 9 * 16 + 6                               */
+};
+#define NSHAPES (int)(sizeof shapes / sizeof shapes[0])
+
+/* hellinger needs non-negative data */
+static void make_nonnegative(int dtype, void *x, int64_t count)
+{
+    int64_t i;
+    for (i = 0; i < count; i++) {
+        switch (dtype) {
+        case REF_F32: ((float *)x)[i] = fabsf(((float *)x)[i]); break;
+        case REF_F16:
+        case REF_BF16: ((uint16_t *)x)[i] &= 0x7fffu; break;
+        case REF_I8: {
+            int8_t *v = (int8_t *)x + i;
+            if (*v < 0) *v = (int8_t)(*v == -128 ? 127 : -*v);
+            break;
+        }
+        default: break;
+        }
+    }
+}
+
+static float *make_weights(int64_t d, uint64_t seed)
+{
+    float *w = (float *)malloc((size_t)d * sizeof(float));
+    int64_t b;
+    for (b = 0; b < d; b++) w[b] = (float)((int)(ref_rand_unit(&seed) * 4.0) - 2) * 0.5f; /* ties, negatives */
+    return w;
+}
+
+/* One self-join: symmetric (auto) and plain against the oracle: 2 tests. */
+static void check(const mcase *mc, xknn_dtype dt, const shape *sh, xknn_cpu_path path, const char *what)
+{
+    const int64_t n = sh->n, d = sh->d, k = sh->k > 0 ? sh->k : n - 1;
+    void *x = ref_make_typed(sh->kind, (int)dt, n, d, 1000 + (uint64_t)sh->n * 7 + (uint64_t)mc->metric);
+    float *w = mc->metric == XKNN_METRIC_WHAMMING ? make_weights(d, 77) : NULL;
+    int64_t *wi = (int64_t *)malloc((size_t)(n * k) * sizeof(int64_t));
+    int64_t *si = (int64_t *)malloc((size_t)(n * k) * sizeof(int64_t));
+    int64_t *pi = (int64_t *)malloc((size_t)(n * k) * sizeof(int64_t));
+    float *wd = (float *)malloc((size_t)(n * k) * sizeof(float));
+    float *sd = (float *)malloc((size_t)(n * k) * sizeof(float));
+    float *pd = (float *)malloc((size_t)(n * k) * sizeof(float));
+    xknn_params p = XKNN_PARAMS_INIT;
+    xknn_matrix m = XKNN_MATRIX_TYPED(x, n, d, dt);
+    ref_spec rs;
+    xknn_error e1, e2;
+    xknn_status s1, s2;
+    if (mc->metric == XKNN_METRIC_HELLINGER) make_nonnegative((int)dt, x, n * ref_row_elems((int)dt, d));
+    rs.metric = (int)mc->metric;
+    rs.dtype = (int)dt;
+    rs.p = mc->p > 0 ? mc->p : 2.0;
+    rs.weights = w;
+    ref_knn_ex(&rs, x, n, ref_row_elems((int)dt, d), NULL, n, 0, d, k, 1, 0, 0, wi, wd);
+    p.backend = XKNN_BACKEND_CPU;
+    p.metric = mc->metric;
+    p.p = mc->p;
+    p.weights = w;
+    p.weights_count = w ? d : 0;
+    p.cpu_path = path;
+    p.query_block = sh->tile;
+    s1 = xknn_search(&p, &m, NULL, k, si, sd, &e1);
+    p.self_join = XKNN_SELF_JOIN_PLAIN;
+    p.query_block = 0;
+    s2 = xknn_search(&p, &m, NULL, k, pi, pd, &e2);
+    if (s1 != XKNN_SUCCESS) diag("symmetric: %s", e1.message);
+    if (s2 != XKNN_SUCCESS) diag("plain: %s", e2.message);
+    is_knn_equal(si, sd, wi, wd, n, k, "%s %s %s n=%lld d=%lld k=%lld tile=%lld%s: symmetric == oracle",
+                 xknn_metric_name(mc->metric), xknn_dtype_name(dt), ref_data_name(sh->kind), (long long)n,
+                 (long long)d, (long long)k, (long long)sh->tile, what);
+    is_knn_equal(pi, pd, wi, wd, n, k, "%s %s %s n=%lld k=%lld%s: plain == oracle", xknn_metric_name(mc->metric),
+                 xknn_dtype_name(dt), ref_data_name(sh->kind), (long long)n, (long long)k, what);
+    free(pd);
+    free(sd);
+    free(wd);
+    free(pi);
+    free(si);
+    free(wi);
+    free(w);
+    free(x);
+}
+
+/* xknn_search_pair over blocks [0, 20), [20, 21), [21, 57) of 57 rows: all pairs i <= j
+ * in an arbitrary order, lists starting as padding: equal to the oracle (1 test). */
+static void check_pair(const mcase *mc, xknn_dtype dt, int64_t k)
+{
+    const int64_t n = 57, d = 9, cut[4] = {0, 20, 21, 57};
+    const size_t eb = (size_t)ref_elem_bytes((int)dt), row = (size_t)ref_row_elems((int)dt, d) * eb;
+    unsigned char *x = (unsigned char *)ref_make_typed(DATA_DUPLICATES, (int)dt, n, d, 4242);
+    int64_t *wi = (int64_t *)malloc((size_t)(n * k) * sizeof(int64_t));
+    int64_t *ids = (int64_t *)malloc((size_t)(n * k) * sizeof(int64_t));
+    float *wd = (float *)malloc((size_t)(n * k) * sizeof(float));
+    float *dist = (float *)malloc((size_t)(n * k) * sizeof(float));
+    const int neg = mc->metric == XKNN_METRIC_IP;
+    xknn_params p = XKNN_PARAMS_INIT;
+    ref_spec rs;
+    xknn_error e;
+    int i, j, bad = 0;
+    int64_t t;
+    if (mc->metric == XKNN_METRIC_HELLINGER) make_nonnegative((int)dt, x, n * ref_row_elems((int)dt, d));
+    rs.metric = (int)mc->metric;
+    rs.dtype = (int)dt;
+    rs.p = mc->p > 0 ? mc->p : 2.0;
+    rs.weights = NULL;
+    ref_knn_ex(&rs, x, n, ref_row_elems((int)dt, d), NULL, n, 0, d, k, 1, 0, 0, wi, wd);
+    for (t = 0; t < n * k; t++) {
+        ids[t] = -1;
+        dist[t] = neg ? -INFINITY : INFINITY;
+    }
+    p.backend = XKNN_BACKEND_CPU;
+    p.metric = mc->metric;
+    p.p = mc->p;
+    p.query_block = 4;
+    for (j = 2; j >= 0; j--)
+        for (i = 0; i <= j; i++) {
+            xknn_matrix a = XKNN_MATRIX_TYPED(x + (size_t)cut[i] * row, cut[i + 1] - cut[i], d, dt);
+            xknn_matrix b = XKNN_MATRIX_TYPED(x + (size_t)cut[j] * row, cut[j + 1] - cut[j], d, dt);
+            if (xknn_search_pair(&p, &a, cut[i], i == j ? NULL : &b, cut[j], k, ids + cut[i] * k,
+                                 dist + cut[i] * k, ids + cut[j] * k, dist + cut[j] * k, &e) != XKNN_SUCCESS) {
+                diag("xknn_search_pair: %s", e.message);
+                bad = 1;
+            }
+        }
+    if (bad) memset(ids, 0, (size_t)(n * k) * sizeof(int64_t));
+    is_knn_equal(ids, dist, wi, wd, n, k, "xknn_search_pair %s %s k=%lld over blocks 20+1+36 == oracle",
+                 xknn_metric_name(mc->metric), xknn_dtype_name(dt), (long long)k);
+    free(dist);
+    free(wd);
+    free(ids);
+    free(wi);
+    free(x);
+}
+
+int main(void)
+{
+    int mi, di, si;
+    const shape big[] = {
+        {DATA_GAUSSIAN, 3001, 16, 16, 0}, /* two automatic BLAS tiles: off-diagonal seeding */
+        {DATA_INTEGER, 2100, 3, 10, 0},   /* massive ties: crowded candidate buffers        */
+    };
+    const mcase l2 = {XKNN_METRIC_L2, 0}, eu = {XKNN_METRIC_EUCLIDEAN, 0};
+    /* every real metric x dtype x shape, the bit metrics x shape (2 tests each), the
+     * loop kernel for f32 l2/euclidean, two larger BLAS cases, pairs, path choice */
+    plan((9 * NDT * NSHAPES + 2 * NSHAPES) * 2 + 2 * NSHAPES * 2 + 2 * 2 + 4 + 4);
+
+    for (mi = 0; mi < NMETRICS; mi++) {
+        const int bin = metrics[mi].metric == XKNN_METRIC_HAMMING || metrics[mi].metric == XKNN_METRIC_WHAMMING;
+        for (di = 0; di < (bin ? 1 : NDT); di++)
+            for (si = 0; si < NSHAPES; si++) check(&metrics[mi], bin ? XKNN_DTYPE_BIN : dtypes[di], &shapes[si], XKNN_CPU_PATH_AUTO, "");
+    }
+    for (si = 0; si < NSHAPES; si++) {
+        check(&l2, XKNN_DTYPE_F32, &shapes[si], XKNN_CPU_PATH_LOOP, " (loop)");
+        check(&eu, XKNN_DTYPE_F32, &shapes[si], XKNN_CPU_PATH_LOOP, " (loop)");
+    }
+    check(&l2, XKNN_DTYPE_F32, &big[0], XKNN_CPU_PATH_AUTO, "");
+    check(&eu, XKNN_DTYPE_F32, &big[1], XKNN_CPU_PATH_AUTO, "");
+
+    check_pair(&metrics[0], XKNN_DTYPE_F32, 1);
+    check_pair(&metrics[0], XKNN_DTYPE_F32, 56);
+    check_pair(&metrics[2], XKNN_DTYPE_F16, 7);
+    check_pair(&metrics[6], XKNN_DTYPE_I8, 5);
+
+    {
+        xknn_params p = XKNN_PARAMS_INIT;
+        p.backend = XKNN_BACKEND_CPU;
+        p.metric = XKNN_METRIC_L1;
+        ok(xknn_self_join_why_plain(&p, XKNN_DTYPE_F32, 8) == NULL, "f32 l1 self-join is symmetric");
+        p.metric = XKNN_METRIC_L2;
+        ok(xknn_self_join_why_plain(&p, XKNN_DTYPE_U8, 8) != NULL, "u8 l2 self-join stays on the integer path");
+        p.self_join = XKNN_SELF_JOIN_PLAIN;
+        ok(xknn_self_join_why_plain(&p, XKNN_DTYPE_F32, 8) != NULL, "self_join plain is plain");
+        p.backend = XKNN_BACKEND_CUDA;
+        p.self_join = XKNN_SELF_JOIN_AUTO;
+        ok(xknn_self_join_why_plain(&p, XKNN_DTYPE_F32, 8) != NULL, "backend cuda: plain (no symmetric kernel)");
+    }
+    return tap_done();
+}
