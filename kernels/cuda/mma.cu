@@ -99,13 +99,18 @@ __device__ __forceinline__ void mma_tf32(float (&c)[4], float a0, float a1, floa
 __device__ __forceinline__ float norm_or_nan(float v) { return v <= 5e36f ? v : __int_as_float(0x7fffffff); }
 
 /* One 32-dimension chunk of reference tile `tile` into a stage: 128 rows x 8 x 16 bytes
- * (vec) or 128 x 32 x 4 bytes; rows >= n and dimensions >= d are zero-filled. */
+ * (vec) or 128 x 32 x 4 bytes; rows >= n and dimensions >= d are zero-filled. With the
+ * first chunk of a tile come its 128 reference norms, into slot tile % kRnSlots of the
+ * norm ring (rn has round_up(n, kMmaBN) entries; those past n are masked later). */
+constexpr int kRnSlots = 4;
 template <bool VEC>
-__device__ __forceinline__ void load_stage(float *stage, const MmaParams &p, int64_t tile, int kc)
+__device__ __forceinline__ void load_stage(float *stage, float *rn_ring, const MmaParams &p, int64_t tile, int kc)
 {
     const int tid = (int)threadIdx.x;
     const int64_t ref0 = tile * kBN;
     const int k0 = kc * kBK;
+    if (kc == 0 && tid < kBN / 4)
+        cp_async16(rn_ring + (int)(tile % kRnSlots) * kBN + 4 * tid, p.rn + ref0 + 4 * tid, 16);
     if (VEC) {
 #pragma unroll
         for (int i = 0; i < kBN * kBK / 4 / kThreads; ++i) {
@@ -139,8 +144,8 @@ __global__ __launch_bounds__(kThreads, 1) void mma_kernel(const MmaParams p)
     const int dq = dpad + 4;
     float *Qs = smem;                      /* kBM x dq */
     float *Rs = Qs + kBM * dq;             /* kStages x kBN x kRowB */
-    float *qn_s = Rs + kStages * kBN * kRowB; /* kBM */
-    float *thr_s = qn_s + kBM;             /* kBM (pass B) */
+    float *row_s = Rs + kStages * kBN * kRowB; /* kBM: per-row epilogue constant */
+    float *rn_s = row_s + kBM;                 /* kRnSlots x kBN reference norms */
 
     const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, t = lane & 3;
@@ -156,7 +161,7 @@ __global__ __launch_bounds__(kThreads, 1) void mma_kernel(const MmaParams p)
     /* start the reference ring before staging the queries */
 #pragma unroll
     for (int s = 0; s < kStages - 1; ++s) {
-        if (s < total) load_stage<VEC>(Rs + s * kBN * kRowB, p, t0 + s / KC, s % KC);
+        if (s < total) load_stage<VEC>(Rs + s * kBN * kRowB, rn_s, p, t0 + s / KC, s % KC);
         cp_async_commit();
     }
     for (int idx = tid; idx < kBM * dpad; idx += kThreads) {
@@ -165,10 +170,18 @@ __global__ __launch_bounds__(kThreads, 1) void mma_kernel(const MmaParams p)
         const float v = (q < p.qs && c < p.d) ? p.Q[(int64_t)q * p.ldq + c] : 0.0f;
         Qs[r * dq + c] = to_tf32(v);
     }
+    /* per-row constants: pass A  A_i = fma_ru(ua, |q|^2, ub)  (NaN for padding rows);
+     * pass B  r_i = fsub_rd(fmul_rd(la, |q|^2), thr)  (+inf for padding rows: never a
+     * candidate). With the column terms C_j = fmul_ru(ua, |x|^2), c_j = fmul_rd(la, |x|^2):
+     *   U = fma_ru(acc, -2, fadd_ru(A_i, C_j)) >= (1 + mrel) s + mabs - 2 acc,
+     *   fadd_rd(c_j, r_i) <= la s - thr, so acc < it implies L > tau' (see the header). */
     for (int r = tid; r < kBM; r += kThreads) {
         const int q = q0 + r;
-        qn_s[r] = q < p.qs ? norm_or_nan(p.qn[q]) : __int_as_float(0x7fffffff);
-        if (MODE == 1) thr_s[r] = q < p.qs ? p.thr[q] : INFINITY;
+        const float qv = q < p.qs ? norm_or_nan(p.qn[q]) : __int_as_float(0x7fffffff);
+        if (MODE == 0)
+            row_s[r] = __fmaf_ru(p.ua, qv, p.ub);
+        else
+            row_s[r] = q < p.qs ? __fsub_rd(__fmul_rd(p.la, qv), p.thr[q]) : INFINITY;
     }
 
     float acc[4][8][4];
@@ -188,7 +201,8 @@ __global__ __launch_bounds__(kThreads, 1) void mma_kernel(const MmaParams p)
         __syncthreads();
         {
             const int64_t nx = it + kStages - 1;
-            if (nx < total) load_stage<VEC>(Rs + (int)(nx % kStages) * kBN * kRowB, p, t0 + nx / KC, (int)(nx % KC));
+            if (nx < total)
+                load_stage<VEC>(Rs + (int)(nx % kStages) * kBN * kRowB, rn_s, p, t0 + nx / KC, (int)(nx % KC));
             cp_async_commit();
         }
         const int kc = (int)(it % KC);
@@ -204,27 +218,38 @@ __global__ __launch_bounds__(kThreads, 1) void mma_kernel(const MmaParams p)
             }
 #pragma unroll
             for (int ni = 0; ni < 8; ++ni) b[ni] = *reinterpret_cast<const float4 *>(B + ni * 8 * kRowB + 4 * h);
+            /* k-step 2h, then 2h + 1: 32 independent accumulators between dependent mma */
 #pragma unroll
             for (int mi = 0; mi < 4; ++mi)
 #pragma unroll
-                for (int ni = 0; ni < 8; ++ni) {
+                for (int ni = 0; ni < 8; ++ni)
                     mma_tf32(acc[mi][ni], a[mi][0].x, a[mi][1].x, a[mi][0].y, a[mi][1].y, b[ni].x, b[ni].y);
+#pragma unroll
+            for (int mi = 0; mi < 4; ++mi)
+#pragma unroll
+                for (int ni = 0; ni < 8; ++ni)
                     mma_tf32(acc[mi][ni], a[mi][0].z, a[mi][1].z, a[mi][0].w, a[mi][1].w, b[ni].z, b[ni].w);
-                }
         }
         if (kc != KC - 1) continue;
 
         /* ---- epilogue of reference tile `tile` ---- */
         const int64_t tile = t0 + it / KC;
         const int64_t ref0 = tile * kBN + wn * 64;
-        float rv[8][2];
+        const float *rnt = rn_s + (int)(tile % kRnSlots) * kBN + wn * 64;
+        float cv[8][2]; /* column terms C_j (pass A) or c_j (pass B) */
 #pragma unroll
-        for (int ni = 0; ni < 8; ++ni)
+        for (int ni = 0; ni < 8; ++ni) {
+            const float2 r2 = *reinterpret_cast<const float2 *>(rnt + ni * 8 + 2 * t);
 #pragma unroll
             for (int c = 0; c < 2; ++c) {
                 const int64_t j = ref0 + ni * 8 + 2 * t + c;
-                rv[ni][c] = j < p.n ? norm_or_nan(__ldg(p.rn + j)) : __int_as_float(0x7fffffff);
+                const float x = norm_or_nan(c ? r2.y : r2.x);
+                if (MODE == 0)
+                    cv[ni][c] = j < p.n ? __fmul_ru(p.ua, x) : __int_as_float(0x7fffffff);
+                else
+                    cv[ni][c] = j < p.n ? __fmul_rd(p.la, x) : INFINITY;
             }
+        }
         if (MODE == 0) {
             /* diagonal tiles (the query itself among the references) need a per-pair test */
             const int64_t s0 = p.self_local0 + q0;
@@ -234,14 +259,13 @@ __global__ __launch_bounds__(kThreads, 1) void mma_kernel(const MmaParams p)
 #pragma unroll
                 for (int hh = 0; hh < 2; ++hh) {
                     const int r = wm * 64 + mi * 16 + g + 8 * hh;
-                    const float qv = qn_s[r];
+                    const float ai = row_s[r];
                     float mn = INFINITY;
 #pragma unroll
                     for (int ni = 0; ni < 8; ++ni)
 #pragma unroll
                         for (int c = 0; c < 2; ++c) {
-                            const float su = __fadd_ru(qv, rv[ni][c]);
-                            float u = __fmaf_ru(acc[mi][ni][2 * hh + c], -2.0f, __fmaf_ru(su, p.ua, p.ub));
+                            float u = __fmaf_ru(acc[mi][ni][2 * hh + c], -2.0f, __fadd_ru(ai, cv[ni][c]));
                             if (diag && ref0 + ni * 8 + 2 * t + c == p.self_local0 + q0 + r)
                                 u = __int_as_float(0x7fffffff);
                             mn = fminf(mn, u);
@@ -258,15 +282,12 @@ __global__ __launch_bounds__(kThreads, 1) void mma_kernel(const MmaParams p)
 #pragma unroll
                 for (int hh = 0; hh < 2; ++hh) {
                     const int r = wm * 64 + mi * 16 + g + 8 * hh;
-                    const float qv = qn_s[r], th = -thr_s[r];
+                    const float ri = row_s[r];
                     bool any = false;
 #pragma unroll
                     for (int ni = 0; ni < 8; ++ni)
 #pragma unroll
-                        for (int c = 0; c < 2; ++c) {
-                            const float rr = __fmaf_rd(__fadd_rd(qv, rv[ni][c]), p.la, th);
-                            any |= !(acc[mi][ni][2 * hh + c] < rr);
-                        }
+                        for (int c = 0; c < 2; ++c) any |= !(acc[mi][ni][2 * hh + c] < __fadd_rd(cv[ni][c], ri));
                     if (!any) continue;
                     const int q = q0 + r;
                     if (q >= p.qs) continue;
@@ -275,9 +296,8 @@ __global__ __launch_bounds__(kThreads, 1) void mma_kernel(const MmaParams p)
                     for (int ni = 0; ni < 8; ++ni)
 #pragma unroll
                         for (int c = 0; c < 2; ++c) {
-                            const float rr = __fmaf_rd(__fadd_rd(qv, rv[ni][c]), p.la, th);
                             const int64_t j = ref0 + ni * 8 + 2 * t + c;
-                            if (!(acc[mi][ni][2 * hh + c] < rr) && j < p.n && j != self) {
+                            if (!(acc[mi][ni][2 * hh + c] < __fadd_rd(cv[ni][c], ri)) && j < p.n && j != self) {
                                 const int pos = atomicAdd(p.cnt + q, 1);
                                 if (pos < p.cap) {
                                     Cand e;
@@ -394,8 +414,18 @@ cudaError_t launch_one(const MmaParams &p, int sms, cudaStream_t st)
     (void)dpad;
     const int64_t qt = (p.qs + kBM - 1) / kBM;
     const int64_t RT = (p.n + kBN - 1) / kBN;
-    /* slices: about 4 CTAs per SM in all (one resident per SM), query tiles fastest */
-    int64_t Z = (4 * (int64_t)sms + qt - 1) / qt;
+    /* slices: at least 4 CTAs per SM in all (one resident per SM), query tiles fastest;
+     * among up to 4x that many, the count whose last wave is fullest */
+    int64_t z0 = (4 * (int64_t)sms + qt - 1) / qt, Z = z0;
+    double best = 0.0;
+    for (int64_t z = z0; z <= 4 * z0 && z <= RT; ++z) {
+        const int64_t ctas = qt * z, waves = (ctas + sms - 1) / sms;
+        const double eff = (double)ctas / (double)(waves * sms);
+        if (eff > best + 1e-9) {
+            best = eff;
+            Z = z;
+        }
+    }
     if (Z > RT) Z = RT;
     if (Z > 65535) Z = 65535;
     if (Z < 1) Z = 1;
@@ -411,7 +441,7 @@ cudaError_t launch_one(const MmaParams &p, int sms, cudaStream_t st)
 size_t mma_smem_bytes(int64_t d)
 {
     const int64_t dpad = (d + kBK - 1) / kBK * kBK;
-    return sizeof(float) * (size_t)(kBM * (dpad + 4) + kStages * kBN * kRowB + 2 * kBM);
+    return sizeof(float) * (size_t)(kBM * (dpad + 4) + kStages * kBN * kRowB + kBM + kRnSlots * kBN);
 }
 
 cudaError_t launch_mma_pass(const MmaParams &p, int mode, int sms, cudaStream_t st)
