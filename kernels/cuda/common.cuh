@@ -127,6 +127,20 @@ __device__ __forceinline__ float tau_prime(float tau)
     return __fadd_rn(__fmul_rn(tau, 1.0f + 0x1p-19f), 16.0f * FLT_MIN);
 }
 
+/* e = s + T and the margin m of one pair (L = e - m, U = e + m), explicit roundings. When
+ * s leaves the float range (huge or NaN inputs), e = 0 and m = +inf: L = -inf, U = +inf.
+ * For s <= 1e37 every partial sum of the GEMM is below s/2 (1 + 2^-8), so T is finite. */
+__device__ __forceinline__ void pair_em(float nq, float nx, float t, float mrel, float mabs, float &e, float &m)
+{
+    const float s = __fadd_rn(nq, nx);
+    e = __fadd_rn(s, t);
+    m = __fadd_rn(__fmul_rn(mrel, s), mabs);
+    if (!(s <= 1e37f)) {
+        e = 0.0f;
+        m = INFINITY;
+    }
+}
+
 /* Canonical value from the double sum of squares (DESIGN.md section 2). */
 __device__ __forceinline__ float finish_metric(double acc, int euclidean)
 {

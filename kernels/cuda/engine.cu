@@ -242,7 +242,7 @@ struct Plan {
     size_t off_part, off_flag, off_tpv;
     float lrel, labs, urel, uabs;
     /* tensor-core path (mma = 1): witnesses over nA references in ga groups */
-    int mma;
+    int mma, wgmma; /* wgmma: the Hopper kernel of the tensor-core passes */
     int64_t nA, ga;
     size_t off_gmin, off_thr;
     float la, ua;
@@ -468,6 +468,13 @@ int plan_mma(const xknn_cuda_context *ctx, const xknn_params *prm, int64_t n, in
     p.tf32 = 1;
     p.mma = 1;
     p.S = 1;
+    /* Hopper (sm_90a code in the build): wgmma; XKNN_CUDA_MMA_SYNC=1 (diagnostic) keeps
+     * the mma.sync kernel, which every GPU of compute capability >= 8.0 runs */
+    {
+        const char *ms = getenv("XKNN_CUDA_MMA_SYNC");
+        p.wgmma = ctx->cc_major == 9 && ctx->cc_minor == 0 && mma_wgmma_built() && !(ms && *ms && *ms != '0') &&
+                  wgmma_smem_bytes(d) <= ctx->smem_optin;
+    }
     /* the bound of engine.cu's TF32 derivation for the padded depth */
     p.d = round_up(d, 32);
     plan_bounds(p);
@@ -680,10 +687,10 @@ xknn_status mma_pass(const Run &r, const float *Q, int64_t ldq, int64_t qs, int 
     mp.exclude = exclude;
     XKNN__CUDA_CHECK(launch_sqnorms(R, ldr, p.n, p.d, r.rn, r.st));
     mp.n = p.nA;
-    XKNN__CUDA_CHECK(launch_mma_pass(mp, 0, sms, r.st));
+    XKNN__CUDA_CHECK(launch_mma_pass(mp, 0, sms, p.wgmma, r.st));
     XKNN__CUDA_CHECK(launch_mma_select(mp, (int)p.kk, sms, r.st));
     mp.n = p.n;
-    XKNN__CUDA_CHECK(launch_mma_pass(mp, 1, sms, r.st));
+    XKNN__CUDA_CHECK(launch_mma_pass(mp, 1, sms, p.wgmma, r.st));
     XKNN__CUDA_CHECK(launch_mma_rescue(mp, (int)p.kk, p.euclid, sms, r.st));
     rp.tau = r.tau;
     rp.cnt = r.cnt;
@@ -866,11 +873,11 @@ void print_plan(const xknn_cuda_context *ctx, const Plan &p, const char *mode, s
     }
     if (p.mma) {
         fprintf(stderr,
-                "xknn: cuda: device %d (%s, %d SMs): %s, path mma (TF32 tensor-core tiles, filter in the "
+                "xknn: cuda: device %d (%s, %d SMs): %s, path mma (TF32 %s tiles, filter in the "
                 "epilogue), n=%lld nq=%lld d=%lld k=%lld; state block %lld, witnesses over %lld references (%lld "
                 "groups), %lld candidate slots per query, workspace %.1f MiB, budget %.1f MiB\n",
-                ctx->device, ctx->name, ctx->sms, mode, (long long)p.n, (long long)p.nq, (long long)p.d,
-                (long long)p.k, (long long)p.QS, (long long)p.nA, (long long)p.ga, (long long)p.cap,
+                ctx->device, ctx->name, ctx->sms, mode, p.wgmma ? "wgmma" : "mma.sync", (long long)p.n,
+                (long long)p.nq, (long long)p.d, (long long)p.k, (long long)p.QS, (long long)p.nA, (long long)p.ga, (long long)p.cap,
                 (double)p.bytes / 1048576.0, (double)budget / 1048576.0);
         return;
     }

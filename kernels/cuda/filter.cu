@@ -81,20 +81,6 @@ cudaError_t launch_init_state(float *tau, int *cnt, int qs, int S, cudaStream_t 
 }
 
 /* ---- filter ----------------------------------------------------------------------- */
-/* e = s + T and the margin m of one pair (L = e - m, U = e + m), explicit roundings. When
- * s leaves the float range (huge or NaN inputs), e = 0 and m = +inf: L = -inf, U = +inf.
- * For s <= 1e37 every partial sum of the GEMM is below s/2 (1 + 2^-8), so T is finite. */
-__device__ __forceinline__ void pair_em(float nq, float nx, float t, float mrel, float mabs, float &e, float &m)
-{
-    const float s = __fadd_rn(nq, nx);
-    e = __fadd_rn(s, t);
-    m = __fadd_rn(__fmul_rn(mrel, s), mabs);
-    if (!(s <= 1e37f)) {
-        e = 0.0f;
-        m = INFINITY;
-    }
-}
-
 __device__ __forceinline__ float load_tau(const float *p) { return *(const volatile float *)p; }
 
 /* Raw tile values and reference norms of one chunk for this thread: two groups of four

@@ -126,8 +126,10 @@ struct MmaParams {
     int tiles_per_cta;     /* set by the launcher                                        */
 };
 
-size_t mma_smem_bytes(int64_t d);
-cudaError_t launch_mma_pass(const MmaParams &p, int mode, int sms, cudaStream_t st);
+size_t mma_smem_bytes(int64_t d);   /* mma.sync kernel (compute capability >= 8.0) */
+size_t wgmma_smem_bytes(int64_t d); /* wgmma kernel (sm_90a code, compute capability 9.0) */
+int mma_wgmma_built(void);          /* 1 when the build holds sm_90a code (gpu_arch has 90) */
+cudaError_t launch_mma_pass(const MmaParams &p, int mode, int sms, int wgmma, cudaStream_t st);
 cudaError_t launch_mma_select(const MmaParams &p, int kk, int sms, cudaStream_t st);
 cudaError_t launch_mma_rescue(const MmaParams &p, int kk, int euclid, int sms, cudaStream_t st);
 

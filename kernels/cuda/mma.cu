@@ -61,6 +61,7 @@ namespace {
 constexpr int kBM = kMmaBM, kBN = kMmaBN, kBK = 32, kStages = kMmaStages;
 constexpr int kRowB = kBK + 4; /* floats per staged reference row (16-byte aligned, conflict-free) */
 constexpr int kThreads = kMmaThreads;
+constexpr int kGStages = 3; /* wgmma kernel: cp.async ring depth */
 
 __device__ __forceinline__ unsigned smem_addr(const void *p) { return (unsigned)__cvta_generic_to_shared(p); }
 
@@ -128,6 +129,30 @@ __device__ __forceinline__ void load_stage(float *stage, float *rn_ring, const M
             const int col = k0 + c;
             const bool ok = j < p.n && col < p.d;
             cp_async4(stage + row * kRowB + c, ok ? p.R + j * p.ldr + col : p.R, ok ? 4 : 0);
+        }
+    }
+}
+
+/* Appends the candidates of one row: bit 2 b + c of mask is column j0 + 8 b + c (rare:
+ * about kk n / nA per query in all). Columns past n and the query itself are dropped
+ * here, never in the hot test. One call site per row (a call per pair, or passing the
+ * accumulators, cost registers in the hot loop). */
+__device__ __noinline__ void append_cands(const MmaParams &p, int q, int64_t j0, unsigned mask)
+{
+    const int64_t self = p.exclude ? p.self_local0 + q : -1;
+    while (mask) {
+        const int bit = __ffs(mask) - 1;
+        mask &= mask - 1;
+        const int64_t j = j0 + (bit >> 1) * 8 + (bit & 1);
+        if (j >= p.n || j == self) continue;
+        const int pos = atomicAdd(p.cnt + q, 1);
+        if (pos < p.cap) {
+            Cand e;
+            e.lo = -INFINITY;
+            e.up = INFINITY;
+            e.c = XKNN_CUDA_UNRESOLVED;
+            e.idx = (int)j;
+            p.cand[(int64_t)q * p.cap + pos] = e;
         }
     }
 }
@@ -283,32 +308,14 @@ __global__ __launch_bounds__(kThreads, 1) void mma_kernel(const MmaParams p)
                 for (int hh = 0; hh < 2; ++hh) {
                     const int r = wm * 64 + mi * 16 + g + 8 * hh;
                     const float ri = row_s[r];
-                    bool any = false;
+                    unsigned mask = 0; /* bit 2 ni + c: a candidate */
 #pragma unroll
                     for (int ni = 0; ni < 8; ++ni)
 #pragma unroll
-                        for (int c = 0; c < 2; ++c) any |= !(acc[mi][ni][2 * hh + c] < __fadd_rd(cv[ni][c], ri));
-                    if (!any) continue;
+                        for (int c = 0; c < 2; ++c)
+                            mask |= (unsigned)!(acc[mi][ni][2 * hh + c] < __fadd_rd(cv[ni][c], ri)) << (2 * ni + c);
                     const int q = q0 + r;
-                    if (q >= p.qs) continue;
-                    const int64_t self = p.exclude ? p.self_local0 + q : -1;
-#pragma unroll
-                    for (int ni = 0; ni < 8; ++ni)
-#pragma unroll
-                        for (int c = 0; c < 2; ++c) {
-                            const int64_t j = ref0 + ni * 8 + 2 * t + c;
-                            if (!(acc[mi][ni][2 * hh + c] < __fadd_rd(cv[ni][c], ri)) && j < p.n && j != self) {
-                                const int pos = atomicAdd(p.cnt + q, 1);
-                                if (pos < p.cap) {
-                                    Cand e;
-                                    e.lo = -INFINITY;
-                                    e.up = INFINITY;
-                                    e.c = XKNN_CUDA_UNRESOLVED;
-                                    e.idx = (int)j;
-                                    p.cand[(int64_t)q * p.cap + pos] = e;
-                                }
-                            }
-                        }
+                    if (mask && q < p.qs) append_cands(p, q, ref0 + 2 * t, mask);
                 }
         }
 #pragma unroll
@@ -319,6 +326,256 @@ __global__ __launch_bounds__(kThreads, 1) void mma_kernel(const MmaParams p)
                 for (int e = 0; e < 4; ++e) acc[mi][ni][e] = 0.0f;
     }
     cp_async_wait<0>();
+}
+
+/* ---- Hopper: the same passes on wgmma (sm_90a) ----------------------------------------
+ * Same bounds, same epilogue contract, same grid; what changes is the matrix unit. Two
+ * warpgroups per CTA, each owning 128 resident queries as two m64 blocks, issue
+ * wgmma.mma_async m64n128k8 (tf32 in, fp32 accumulators) with BOTH operands read from
+ * shared memory through matrix descriptors, so no fragment passes through registers.
+ * Operands are stored in the no-swizzle K-major canonical layout: 8 rows x 16 bytes
+ * (4 tf32 along k) per 128-byte core matrix; core matrices adjacent in k are 128 bytes
+ * apart (leading byte offset), those adjacent in rows (8 rows on) are kp * 128 bytes
+ * apart (stride byte offset), kp = k-groups of 4 per row of the stored block. The
+ * accumulator fragment of a warp (rows 16w .. 16w+15 of an m64 block) has the mma.sync
+ * m16n8 layout repeated over the 16 n8 blocks. Reference chunks arrive by cp.async
+ * (generic proxy): every thread fences them (fence.proxy.async) before the barrier that
+ * precedes the wgmma reading them. Witness groups are the two 64-column halves of a tile.
+ * Launch: 256 threads, 1 CTA per SM (~180 KB of shared memory at d = 128). */
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define XKNN__HAVE_WGMMA 1
+#endif
+
+#ifdef XKNN__HAVE_WGMMA
+/* max that returns NaN when either operand is NaN */
+__device__ __forceinline__ float max_nan(float a, float b)
+{
+    float r;
+    asm("max.NaN.f32 %0, %1, %2;\n" : "=f"(r) : "f"(a), "f"(b));
+    return r;
+}
+
+__device__ __forceinline__ uint64_t gmma_desc(const void *smem, unsigned lbo, unsigned sbo)
+{
+    const uint64_t a = smem_addr(smem);
+    return ((a & 0x3FFFFu) >> 4) | ((uint64_t)((lbo >> 4) & 0x3FFFu) << 16) |
+           ((uint64_t)((sbo >> 4) & 0x3FFFu) << 32); /* base offset 0, no swizzle */
+}
+
+/* d[64] += A (64 x 8, descriptor) * B (8 x 128, descriptor), tf32 in, fp32 out */
+__device__ __forceinline__ void wgmma_m64n128k8(float (&d)[64], uint64_t da, uint64_t db)
+{
+    asm volatile(
+        "{\n"
+        "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+        "%64, %65, 1, 1, 1;\n"
+        "}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "l"(da), "l"(db)
+        : "memory");
+}
+#endif
+
+/* One 32-dimension chunk of tile `tile` in the core-matrix layout (16-byte chunk (j, c4)
+ * to core matrix (j / 8, c4), row j % 8); zero-filled past n and d. 8 consecutive threads
+ * fill one core matrix (conflict-free stores). Norms as in load_stage. */
+template <bool VEC>
+__device__ __forceinline__ void gload_stage(float *stage, float *rn_ring, const MmaParams &p, int64_t tile, int kc)
+{
+    const int tid = (int)threadIdx.x;
+    const int64_t ref0 = tile * kBN;
+    const int k0 = kc * kBK;
+    if (kc == 0 && tid < kBN / 4)
+        cp_async16(rn_ring + (int)(tile % kRnSlots) * kBN + 4 * tid, p.rn + ref0 + 4 * tid, 16);
+#pragma unroll
+    for (int i = 0; i < kBN * kBK / 4 / kThreads; ++i) {
+        const int idx = tid + i * kThreads;
+        const int jr = idx & 7, c4 = (idx >> 3) & 7, jg = idx >> 6;
+        const int row = jg * 8 + jr;
+        float *dst = stage + (jg * (kBK / 4) + c4) * 32 + jr * 4;
+        const int64_t j = ref0 + row;
+        const int col = k0 + 4 * c4;
+        if (VEC) {
+            const bool ok = j < p.n && col < p.d;
+            cp_async16(dst, ok ? p.R + j * p.ldr + col : p.R, ok ? 16 : 0);
+        } else {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const bool ok = j < p.n && col + e < p.d;
+                cp_async4(dst + e, ok ? p.R + j * p.ldr + col + e : p.R, ok ? 4 : 0);
+            }
+        }
+    }
+}
+
+template <int MODE, bool VEC>
+__global__ __launch_bounds__(kThreads, 1) void wgmma_kernel(const MmaParams p)
+{
+#ifdef XKNN__HAVE_WGMMA
+    extern __shared__ __align__(16) float smem[];
+    const int dpad = (int)((p.d + kBK - 1) / kBK * kBK);
+    const int kp = dpad / 4; /* k-groups of a query row */
+    float *Qs = smem;                          /* kBM x dpad, core-matrix layout */
+    float *Rs = Qs + kBM * dpad;               /* kGStages x kBN x kBK, core-matrix layout */
+    float *row_s = Rs + kGStages * kBN * kBK;  /* kBM */
+    float *rn_s = row_s + kBM;                 /* kRnSlots x kBN */
+
+    const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int wg = warp >> 2, wi = warp & 3;
+    const int q0 = (int)blockIdx.x * kBM;
+    const int64_t RT = (p.n + kBN - 1) / kBN;
+    const int64_t t0 = (int64_t)blockIdx.y * p.tiles_per_cta;
+    const int64_t t1 = t0 + p.tiles_per_cta < RT ? t0 + p.tiles_per_cta : RT;
+    if (t0 >= t1) return;
+    const int KC = dpad / kBK;
+    const int64_t total = (t1 - t0) * KC;
+
+#pragma unroll
+    for (int s = 0; s < kGStages - 1; ++s) {
+        if (s < total) gload_stage<VEC>(Rs + s * kBN * kBK, rn_s, p, t0 + s / KC, s % KC);
+        cp_async_commit();
+    }
+    for (int idx = tid; idx < kBM * dpad; idx += kThreads) {
+        const int r = idx / dpad, c = idx - r * dpad;
+        const int q = q0 + r;
+        const float v = (q < p.qs && c < p.d) ? p.Q[(int64_t)q * p.ldq + c] : 0.0f;
+        Qs[((r >> 3) * kp + (c >> 2)) * 32 + (r & 7) * 4 + (c & 3)] = to_tf32(v);
+    }
+    for (int r = tid; r < kBM; r += kThreads) {
+        const int q = q0 + r;
+        const float qv = q < p.qs ? norm_or_nan(p.qn[q]) : __int_as_float(0x7fffffff);
+        if (MODE == 0)
+            row_s[r] = __fmaf_ru(p.ua, qv, p.ub);
+        else
+            row_s[r] = q < p.qs ? __fsub_rd(__fmul_rd(p.la, qv), p.thr[q]) : INFINITY;
+    }
+
+    float acc[2][64];
+#pragma unroll
+    for (int mb = 0; mb < 2; ++mb)
+#pragma unroll
+        for (int e = 0; e < 64; ++e) acc[mb][e] = 0.0f;
+    /* this warpgroup's two m64 blocks of queries: rows 128 wg + 64 mb */
+    const float *Am[2] = {Qs + ((wg * 128) >> 3) * kp * 32, Qs + ((wg * 128 + 64) >> 3) * kp * 32};
+    const unsigned sboA = (unsigned)kp * 128u;
+
+    /* Pipeline: chunk it + 2 is loaded into the stage chunk it - 1 used; each chunk's
+     * wgmma are waited for before the next barrier (a measured variant keeping one chunk
+     * in flight with a 4-deep ring made the compiler serialise the wgmma instead). */
+#pragma unroll 1
+    for (int64_t it = 0; it < total; ++it) {
+        cp_async_wait<kGStages - 2>();
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        __syncthreads();
+        {
+            const int64_t nx = it + kGStages - 1;
+            if (nx < total)
+                gload_stage<VEC>(Rs + (int)(nx % kGStages) * kBN * kBK, rn_s, p, t0 + nx / KC, (int)(nx % KC));
+            cp_async_commit();
+        }
+        const int kc = (int)(it % KC);
+        const float *Bst = Rs + (int)(it % kGStages) * kBN * kBK;
+        asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+        for (int s = 0; s < kBK / 8; ++s) {
+            const uint64_t db = gmma_desc(Bst + 2 * s * 32, 128u, (kBK / 4) * 128u);
+#pragma unroll
+            for (int mb = 0; mb < 2; ++mb)
+                wgmma_m64n128k8(acc[mb], gmma_desc(Am[mb] + (kc * (kBK / 4) + 2 * s) * 32, 128u, sboA), db);
+        }
+        asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+        asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+        if (kc != KC - 1) continue;
+
+        /* ---- epilogue of reference tile `tile` (the mma_kernel contract) ---- */
+        const int64_t tile = t0 + it / KC;
+        const int64_t ref0 = tile * kBN;
+        const float *rnt = rn_s + (int)(tile % kRnSlots) * kBN;
+        float cv[16][2];
+#pragma unroll
+        for (int nb = 0; nb < 16; ++nb) {
+            const float2 r2 = *reinterpret_cast<const float2 *>(rnt + nb * 8 + 2 * t);
+#pragma unroll
+            for (int c = 0; c < 2; ++c) {
+                const int64_t j = ref0 + nb * 8 + 2 * t + c;
+                const float x = norm_or_nan(c ? r2.y : r2.x);
+                if (MODE == 0)
+                    cv[nb][c] = j < p.n ? __fmul_ru(p.ua, x) : __int_as_float(0x7fffffff);
+                else
+                    cv[nb][c] = j < p.n ? __fmul_rd(p.la, x) : INFINITY;
+            }
+        }
+#pragma unroll
+        for (int mb = 0; mb < 2; ++mb)
+#pragma unroll
+            for (int hh = 0; hh < 2; ++hh) {
+                const int r = wg * 128 + mb * 64 + wi * 16 + g + 8 * hh;
+                const int q = q0 + r;
+                const float rc = row_s[r];
+                if (MODE == 0) {
+                    const int64_t s0 = p.self_local0 + q0;
+                    const bool diag = p.exclude && ref0 < s0 + kBM && s0 < ref0 + kBN;
+                    /* min_j fma_ru(acc, -2, C_j), then U = fadd_ru(A_i, min): the same
+                     * value as the per-pair U of mma_kernel (rounding up is monotone) */
+                    float mn[2] = {INFINITY, INFINITY};
+#pragma unroll
+                    for (int nb = 0; nb < 16; ++nb)
+#pragma unroll
+                        for (int c = 0; c < 2; ++c) {
+                            float u = __fmaf_ru(acc[mb][4 * nb + 2 * hh + c], -2.0f, cv[nb][c]);
+                            if (diag && ref0 + nb * 8 + 2 * t + c == p.self_local0 + q)
+                                u = __int_as_float(0x7fffffff);
+                            mn[nb >> 3] = fminf(mn[nb >> 3], u);
+                        }
+#pragma unroll
+                    for (int h2 = 0; h2 < 2; ++h2) {
+                        float m = __fadd_ru(rc, mn[h2]);
+                        m = fminf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+                        m = fminf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+                        const int64_t grp = ref0 / kMmaGroup + h2;
+                        if (t == 0 && q < p.qs && grp < p.ga) p.gmin[(int64_t)q * p.ga + grp] = m;
+                    }
+                } else {
+                    /* not a candidate <=> fadd_ru(acc, -c_j) < r_i (then acc < c_j + r_i
+                     * <= la s - thr exactly); the row maximum decides for all 32 pairs at
+                     * once (max.NaN keeps NaN: such pairs are candidates) */
+                    float m = -INFINITY;
+#pragma unroll
+                    for (int nb = 0; nb < 16; ++nb)
+#pragma unroll
+                        for (int c = 0; c < 2; ++c) m = max_nan(m, __fadd_ru(acc[mb][4 * nb + 2 * hh + c], -cv[nb][c]));
+                    if (m < rc || q >= p.qs) continue;
+                    unsigned mask = 0; /* bit 2 nb + c: a candidate */
+#pragma unroll
+                    for (int nb = 0; nb < 16; ++nb)
+#pragma unroll
+                        for (int c = 0; c < 2; ++c)
+                            mask |= (unsigned)!(__fadd_ru(acc[mb][4 * nb + 2 * hh + c], -cv[nb][c]) < rc) << (2 * nb + c);
+                    if (mask) append_cands(p, q, ref0 + 2 * t, mask);
+                }
+            }
+#pragma unroll
+        for (int mb = 0; mb < 2; ++mb)
+#pragma unroll
+            for (int e = 0; e < 64; ++e) acc[mb][e] = 0.0f;
+    }
+    cp_async_wait<0>();
+#else
+    (void)p;
+    __trap(); /* never launched: the host takes this kernel only for sm_90a code */
+#endif
 }
 
 /* tau = kk-th smallest witness of each query (+inf when fewer than kk groups), and the
@@ -405,13 +662,12 @@ __global__ __launch_bounds__(kBlock) void mma_rescue_kernel(const MmaParams p, i
 }
 
 template <int MODE, bool VEC>
-cudaError_t launch_one(const MmaParams &p, int sms, cudaStream_t st)
+cudaError_t launch_one(const MmaParams &p, int sms, int wgmma, cudaStream_t st)
 {
-    const int dpad = (int)((p.d + kBK - 1) / kBK * kBK);
-    const size_t smem = mma_smem_bytes(p.d);
-    cudaError_t e = cudaFuncSetAttribute(mma_kernel<MODE, VEC>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    const size_t smem = wgmma ? wgmma_smem_bytes(p.d) : mma_smem_bytes(p.d);
+    cudaError_t e = wgmma ? cudaFuncSetAttribute(wgmma_kernel<MODE, VEC>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem)
+                          : cudaFuncSetAttribute(mma_kernel<MODE, VEC>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess) return e;
-    (void)dpad;
     const int64_t qt = (p.qs + kBM - 1) / kBM;
     const int64_t RT = (p.n + kBN - 1) / kBN;
     /* slices: at least 4 CTAs per SM in all (one resident per SM), query tiles fastest;
@@ -432,11 +688,20 @@ cudaError_t launch_one(const MmaParams &p, int sms, cudaStream_t st)
     MmaParams q = p;
     q.tiles_per_cta = (int)((RT + Z - 1) / Z);
     Z = (RT + q.tiles_per_cta - 1) / q.tiles_per_cta;
-    mma_kernel<MODE, VEC><<<dim3((unsigned)qt, (unsigned)Z), kThreads, smem, st>>>(q);
+    if (wgmma)
+        wgmma_kernel<MODE, VEC><<<dim3((unsigned)qt, (unsigned)Z), kThreads, smem, st>>>(q);
+    else
+        mma_kernel<MODE, VEC><<<dim3((unsigned)qt, (unsigned)Z), kThreads, smem, st>>>(q);
     return cudaGetLastError();
 }
 
 } // namespace
+
+size_t wgmma_smem_bytes(int64_t d)
+{
+    const int64_t dpad = (d + kBK - 1) / kBK * kBK;
+    return sizeof(float) * (size_t)(kBM * dpad + kGStages * kBN * kBK + kBM + kRnSlots * kBN);
+}
 
 size_t mma_smem_bytes(int64_t d)
 {
@@ -444,12 +709,21 @@ size_t mma_smem_bytes(int64_t d)
     return sizeof(float) * (size_t)(kBM * (dpad + 4) + kStages * kBN * kRowB + kBM + kRnSlots * kBN);
 }
 
-cudaError_t launch_mma_pass(const MmaParams &p, int mode, int sms, cudaStream_t st)
+int mma_wgmma_built(void)
+{
+#ifdef XKNN_CUDA_SM90A
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+cudaError_t launch_mma_pass(const MmaParams &p, int mode, int sms, int wgmma, cudaStream_t st)
 {
     if (p.n <= 0 || p.qs <= 0) return cudaSuccess;
     const bool vec = ((uintptr_t)p.R % 16 == 0) && p.ldr % 4 == 0 && p.d % 4 == 0;
-    if (mode == 0) return vec ? launch_one<0, true>(p, sms, st) : launch_one<0, false>(p, sms, st);
-    return vec ? launch_one<1, true>(p, sms, st) : launch_one<1, false>(p, sms, st);
+    if (mode == 0) return vec ? launch_one<0, true>(p, sms, wgmma, st) : launch_one<0, false>(p, sms, wgmma, st);
+    return vec ? launch_one<1, true>(p, sms, wgmma, st) : launch_one<1, false>(p, sms, wgmma, st);
 }
 
 cudaError_t launch_mma_select(const MmaParams &p, int kk, int sms, cudaStream_t st)
