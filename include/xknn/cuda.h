@@ -73,7 +73,10 @@ struct CUstream_st; /* = cudaStream_t's pointee; NULL means the legacy default s
                                   witnesses on a prefix of the references, pass B keeps the
                                   pairs whose certified lower bound is within it; canonical
                                   re-rank; a query whose candidates overflow is searched
-                                  again exactly (RERUNS). No distance tile is written.     */
+                                  again exactly (RERUNS). No distance tile is written.
+                                  Hopper builds (gpu_arch 90, sm_90a code) run it on wgmma,
+                                  other GPUs on mma.sync; the environment variable
+                                  XKNN_CUDA_MMA_SYNC=1 forces mma.sync (diagnostics).      */
 
 /* Diagnostics: the workspace begins with XKNN_CUDA_STAT_COUNT unsigned 64-bit counters,
  * zeroed by each xknn_cuda_search and valid once its work on the stream has completed
