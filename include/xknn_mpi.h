@@ -254,7 +254,7 @@ XKNN_API xknn_status xknn_mpi_search(xknn_mpi_context *ctx, const xknn_params *p
  * ranks r and r + P/2, and first rows of each slice's diagonal move to the previous
  * rank to absorb unequal slice sizes), so every rank computes the same number of
  * distance evaluations up to one row of the largest slice (stats->distance_evals;
- * slices of fewer than about 2P rows, or skewed ones, get the nearest fit); slices
+ * slices of at most 1.5 P rows, or skewed ones, get the nearest fit); slices
  * travel around the ring with
  * MPI_Isend/MPI_Irecv posted before each step's compute; each rank's lists for rows it
  * does not own reach the owner through the search's tree reduction. Results: one block

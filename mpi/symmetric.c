@@ -33,9 +33,9 @@
  * g >= 0. cut[r] is the row count whose top() is nearest to g_r / P: top grows by at most
  * m_r - 1 per row, so each cut is off by at most (m_r - 1)/2 evaluations and
  * |W_r - T/P| <= (m_r - 1)/2 + (m_(r+1) - 1)/2 < the largest slice's row count -- one
- * row of work -- whenever the cuts fit in their diagonals (g_r <= P m_r(m_r-1)/2:
- * slices of more than about 2P rows with the standard slicing; tiny or skewed slices get
- * the nearest fit). The plan is integer arithmetic on the agreed slice table, identical on
+ * row of work -- whenever the cuts fit in their diagonals (g_r <= P m_r(m_r-1)/2; with
+ * the standard slicing, whenever every slice has more than 1.5 P rows, checked
+ * exhaustively for P <= 64; tiny or skewed slices get the nearest fit). The plan is integer arithmetic on the agreed slice table, identical on
  * every rank; above P n^2 ~ 2^61 (n ~ 10^9 / sqrt(P)) it keeps cut = 0 rather than
  * overflow. Every rank's evaluations and busy seconds come back in xknn_mpi_stats
  * (distance_evals, local.search) and, with verbose, are printed by rank 0.
