@@ -152,7 +152,8 @@ static xknn_matrix xknn__sym_rows(const xknn_matrix *m, int64_t r0, int64_t rows
 }
 
 /* Rows [a0, a0 + ra) of slice a (global ids aid + row, lists aids/adist of the whole
- * slice, ld = k) against rows [b0, b0 + rb) of slice b, or (b NULL) among themselves;
+ * slice, ld = k) against rows [b0, b0 + rb) of slice b, or (b NULL) among themselves
+ * (callers never pass an empty slice's NULL matrix as b);
  * adds the distance evaluations to *evals. Nothing to do for an empty side. */
 static xknn_status xknn__sym_call(const xknn_params *p, int64_t k, const xknn_matrix *a, int64_t a0, int64_t ra,
                                   int64_t aid, int64_t *aids, float *adist, const xknn_matrix *b, int64_t b0,
@@ -302,7 +303,7 @@ xknn_status xknn__sym_ring(xknn_mpi_context *ctx, const xknn_params *params, con
                 } else if (rank < S) {
                     /* even P, last step: the first half of the own rows against slice r + P/2 */
                     ss = xknn__sym_call(&p, k, ref, 0, half[rank], r0, l0, d0, &cm, 0, mj, j0, lj, dj, &nev, &e);
-                } else {
+                } else if (nloc > 0) { /* (ref is NULL for an empty slice: not a triangle) */
                     /* ... and the second half of slice r - P/2's rows against the own */
                     ss = xknn__sym_call(&p, k, &cm, half[jown], mj - half[jown], j0, lj, dj, ref, 0, nloc, r0, l0,
                                         d0, &nev, &e);

@@ -27,11 +27,21 @@ static int all_ok(int mine)
 }
 
 /* How a case slices the references over ranks. */
-enum { SLICE_STANDARD = 0, SLICE_SKEWED, SLICE_REVERSED };
+enum { SLICE_STANDARD = 0, SLICE_SKEWED, SLICE_REVERSED, SLICE_LAST_EMPTY };
 
 static void slice_of(int how, int64_t n, int r, int P, int64_t *row0, int64_t *rows)
 {
     if (how == SLICE_STANDARD) {
+        xknn_mpi_slice(n, r, P, row0, rows);
+    } else if (how == SLICE_LAST_EMPTY && P > 1) {
+        /* the standard slicing over P - 1 ranks; the last rank has nothing */
+        if (r < P - 1) {
+            xknn_mpi_slice(n, r, P - 1, row0, rows);
+        } else {
+            *row0 = 0;
+            *rows = 0;
+        }
+    } else if (how == SLICE_LAST_EMPTY) {
         xknn_mpi_slice(n, r, P, row0, rows);
     } else if (how == SLICE_REVERSED) {
         xknn_mpi_slice(n, P - 1 - r, P, row0, rows); /* rank order != row order */
@@ -144,6 +154,8 @@ static const tcase cases[] = {
      SLICE_STANDARD, 0, 1},
     {"self-join k = 1, rank order != row order, ld > d", DATA_DUPLICATES, 211, 0, 9, 1, 1, XKNN_METRIC_EUCLIDEAN, 0,
      XKNN_MPI_TRANSFER_AUTO, SLICE_REVERSED, 2, 0},
+    {"self-join, last rank empty (it still works on visiting slices)", DATA_DUPLICATES, 150, 0, 4, 9, 1,
+     XKNN_METRIC_L2, 0, XKNN_MPI_TRANSFER_AUTO, SLICE_LAST_EMPTY, 0, 0},
     {"self-join n < P", DATA_INTEGER, 3, 0, 4, 0, 1, XKNN_METRIC_L2, 4, XKNN_MPI_TRANSFER_HOST_STAGED,
      SLICE_STANDARD, 0, 0},
     {"skewed slices, empty ranks", DATA_INTEGER, 400, 45, 6, 20, 0, XKNN_METRIC_L2, 10, XKNN_MPI_TRANSFER_AUTO,
