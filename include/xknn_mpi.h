@@ -156,6 +156,13 @@ typedef struct xknn_mpi_stats {
     xknn_mpi_transfer transfer;  /* effective mode (never AUTO)                       */
     xknn_mpi_timings local;      /* this rank                                         */
     xknn_mpi_timings max;        /* maximum over ranks, phase by phase                */
+    int64_t distance_evals;      /* query-reference distance evaluations this rank
+                                    computed (plain: block rows x slice rows, summed;
+                                    symmetric self-join: each unordered pair once, a
+                                    slice's diagonal m(m-1)/2). With local.search (this
+                                    rank's busy seconds) it shows the balance: the
+                                    ring gives every rank the same count up to one row
+                                    of the largest slice (see xknn_mpi_self_join)      */
 } xknn_mpi_stats;
 
 /* Not collective. Static names ("auto", "host-staged", "cuda-aware"); "unknown". */
@@ -243,8 +250,12 @@ XKNN_API xknn_status xknn_mpi_search(xknn_mpi_context *ctx, const xknn_params *p
  * supports it: xknn_self_join_why_plain() is NULL on all ranks): only the slice pairs
  * (i, j), i <= j, are computed, each distance once for both points, with
  * xknn_search_pair(); in step s = 0 .. floor(P/2) rank r pairs its slice with slice
- * (r + s) mod P (for even P the last step only on ranks r < P/2), so every rank computes
- * the same number of slice pairs up to one; slices travel around the ring with
+ * (r + s) mod P (for even P the last step's pair (r, r + P/2) is split by rows between
+ * ranks r and r + P/2, and first rows of each slice's diagonal move to the previous
+ * rank to absorb unequal slice sizes), so every rank computes the same number of
+ * distance evaluations up to one row of the largest slice (stats->distance_evals;
+ * slices of at most 1.5 P rows, or skewed ones, get the nearest fit); slices
+ * travel around the ring with
  * MPI_Isend/MPI_Irecv posted before each step's compute; each rank's lists for rows it
  * does not own reach the owner through the search's tree reduction. Results: one block
  * per non-empty slice, delivered on the rank that owns it (the sink is called once
@@ -253,7 +264,7 @@ XKNN_API xknn_status xknn_mpi_search(xknn_mpi_context *ctx, const xknn_params *p
  * kernel: the CUDA backend today): each query block is broadcast by the rank that owns
  * those rows (blocks never straddle slices) and searched everywhere. Both give the same
  * ids and distance bits. The context's verbose prints which path ran and, for the
- * ring, every rank's tiles and busy seconds. Arguments and errors as xknn_mpi_search().
+ * ring, every rank's distance evaluations and busy seconds. Arguments and errors as xknn_mpi_search().
  */
 XKNN_API xknn_status xknn_mpi_self_join(xknn_mpi_context *ctx, const xknn_params *params, const xknn_matrix *ref,
                                         int64_t ref_offset, int64_t k, const xknn_mpi_output *out,

@@ -67,15 +67,16 @@ void xknn__merge_rows(const xknn__cands *a, const xknn__cands *b, xknn__cands *o
 int xknn__tree_reduce(const xknn_mpi_context *ctx, int owner, int64_t rows, int64_t k, int neg, xknn__cands *cur,
                       xknn__cands *recv, xknn__cands *spare, unsigned char *staging, const xknn__cands **result);
 
-/* The symmetric self-join (mpi/symmetric.c): ring of slice pairs i <= j, balanced to
- * one tile per rank, per-slice tree reduction to the owner, delivery as a block per
- * slice. row0s/rowss: every rank's slice (agreed table). Called by every rank after
- * the arguments were agreed; returns this rank's status (the caller agrees on it);
- * *mpi_broken set when an MPI call failed. Collective. */
+/* The symmetric self-join (mpi/symmetric.c): ring of slice pairs i <= j, every rank
+ * doing the same number of distance evaluations up to one row, per-slice tree
+ * reduction to the owner, delivery as a block per slice. row0s/rowss: every rank's
+ * slice (agreed table). Called by every rank after the arguments were agreed; returns
+ * this rank's status (the caller agrees on it); *evals: this rank's distance
+ * evaluations; *mpi_broken set when an MPI call failed. Collective. */
 xknn_status xknn__sym_ring(xknn_mpi_context *ctx, const xknn_params *params, const xknn_matrix *ref,
                            int64_t ref_offset, int64_t k, const int64_t *row0s, const int64_t *rowss, int64_t d,
                            xknn_dtype dtype, const xknn_mpi_output *out, xknn_mpi_timings *tm, int64_t *owned,
-                           int *mpi_broken, xknn_error *lerr);
+                           int64_t *evals, int *mpi_broken, xknn_error *lerr);
 
 /* A rank's reference slice resident on its GPU for a whole search (mpi/resident.c). */
 typedef struct xknn__resident xknn__resident;

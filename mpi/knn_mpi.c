@@ -115,7 +115,12 @@ static void knn__usage(FILE *f)
             "                       the free memory). Less makes smaller tiles; below what one\n"
             "                       tile needs the run fails with exit status 3 and the minimum.\n"
             "      --json FILE      write sizes, ranks, backend, per-phase times (read, broadcast,\n"
-            "                       search, reduce, write) and queries/s as JSON\n"
+            "                       search, reduce, write; maxima over ranks) and queries/s as\n"
+            "                       JSON; under MPI also per_rank: [{rank, distance_evals, busy_s}]\n"
+            "                       (query-reference distances the rank computed, each pair once\n"
+            "                       in the symmetric self-join; seconds in its search phase, the\n"
+            "                       ring's compute for the symmetric self-join) and, without QUERY,\n"
+            "                       self_join_path: symmetric or plain\n"
             "\n", f);
     /* split: C99 compilers need only accept string literals of 4095 characters */
     fputs("Classification and regression (votes on the k neighbours of each query, computed on\n"
@@ -545,6 +550,10 @@ typedef struct knn_run {
     double t_start, last_progress;
     knn_predict pred;       /* --labels/--targets/--predict (knn_predict.c)       */
     int no_result;          /* --predict without -o: no neighbour file            */
+    int64_t *rank_work;     /* rank 0, --json: per rank, distance evaluations and
+                               1 if its backend takes the symmetric self-join (NULL
+                               when not gathered)                                  */
+    double *rank_busy;      /* rank 0, --json: per rank, busy (search) seconds     */
 #ifdef XKNN_HAVE_MPI
     MPI_Comm comm; /* the command's own duplicate of MPI_COMM_WORLD                  */
     xknn_mpi_context *ctx;
@@ -1013,6 +1022,31 @@ static xknn_status knn__sink(void *user, int64_t q0, int64_t rows, int64_t k, co
 }
 
 /* ---- MPI: the search ---------------------------------------------------------------- */
+/* Collective. For --json: every rank's distance evaluations, busy seconds (the phase the
+ * library counts as search: the ring's compute in the symmetric self-join) and whether
+ * its backend takes the symmetric self-join, gathered on rank 0. */
+static xknn_status knn__gather_ranks(knn_run *r, const xknn_mpi_stats *stats, xknn_error *err)
+{
+    int64_t mine[2];
+    double busy = stats->local.search;
+    int have = 1, rc;
+    mine[0] = stats->distance_evals;
+    mine[1] = !r->o.query && xknn_self_join_why_plain(&r->params, r->dtype, r->dsearch) == NULL;
+    if (r->rank == 0) {
+        r->rank_work = (int64_t *)malloc((size_t)r->size * 2 * sizeof(int64_t));
+        r->rank_busy = (double *)malloc((size_t)r->size * sizeof(double));
+        have = r->rank_work && r->rank_busy;
+    }
+    rc = MPI_Bcast(&have, 1, MPI_INT, 0, r->comm);
+    if (rc == MPI_SUCCESS && have) rc = MPI_Gather(mine, 2, MPI_INT64_T, r->rank_work, 2, MPI_INT64_T, 0, r->comm);
+    if (rc == MPI_SUCCESS && have) rc = MPI_Gather(&busy, 1, MPI_DOUBLE, r->rank_busy, 1, MPI_DOUBLE, 0, r->comm);
+    if (rc != MPI_SUCCESS) return knn__mpi_error(r, err, rc, "MPI_Gather (per-rank work)");
+    if (!have)
+        return knn__fail(err, XKNN_ERROR_OUT_OF_MEMORY, "rank 0: out of memory for the per-rank statistics of %d ranks",
+                         r->size);
+    return XKNN_SUCCESS;
+}
+
 static xknn_status knn__search_and_write(knn_run *r, xknn_error *err)
 {
     xknn_mpi_output out = XKNN_MPI_OUTPUT_INIT;
@@ -1042,6 +1076,8 @@ static xknn_status knn__search_and_write(knn_run *r, xknn_error *err)
     r->t_bcast = stats.max.broadcast;
     r->t_search = stats.max.search;
     r->t_reduce = stats.max.reduce;
+    /* the search's status is agreed: every rank takes this branch or none does */
+    if (st == XKNN_SUCCESS && r->o.json) st = knn__gather_ranks(r, &stats, err);
 
     /* Close (collective), agree, then rank 0 renames. */
     t0 = knn__now();
@@ -1212,6 +1248,18 @@ static xknn_status knn__write_json(const knn_run *r, double qps, xknn_error *err
             "  \"time_s\": {\"read\": %.6f, \"broadcast\": %.6f, \"search\": %.6f, \"reduce\": %.6f, "
             "\"write\": %.6f, \"query_phase\": %.6f, \"total\": %.6f},\n",
             r->t_read, r->t_bcast, r->t_search, r->t_reduce, r->t_write, r->t_query, r->t_total);
+    if (r->rank_work) {
+        /* every rank's share of the distance work and its busy seconds (the balance) */
+        int i, sym = !r->o.query;
+        for (i = 0; i < r->size; i++)
+            if (!r->rank_work[2 * i + 1]) sym = 0;
+        if (!r->o.query) fprintf(f, "  \"self_join_path\": \"%s\",\n", sym ? "symmetric" : "plain");
+        fprintf(f, "  \"per_rank\": [");
+        for (i = 0; i < r->size; i++)
+            fprintf(f, "%s\n    {\"rank\": %d, \"distance_evals\": %lld, \"busy_s\": %.6f}", i ? "," : "", i,
+                    (long long)r->rank_work[2 * i], r->rank_busy[i]);
+        fprintf(f, "\n  ],\n");
+    }
     fprintf(f, "  \"queries_per_s\": %.3f\n}\n", qps);
     if (fclose(f) != 0) return knn__fail(err, XKNN_ERROR_IO, "--json: cannot write %s: %s", r->o.json, strerror(errno));
     return XKNN_SUCCESS;
@@ -1394,6 +1442,8 @@ finalize:
     free(r->wbuf);
     MPI_Finalize();
 #endif
+    free(r->rank_busy);
+    free(r->rank_work);
     free(r->ref);
     free(r->query);
     free(r->weights);

@@ -274,7 +274,7 @@ static xknn_status xknn__run(xknn_mpi_context *ctx, const xknn_params *params, c
     int rank, P, i, rc;
     int64_t my[D_COUNT], *tab = NULL;
     int *order = NULL, norder = 0;
-    int64_t nloc, n = 0, d = 0, nq = 0, qb = 0, nblocks = 0, b, done_q = 0, owned = 0;
+    int64_t nloc, n = 0, d = 0, nq = 0, qb = 0, nblocks = 0, b, done_q = 0, owned = 0, evals = 0;
     unsigned char *qbuf[2] = {NULL, NULL};
     int64_t row_bytes = 0;
     xknn_dtype dtype = XKNN_DTYPE_F32;
@@ -468,7 +468,7 @@ agree_setup:
                 }
                 p.ref_id_offset = ref_offset;
                 st = xknn__sym_ring(ctx, &p, nloc > 0 ? ref : NULL, ref_offset, k, row0s, row0s + P, d, dtype, out, &tm,
-                                    &owned, &mpi_broken, &lerr);
+                                    &owned, &evals, &mpi_broken, &lerr);
             } else if (rc != MPI_SUCCESS) {
                 st = xknn__mpi_error(rank, &lerr, rc, "MPI_Allreduce");
             }
@@ -554,6 +554,7 @@ agree_setup:
                                                    mine.dist, xknn__progress, &pending, &e)
                              : xknn_search(&p, &refm, &qm, k, mine.ids, mine.dist, &e);
                 breq = pending;
+                evals += cur.rows * nloc;
                 if (s != XKNN_SUCCESS) {
                     st = xknn__mpi_fail(&lerr, s, "rank %d: %s", rank, e.message);
                     xknn__pad(&mine, cur.rows * k, neg);
@@ -655,6 +656,7 @@ finish:
         if (MPI_Allreduce(lt, mt, 6, MPI_DOUBLE, MPI_MAX, ctx->comm) != MPI_SUCCESS) memcpy(mt, lt, sizeof mt);
         if (stats) {
             stats->blocks_owned = owned;
+            stats->distance_evals = evals;
             stats->local = tm;
             stats->max.read = mt[0];
             stats->max.broadcast = mt[1];

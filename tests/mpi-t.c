@@ -27,11 +27,21 @@ static int all_ok(int mine)
 }
 
 /* How a case slices the references over ranks. */
-enum { SLICE_STANDARD = 0, SLICE_SKEWED, SLICE_REVERSED };
+enum { SLICE_STANDARD = 0, SLICE_SKEWED, SLICE_REVERSED, SLICE_LAST_EMPTY };
 
 static void slice_of(int how, int64_t n, int r, int P, int64_t *row0, int64_t *rows)
 {
     if (how == SLICE_STANDARD) {
+        xknn_mpi_slice(n, r, P, row0, rows);
+    } else if (how == SLICE_LAST_EMPTY && P > 1) {
+        /* the standard slicing over P - 1 ranks; the last rank has nothing */
+        if (r < P - 1) {
+            xknn_mpi_slice(n, r, P - 1, row0, rows);
+        } else {
+            *row0 = 0;
+            *rows = 0;
+        }
+    } else if (how == SLICE_LAST_EMPTY) {
         xknn_mpi_slice(n, r, P, row0, rows);
     } else if (how == SLICE_REVERSED) {
         xknn_mpi_slice(n, P - 1 - r, P, row0, rows); /* rank order != row order */
@@ -144,6 +154,8 @@ static const tcase cases[] = {
      SLICE_STANDARD, 0, 1},
     {"self-join k = 1, rank order != row order, ld > d", DATA_DUPLICATES, 211, 0, 9, 1, 1, XKNN_METRIC_EUCLIDEAN, 0,
      XKNN_MPI_TRANSFER_AUTO, SLICE_REVERSED, 2, 0},
+    {"self-join, last rank empty (it still works on visiting slices)", DATA_DUPLICATES, 150, 0, 4, 9, 1,
+     XKNN_METRIC_L2, 0, XKNN_MPI_TRANSFER_AUTO, SLICE_LAST_EMPTY, 0, 0},
     {"self-join n < P", DATA_INTEGER, 3, 0, 4, 0, 1, XKNN_METRIC_L2, 4, XKNN_MPI_TRANSFER_HOST_STAGED,
      SLICE_STANDARD, 0, 0},
     {"skewed slices, empty ranks", DATA_INTEGER, 400, 45, 6, 20, 0, XKNN_METRIC_L2, 10, XKNN_MPI_TRANSFER_AUTO,
@@ -156,7 +168,7 @@ static const tcase cases[] = {
      SLICE_STANDARD, 0, 0},
 };
 #define NCASES (int)(sizeof cases / sizeof cases[0])
-#define TESTS_PER_CASE 3
+#define TESTS_PER_CASE 4
 
 static xknn_mpi_context *make_ctx(xknn_mpi_transfer t, int64_t qb)
 {
@@ -307,6 +319,41 @@ static void run_case(const tcase *c)
     }
     good_sink = all_ok(good_sink);
     if (rank == 0) ok(good_sink, "%s%s: sink blocks on their owner rank, complete, equal", label, c->plain ? " plain" : "");
+
+    /* 4: distance work. Every pair once over all ranks (plain: every query-reference
+     * pair); symmetric ring: each rank within one row of the largest slice of the mean
+     * (the bound of mpi/symmetric.c, which holds when every slice has more than 1.5 P
+     * rows; the old schedule put a whole extra pair on ranks r < P/2 for even P) */
+    {
+        int64_t mine = st == XKNN_SUCCESS ? stats.distance_evals : -1, *evs = NULL;
+        if (rank == 0) evs = (int64_t *)malloc((size_t)size * sizeof(int64_t));
+        MPI_Gather(&mine, 1, MPI_INT64_T, evs, 1, MPI_INT64_T, 0, MPI_COMM_WORLD);
+        if (rank == 0) {
+            const int sym = c->self && !c->plain;
+            const int64_t want = sym ? c->n * (c->n - 1) / 2 : nq * c->n;
+            int64_t tot = 0, maxrows = 0, minrows = c->n, worst = 0;
+            int good = 1, balanced;
+            for (r = 0; r < size; r++) {
+                if (evs[r] < 0) good = 0;
+                tot += evs[r];
+                if (rowss[r] > maxrows) maxrows = rowss[r];
+                if (rowss[r] < minrows) minrows = rowss[r];
+            }
+            balanced = sym && 2 * minrows > 3 * size;
+            for (r = 0; balanced && r < size; r++) {
+                const int64_t dev = size * evs[r] - tot; /* P x (rank's work - mean) */
+                if ((dev < 0 ? -dev : dev) > worst) worst = dev < 0 ? -dev : dev;
+            }
+            if (balanced && worst >= size * maxrows) good = 0;
+            ok(good && tot == want, "%s: distance evaluations sum to %lld%s", label, (long long)want,
+               balanced ? ", every rank within one row of the mean" : "");
+            if (balanced || !(good && tot == want))
+                for (r = 0; r < size; r++)
+                    diag("rank %d: %lld rows, %lld distance evaluations (mean %.1f)", r, (long long)rowss[r],
+                         (long long)evs[r], (double)tot / size);
+            free(evs);
+        }
+    }
 
     xknn_mpi_destroy(ctx);
     free(rec.ids);
