@@ -1005,7 +1005,7 @@ int main(int argc, char **argv)
                                         snprintf(r->path_name, sizeof r->path_name, "auto:%s", path_name(eff));
                                     else
                                         snprintf(r->path_name, sizeof r->path_name, "%s", path_name(eff));
-                                    r->ceiling = eff == PATH_TF32 ? m.tf32_gpu : m.sgemm_gpu;
+                                    r->ceiling = eff == PATH_TF32 || eff == PATH_MMA ? m.tf32_gpu : m.sgemm_gpu;
                                     if (r->mode == MODE_HOST)
                                         run_host_row(r, &o, &c, ref, qry, &p);
                                     else
