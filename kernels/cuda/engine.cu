@@ -277,8 +277,14 @@ void plan_layout(Plan &p)
     p.off_mcount = take((size_t)p.QS * sizeof(long long));
     p.off_cand = take((size_t)p.QS * p.S * p.cap * sizeof(Cand));
     p.off_rn = take((size_t)p.RN * sizeof(float));
+    /* the tensor-core path has no tile and no cuBLAS workspace (QB = RC = cublas_ws =
+     * 0), but per-query witnesses and thresholds */
     p.off_tile = take((size_t)p.QB * p.RC * sizeof(float));
     p.off_cublas = take(p.cublas_ws);
+    if (p.mma) {
+        p.off_gmin = take((size_t)p.QS * p.ga * sizeof(float));
+        p.off_thr = take((size_t)p.QS * sizeof(float));
+    }
     p.bytes = o;
 }
 
@@ -430,26 +436,6 @@ int plan_fused(const xknn_cuda_context *ctx, const xknn_params *prm, int64_t n, 
 static const double kMmaWitnessC = 200.0;
 static const int64_t kMmaMinPrefix = 8192;
 
-void plan_mma_layout(Plan &p)
-{
-    size_t o = 0;
-    auto take = [&o](size_t b) {
-        const size_t r = o;
-        o = align_up(o + b);
-        return r;
-    };
-    p.off_stats = take(sizeof(unsigned long long) * kStatCount);
-    p.off_qn = take((size_t)p.QS * sizeof(float));
-    p.off_tau = take((size_t)p.QS * sizeof(float));
-    p.off_cnt = take((size_t)p.QS * sizeof(int));
-    p.off_mcount = take((size_t)p.QS * sizeof(long long));
-    p.off_cand = take((size_t)p.QS * p.cap * sizeof(Cand));
-    p.off_rn = take((size_t)p.RN * sizeof(float));
-    p.off_gmin = take((size_t)p.QS * p.ga * sizeof(float));
-    p.off_thr = take((size_t)p.QS * sizeof(float));
-    p.off_tile = p.off_cublas = p.bytes = o;
-}
-
 int plan_mma(const xknn_cuda_context *ctx, const xknn_params *prm, int64_t n, int64_t nq, int64_t d, int64_t k,
              size_t limit, size_t per_query_extra, Plan *out)
 {
@@ -496,7 +482,7 @@ int plan_mma(const xknn_cuda_context *ctx, const xknn_params *prm, int64_t n, in
     int64_t QS = prm->query_block > 0 ? min64(prm->query_block, nq) : min64(nq, kMaxStateQueries);
     for (;; QS = (QS + 1) / 2) {
         p.QS = QS;
-        plan_mma_layout(p);
+        plan_layout(p);
         if (p.bytes + (size_t)QS * per_query_extra <= limit) {
             *out = p;
             return 1;

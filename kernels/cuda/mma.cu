@@ -133,6 +133,33 @@ __device__ __forceinline__ void load_stage(float *stage, float *rn_ring, const M
     }
 }
 
+/* Per-row epilogue constants of rows [0, bm) of the CTA's query tile (see mma_kernel):
+ * pass A  A_i = fma_ru(ua, |q|^2, ub)  (NaN for padding rows);
+ * pass B  r_i = fsub_rd(fmul_rd(la, |q|^2), thr)  (+inf for padding rows: never a
+ * candidate). */
+template <int MODE>
+__device__ __forceinline__ void stage_row_consts(float *row_s, const MmaParams &p, int q0, int bm, int nt)
+{
+    for (int r = (int)threadIdx.x; r < bm; r += nt) {
+        const int q = q0 + r;
+        const float qv = q < p.qs ? norm_or_nan(p.qn[q]) : __int_as_float(0x7fffffff);
+        if (MODE == 0)
+            row_s[r] = __fmaf_ru(p.ua, qv, p.ub);
+        else
+            row_s[r] = q < p.qs ? __fsub_rd(__fmul_rd(p.la, qv), p.thr[q]) : INFINITY;
+    }
+}
+
+/* Column term of reference j with stored norm x: pass A C_j = fmul_ru(ua, |x|^2) (NaN
+ * past n), pass B c_j = fmul_rd(la, |x|^2) (+inf past n). */
+template <int MODE>
+__device__ __forceinline__ float col_term(const MmaParams &p, int64_t j, float x)
+{
+    x = norm_or_nan(x);
+    if (MODE == 0) return j < p.n ? __fmul_ru(p.ua, x) : __int_as_float(0x7fffffff);
+    return j < p.n ? __fmul_rd(p.la, x) : INFINITY;
+}
+
 /* Appends the candidates of one row: bit 2 b + c of mask is column j0 + 8 b + c (rare:
  * about kk n / nA per query in all). Columns past n and the query itself are dropped
  * here, never in the hot test. One call site per row (a call per pair, or passing the
@@ -195,19 +222,10 @@ __global__ __launch_bounds__(kThreads, 1) void mma_kernel(const MmaParams p)
         const float v = (q < p.qs && c < p.d) ? p.Q[(int64_t)q * p.ldq + c] : 0.0f;
         Qs[r * dq + c] = to_tf32(v);
     }
-    /* per-row constants: pass A  A_i = fma_ru(ua, |q|^2, ub)  (NaN for padding rows);
-     * pass B  r_i = fsub_rd(fmul_rd(la, |q|^2), thr)  (+inf for padding rows: never a
-     * candidate). With the column terms C_j = fmul_ru(ua, |x|^2), c_j = fmul_rd(la, |x|^2):
-     *   U = fma_ru(acc, -2, fadd_ru(A_i, C_j)) >= (1 + mrel) s + mabs - 2 acc,
+    /* per-row constants A_i / r_i and column terms C_j / c_j (stage_row_consts,
+     * col_term):  U = fma_ru(acc, -2, fadd_ru(A_i, C_j)) >= (1 + mrel) s + mabs - 2 acc,
      *   fadd_rd(c_j, r_i) <= la s - thr, so acc < it implies L > tau' (see the header). */
-    for (int r = tid; r < kBM; r += kThreads) {
-        const int q = q0 + r;
-        const float qv = q < p.qs ? norm_or_nan(p.qn[q]) : __int_as_float(0x7fffffff);
-        if (MODE == 0)
-            row_s[r] = __fmaf_ru(p.ua, qv, p.ub);
-        else
-            row_s[r] = q < p.qs ? __fsub_rd(__fmul_rd(p.la, qv), p.thr[q]) : INFINITY;
-    }
+    stage_row_consts<MODE>(row_s, p, q0, kBM, kThreads);
 
     float acc[4][8][4];
 #pragma unroll
@@ -266,14 +284,7 @@ __global__ __launch_bounds__(kThreads, 1) void mma_kernel(const MmaParams p)
         for (int ni = 0; ni < 8; ++ni) {
             const float2 r2 = *reinterpret_cast<const float2 *>(rnt + ni * 8 + 2 * t);
 #pragma unroll
-            for (int c = 0; c < 2; ++c) {
-                const int64_t j = ref0 + ni * 8 + 2 * t + c;
-                const float x = norm_or_nan(c ? r2.y : r2.x);
-                if (MODE == 0)
-                    cv[ni][c] = j < p.n ? __fmul_ru(p.ua, x) : __int_as_float(0x7fffffff);
-                else
-                    cv[ni][c] = j < p.n ? __fmul_rd(p.la, x) : INFINITY;
-            }
+            for (int c = 0; c < 2; ++c) cv[ni][c] = col_term<MODE>(p, ref0 + ni * 8 + 2 * t + c, c ? r2.y : r2.x);
         }
         if (MODE == 0) {
             /* diagonal tiles (the query itself among the references) need a per-pair test */
@@ -453,14 +464,7 @@ __global__ __launch_bounds__(kThreads, 1) void wgmma_kernel(const MmaParams p)
         const float v = (q < p.qs && c < p.d) ? p.Q[(int64_t)q * p.ldq + c] : 0.0f;
         Qs[((r >> 3) * kp + (c >> 2)) * 32 + (r & 7) * 4 + (c & 3)] = to_tf32(v);
     }
-    for (int r = tid; r < kBM; r += kThreads) {
-        const int q = q0 + r;
-        const float qv = q < p.qs ? norm_or_nan(p.qn[q]) : __int_as_float(0x7fffffff);
-        if (MODE == 0)
-            row_s[r] = __fmaf_ru(p.ua, qv, p.ub);
-        else
-            row_s[r] = q < p.qs ? __fsub_rd(__fmul_rd(p.la, qv), p.thr[q]) : INFINITY;
-    }
+    stage_row_consts<MODE>(row_s, p, q0, kBM, kThreads);
 
     float acc[2][64];
 #pragma unroll
@@ -508,14 +512,7 @@ __global__ __launch_bounds__(kThreads, 1) void wgmma_kernel(const MmaParams p)
         for (int nb = 0; nb < 16; ++nb) {
             const float2 r2 = *reinterpret_cast<const float2 *>(rnt + nb * 8 + 2 * t);
 #pragma unroll
-            for (int c = 0; c < 2; ++c) {
-                const int64_t j = ref0 + nb * 8 + 2 * t + c;
-                const float x = norm_or_nan(c ? r2.y : r2.x);
-                if (MODE == 0)
-                    cv[nb][c] = j < p.n ? __fmul_ru(p.ua, x) : __int_as_float(0x7fffffff);
-                else
-                    cv[nb][c] = j < p.n ? __fmul_rd(p.la, x) : INFINITY;
-            }
+            for (int c = 0; c < 2; ++c) cv[nb][c] = col_term<MODE>(p, ref0 + nb * 8 + 2 * t + c, c ? r2.y : r2.x);
         }
 #pragma unroll
         for (int mb = 0; mb < 2; ++mb)
