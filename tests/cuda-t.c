@@ -153,10 +153,6 @@ static const char *const tiny_cases[] = {
     "mma ld+3 d=17",
 };
 
-/* A context shared by the tensor-core cases: their host searches then take the staged
- * path, whose passes run range by range as the references arrive. */
-static xknn_cuda_context *mma_ctx;
-
 static int skipped_by_quick(const tcase *c)
 {
     size_t i;
@@ -208,7 +204,6 @@ static xknn_status search(const tcase *c, xknn_backend backend, int path, const 
     p.exclude_self = c->exclude;
     p.pad_missing = c->pad;
     p.verbose = getenv("XKNN_CUDA_TEST_VERBOSE") != NULL && backend == XKNN_BACKEND_CUDA;
-    if (backend == XKNN_BACKEND_CUDA && path == MM) p.cuda_context = mma_ctx;
     memset(ids, 0xab, (size_t)(nq * k) * sizeof(int64_t));
     memset(dist, 0xab, (size_t)(nq * k) * sizeof(float));
     return xknn_search(&p, &r, c->self ? NULL : &q, k, ids, dist, err);
@@ -554,12 +549,7 @@ int main(void)
     if (!xknn_backend_built(XKNN_BACKEND_CUDA) || xknn_cuda_device_count() == 0) skip_all("no CUDA device");
     quick = getenv("XKNN_CUDA_TEST_QUICK") ? atoi(getenv("XKNN_CUDA_TEST_QUICK")) : 0;
     plan(2 * NCASES + NERRORS + NDEVICE);
-    {
-        xknn_error err;
-        if (xknn_cuda_context_create(-1, &mma_ctx, &err) != XKNN_SUCCESS) bail("no context: %s", err.message);
-    }
     for (i = 0; i < NCASES; i++) run_case(&cases[i]);
-    xknn_cuda_context_destroy(mma_ctx);
     run_errors();
     run_device_api();
     return tap_done();

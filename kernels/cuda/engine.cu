@@ -639,13 +639,9 @@ cleanup:
 
 /* One pass of the state block's qs queries over references R[0, nr) whose local ids
  * start at r_local0. self_local0: local id of state query 0 itself (exclude_self). */
-/* The tensor-core pass (mma.cu) over references [r0, r1) of the p.n resident at R, so
- * that a host search can run it as its references arrive: the first range (r0 = 0) must
- * hold the witness prefix (r1 >= nA) and runs pass A and the select; every range runs
- * its norms and pass B; the last (r1 = n) the rescue and the re-rank. r0 is a multiple
- * of kMmaBN. */
+/* The tensor-core pass (mma.cu) over all p.n references, resident at R. */
 xknn_status mma_pass(const Run &r, const float *Q, int64_t ldq, int64_t qs, int exclude, int64_t self_local0,
-                     const float *R, int64_t ldr, int64_t r0, int64_t r1, Err er)
+                     const float *R, int64_t ldr, Err er)
 {
     const Plan &p = *r.p;
     const int sms = r.ctx->sms;
@@ -675,21 +671,12 @@ xknn_status mma_pass(const Run &r, const float *Q, int64_t ldq, int64_t qs, int 
     mp.qs = (int)qs;
     mp.cap = (int)p.cap;
     mp.exclude = exclude;
-    if (r0 % kMmaBN || r1 <= r0 || r1 > p.n || (r0 == 0 && r1 < p.nA))
-        return failf(er, XKNN_ERROR_INTERNAL, "cuda backend: tensor-core pass over references [%lld, %lld)",
-                     (long long)r0, (long long)r1);
-    XKNN__CUDA_CHECK(launch_sqnorms(R + r0 * ldr, ldr, r1 - r0, p.d, r.rn + r0, r.st));
-    if (r0 == 0) {
-        mp.n = p.nA;
-        XKNN__CUDA_CHECK(launch_mma_pass(mp, 0, sms, p.wgmma, r.st));
-        XKNN__CUDA_CHECK(launch_mma_select(mp, (int)p.kk, sms, r.st));
-    }
-    mp.n = r1;
-    mp.t_begin = r0 / kMmaBN;
-    XKNN__CUDA_CHECK(launch_mma_pass(mp, 1, sms, p.wgmma, r.st));
-    if (r1 < p.n) return st;
+    XKNN__CUDA_CHECK(launch_sqnorms(R, ldr, p.n, p.d, r.rn, r.st));
+    mp.n = p.nA;
+    XKNN__CUDA_CHECK(launch_mma_pass(mp, 0, sms, p.wgmma, r.st));
+    XKNN__CUDA_CHECK(launch_mma_select(mp, (int)p.kk, sms, r.st));
     mp.n = p.n;
-    mp.t_begin = 0;
+    XKNN__CUDA_CHECK(launch_mma_pass(mp, 1, sms, p.wgmma, r.st));
     XKNN__CUDA_CHECK(launch_mma_rescue(mp, (int)p.kk, p.euclid, sms, r.st));
     rp.tau = r.tau;
     rp.cnt = r.cnt;
@@ -716,7 +703,7 @@ xknn_status block_pass(const Run &r, const float *Q, int64_t ldq, int64_t qs, in
     if (p.mma) {
         if (nr != p.n || r_local0 != 0)
             return failf(er, XKNN_ERROR_INTERNAL, "cuda backend: tensor-core pass over a partial reference set");
-        return mma_pass(r, Q, ldq, qs, exclude, self_local0, R, ldr, 0, p.n, er);
+        return mma_pass(r, Q, ldq, qs, exclude, self_local0, R, ldr, er);
     }
     const float alpha = -2.0f, beta = 0.0f;
     const cublasComputeType_t ct = p.tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F_PEDANTIC;
@@ -1141,7 +1128,7 @@ xknn_status host_search(const xknn__job *job, Err er)
     Plan plan;
     Run run;
     size_t budget = 0, min_needed = 0;
-    int resident = 0, have_plan = 0, overlap = 0;
+    int resident = 0, have_plan = 0;
     int64_t chunk = 0;
     int piece = 0;
     unsigned long long stats[kStatCount];
@@ -1251,11 +1238,7 @@ xknn_status host_search(const xknn__job *job, Err er)
     }
     run = run_bind(ctx, &plan, hb.dWs, sc);
     XKNN__TRY(run_start(run, er));
-    /* Tensor-core plan with staged copies: the first query block's passes run range by
-     * range as the references arrive (the first range holds the witness prefix), so the
-     * host-side staging and the copies overlap the search. */
-    overlap = resident && own_ctx == NULL && plan.mma && !self_res;
-    if (resident && own_ctx == NULL && !overlap) {
+    if (resident && own_ctx == NULL) {
         XKNN__TRY(stage_rows(ctx, hb.dR, job->ref, n, d, job->ldr, prm->num_threads, &piece, er));
         XKNN__CUDA_CHECK(cudaStreamWaitEvent(sc, ctx->stage_done[(piece - 1) & 1], 0));
     } else if (resident) {
@@ -1284,18 +1267,7 @@ xknn_status host_search(const xknn__job *job, Err er)
             ldq = d;
         }
         XKNN__TRY(block_begin(run, Q, ldq, qs, er));
-        if (overlap && q0 == 0) {
-            const int64_t g0 = min64(n, round_up(max64(plan.nA, n / 4), kMmaBN));
-            const int64_t rest = round_up(ceil_div(n - g0, 3), kMmaBN);
-            for (int64_t r0 = 0; r0 < n;) {
-                const int64_t r1 = r0 == 0 ? g0 : min64(n, r0 + rest);
-                XKNN__TRY(stage_rows(ctx, hb.dR + r0 * d, job->ref + r0 * job->ldr, r1 - r0, d, job->ldr,
-                                     prm->num_threads, &piece, er));
-                XKNN__CUDA_CHECK(cudaStreamWaitEvent(sc, ctx->stage_done[(piece - 1) & 1], 0));
-                XKNN__TRY(mma_pass(run, Q, ldq, qs, prm->exclude_self, self_local0, hb.dR, d, r0, r1, er));
-                r0 = r1;
-            }
-        } else if (resident) {
+        if (resident) {
             XKNN__TRY(block_pass(run, Q, ldq, qs, prm->exclude_self, self_local0, hb.dR, d, n, 0, er));
         } else {
             int64_t c = 0;

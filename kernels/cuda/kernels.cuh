@@ -123,8 +123,6 @@ struct MmaParams {
     unsigned long long *stats;
     float ua, ub, la;      /* U = fma_ru(acc, -2, fma_ru(s, ua, ub)); r = fma_rd(s, la, -thr) */
     int qs, cap, exclude;
-    int64_t t_begin;       /* first reference tile (of kMmaBN rows) of a pass-B launch: a
-                              launch covers references [t_begin * kMmaBN, n)            */
     int tiles_per_cta;     /* set by the launcher                                        */
 };
 

@@ -204,7 +204,7 @@ __global__ __launch_bounds__(kThreads, 1) void mma_kernel(const MmaParams p)
     const int wm = warp >> 1, wn = warp & 1;
     const int q0 = (int)blockIdx.x * kBM;
     const int64_t RT = (p.n + kBN - 1) / kBN;
-    const int64_t t0 = p.t_begin + (int64_t)blockIdx.y * p.tiles_per_cta;
+    const int64_t t0 = (int64_t)blockIdx.y * p.tiles_per_cta;
     const int64_t t1 = t0 + p.tiles_per_cta < RT ? t0 + p.tiles_per_cta : RT;
     if (t0 >= t1) return;
     const int KC = dpad / kBK;
@@ -447,7 +447,7 @@ __global__ __launch_bounds__(kThreads, 1) void wgmma_kernel(const MmaParams p)
     const int wg = warp >> 2, wi = warp & 3;
     const int q0 = (int)blockIdx.x * kBM;
     const int64_t RT = (p.n + kBN - 1) / kBN;
-    const int64_t t0 = p.t_begin + (int64_t)blockIdx.y * p.tiles_per_cta;
+    const int64_t t0 = (int64_t)blockIdx.y * p.tiles_per_cta;
     const int64_t t1 = t0 + p.tiles_per_cta < RT ? t0 + p.tiles_per_cta : RT;
     if (t0 >= t1) return;
     const int KC = dpad / kBK;
@@ -666,7 +666,7 @@ cudaError_t launch_one(const MmaParams &p, int sms, int wgmma, cudaStream_t st)
                           : cudaFuncSetAttribute(mma_kernel<MODE, VEC>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess) return e;
     const int64_t qt = (p.qs + kBM - 1) / kBM;
-    const int64_t RT = (p.n + kBN - 1) / kBN - p.t_begin; /* tiles of this launch */
+    const int64_t RT = (p.n + kBN - 1) / kBN;
     /* slices: at least 4 CTAs per SM in all (one resident per SM), query tiles fastest;
      * among up to 4x that many, the count whose last wave is fullest */
     int64_t z0 = (4 * (int64_t)sms + qt - 1) / qt, Z = z0;
@@ -717,7 +717,7 @@ int mma_wgmma_built(void)
 
 cudaError_t launch_mma_pass(const MmaParams &p, int mode, int sms, int wgmma, cudaStream_t st)
 {
-    if (p.n <= p.t_begin * kBN || p.qs <= 0) return cudaSuccess;
+    if (p.n <= 0 || p.qs <= 0) return cudaSuccess;
     const bool vec = ((uintptr_t)p.R % 16 == 0) && p.ldr % 4 == 0 && p.d % 4 == 0;
     if (mode == 0) return vec ? launch_one<0, true>(p, sms, wgmma, st) : launch_one<0, false>(p, sms, wgmma, st);
     return vec ? launch_one<1, true>(p, sms, wgmma, st) : launch_one<1, false>(p, sms, wgmma, st);
