@@ -364,6 +364,20 @@ int64_t ref_block_slices(const xknn_params *prm, int64_t n)
     return prm->ref_block > 0 ? ceil_div(n, round_up(prm->ref_block, kFusedBR)) : 0;
 }
 
+/* The sizes and metric every plan starts from; everything else zero. */
+Plan plan_init(const xknn_params *prm, int64_t n, int64_t nq, int64_t d, int64_t k)
+{
+    Plan p;
+    memset(&p, 0, sizeof p);
+    p.n = n;
+    p.nq = nq;
+    p.d = d;
+    p.k = k;
+    p.kk = min64(k, n);
+    p.euclid = prm->metric == XKNN_METRIC_EUCLIDEAN;
+    return p;
+}
+
 /* Bound constants of the direct form (fused.cu): g = gamma_{d+2}, a = d 2^-149. */
 void plan_fused_bounds(Plan &p)
 {
@@ -381,14 +395,7 @@ void plan_fused_bounds(Plan &p)
 int plan_fused(const xknn_cuda_context *ctx, const xknn_params *prm, int64_t n, int64_t nq, int64_t d, int64_t k,
                size_t limit, size_t per_query_extra, Plan *out, size_t *min_needed)
 {
-    Plan p;
-    memset(&p, 0, sizeof p);
-    p.n = n;
-    p.nq = nq;
-    p.d = d;
-    p.k = k;
-    p.kk = min64(k, n);
-    p.euclid = prm->metric == XKNN_METRIC_EUCLIDEAN;
+    Plan p = plan_init(prm, n, nq, d, k);
     p.fused = 1;
     p.KP = 32;
     while (p.KP < 2 * p.kk) p.KP *= 2;
@@ -443,14 +450,7 @@ int plan_mma(const xknn_cuda_context *ctx, const xknn_params *prm, int64_t n, in
     /* witnesses need groups: with fewer than 4 kk groups in all the threshold would be
      * loose or infinite (every query re-run), so such shapes take the cuBLAS path */
     if (ceil_div(n, kMmaGroup) < 4 * min64(k, n)) return 0;
-    Plan p;
-    memset(&p, 0, sizeof p);
-    p.n = n;
-    p.nq = nq;
-    p.d = d;
-    p.k = k;
-    p.kk = min64(k, n);
-    p.euclid = prm->metric == XKNN_METRIC_EUCLIDEAN;
+    Plan p = plan_init(prm, n, nq, d, k);
     p.tf32 = 1;
     p.mma = 1;
     p.S = 1;
@@ -500,14 +500,7 @@ int plan_fit(const xknn_cuda_context *ctx, const xknn_params *prm, int64_t n, in
     if (!streaming && choose_path(prm, n, nq, d, k) == XKNN_CUDA_PATH_MMA &&
         plan_mma(ctx, prm, n, nq, d, k, limit, per_query_extra, out))
         return 1;
-    Plan p;
-    memset(&p, 0, sizeof p);
-    p.n = n;
-    p.nq = nq;
-    p.d = d;
-    p.k = k;
-    p.kk = min64(k, n);
-    p.euclid = prm->metric == XKNN_METRIC_EUCLIDEAN;
+    Plan p = plan_init(prm, n, nq, d, k);
     p.tf32 = choose_tf32(prm, n, nq, d);
     p.cap = 2 * p.kk + kCapSlack;
     plan_bounds(p);
