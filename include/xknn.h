@@ -773,6 +773,19 @@ const char *xknn_self_join_why_plain(const xknn_params *params, xknn_dtype dtype
     return xknn__cpu_sym_why_not(&p, dtype, d);
 }
 
+/* One side of xknn_search_pair as the CPU kernel takes it. */
+static xknn__sym_side xknn__sym_side_of(const xknn_matrix *m, int64_t id0, int64_t *ids, float *dist)
+{
+    xknn__sym_side s;
+    s.data = m->data;
+    s.rows = m->rows;
+    s.ld = xknn__ld(m);
+    s.id0 = id0;
+    s.ids = ids;
+    s.dist = dist;
+    return s;
+}
+
 xknn_status xknn_search_pair(const xknn_params *params, const xknn_matrix *a, int64_t a_id0, const xknn_matrix *b,
                              int64_t b_id0, int64_t k, int64_t *a_ids, float *a_dist, int64_t *b_ids, float *b_dist,
                              xknn_error *err)
@@ -809,20 +822,8 @@ xknn_status xknn_search_pair(const xknn_params *params, const xknn_matrix *a, in
     job.params = p;
     job.msg = err ? err->message : NULL;
     job.msg_size = err ? sizeof err->message : 0;
-    sa.data = a->data;
-    sa.rows = a->rows;
-    sa.ld = xknn__ld(a);
-    sa.id0 = a_id0;
-    sa.ids = a_ids;
-    sa.dist = a_dist;
-    if (b) {
-        sb.data = b->data;
-        sb.rows = b->rows;
-        sb.ld = xknn__ld(b);
-        sb.id0 = b_id0;
-        sb.ids = b_ids;
-        sb.dist = b_dist;
-    }
+    sa = xknn__sym_side_of(a, a_id0, a_ids, a_dist);
+    if (b) sb = xknn__sym_side_of(b, b_id0, b_ids, b_dist);
     st = xknn__cpu_sym_pair(&job, &sa, b ? &sb : NULL);
     if (err) err->status = st;
     return st;
