@@ -1,5 +1,10 @@
 /* metrics-t: every metric x dtype through xknn_search (CPU) and xknn_distance_ex against
- * the oracle, byte for byte, on tie-heavy data; the documented edge cases and errors. */
+ * the oracle, byte for byte, on tie-heavy data; the documented edge cases and errors.
+ *
+ * `metrics-t cuda` (suite cuda): the same searches on the CUDA backend, plus shapes that
+ * reach its splits, buffer compactions, merge sorts, streamed reference chunks and
+ * sliced references; skips everything without a CUDA device. */
+#define _POSIX_C_SOURCE 200809L
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -8,6 +13,7 @@
 #include "ref/ref.h"
 #include "tap/tap.h"
 #include "xknn.h"
+#include "xknn/cuda.h"
 #include "xknn/impl/canonical_math.h"
 
 typedef struct {
@@ -81,7 +87,21 @@ static const shape big_shapes[] = {
 };
 #define NBIG (int)(sizeof big_shapes / sizeof big_shapes[0])
 
+/* CUDA shapes: several splits and compactions (k = 10), a tie-heavy self-join (k = 100),
+ * k = 1000 on duplicates, and k = n = 6000 (more than 4096 candidates: merge passes). */
+static const shape gpu_shapes[] = {
+    {DATA_GAUSSIAN, 12011, 150, 45, 10, 0, 0},
+    {DATA_INTEGER, 4000, 0, 7, 100, 0, 0},
+    {DATA_DUPLICATES, 5000, 60, 20, 1000, 0, 0},
+    {DATA_CLUSTERED, 4500, 20, 66, 0, 0, 0},
+};
+#define NGPU (int)(sizeof gpu_shapes / sizeof gpu_shapes[0])
+
 static xknn_cpu_path cur_path = XKNN_CPU_PATH_AUTO;
+static xknn_backend cur_backend = XKNN_BACKEND_CPU;
+static size_t cur_budget;    /* CUDA device_memory_budget (0: default) */
+static xknn_cuda_context *cur_ctx; /* CUDA context reused by the calls (NULL: their own) */
+static const char *cur_note = ""; /* appended to test names */
 
 /* One search vs the oracle. */
 static void run_case(xknn_metric metric, double p, xknn_dtype dtype, const shape *sh)
@@ -111,7 +131,9 @@ static void run_case(xknn_metric metric, double p, xknn_dtype dtype, const shape
     spec.weights = w;
     ref_knn_ex(&spec, ref, sh->n, ld, qry, nq, ld, d, k, self, 0, 0, wid, wd);
 
-    prm.backend = XKNN_BACKEND_CPU;
+    prm.backend = cur_backend;
+    prm.device_memory_budget = cur_budget;
+    prm.cuda_context = cur_ctx;
     prm.metric = metric;
     prm.p = p;
     prm.weights = w;
@@ -121,9 +143,10 @@ static void run_case(xknn_metric metric, double p, xknn_dtype dtype, const shape
     prm.cpu_path = cur_path;
     memset(ids, 0xab, (size_t)(nq * k) * sizeof(int64_t));
     memset(dist, 0xab, (size_t)(nq * k) * sizeof(float));
-    snprintf(name, sizeof name, "%s%s p=%g %s %s n=%lld nq=%lld d=%lld k=%lld%s", xknn_metric_name(metric),
-             cur_path == XKNN_CPU_PATH_LOOP ? " (loop path)" : "", p, xknn_dtype_name(dtype), ref_data_name(sh->kind), (long long)sh->n, (long long)nq, (long long)d,
-             (long long)k, self ? " self" : "");
+    snprintf(name, sizeof name, "%s%s%s p=%g %s %s n=%lld nq=%lld d=%lld k=%lld%s%s", xknn_metric_name(metric),
+             cur_backend == XKNN_BACKEND_CUDA ? " cuda" : "", cur_path == XKNN_CPU_PATH_LOOP ? " (loop path)" : "", p,
+             xknn_dtype_name(dtype), ref_data_name(sh->kind), (long long)sh->n, (long long)nq, (long long)d,
+             (long long)k, self ? " self" : "", cur_note);
     if (xknn_search(&prm, &r, self ? NULL : &q, k, ids, dist, &err) != XKNN_SUCCESS)
         ok(0, "%s: %s", name, err.message);
     else
@@ -297,16 +320,19 @@ static void error_cases(void)
            err.message);
     }
 
-    /* CUDA routing */
+    /* CUDA routing: every metric is on the device; without one, backend cuda says so */
     p = xknn_params_default();
     p.metric = XKNN_METRIC_L1;
     p.backend = XKNN_BACKEND_CUDA;
     st = xknn_search(&p, &r, &q, 1, ids, dist, &err);
-    ok(st == XKNN_ERROR_INVALID_ARGUMENT && has(err.message, "metric 'l1' is not supported by the CUDA backend yet"),
-       "backend cuda refuses l1: %s", err.message);
+    if (xknn_backend_built(XKNN_BACKEND_CUDA) && xknn_cuda_device_count() > 0)
+        ok(st == XKNN_SUCCESS, "backend cuda runs l1: %s", st == XKNN_SUCCESS ? "ok" : err.message);
+    else
+        ok((st == XKNN_ERROR_NO_DEVICE || st == XKNN_ERROR_NOT_BUILT) && has(err.message, "backend cuda"),
+           "backend cuda without a device: %s", err.message);
     p.backend = XKNN_BACKEND_AUTO;
     st = xknn_search(&p, &r, &q, 1, ids, dist, &err);
-    ok(st == XKNN_SUCCESS, "backend auto runs l1 on the CPU");
+    ok(st == XKNN_SUCCESS, "backend auto runs l1");
 
     /* NaN / Inf in half types */
     {
@@ -349,9 +375,53 @@ static void math_case(void)
     ok(worst < 1e-14, "canonical log/exp agree with libm to %.3g relative", worst);
 }
 
-int main(void)
+/* The CUDA backend: every search above plus the CUDA shapes, streamed and sliced
+ * variants; the oracle decides. */
+static int cuda_main(void)
 {
     int m, t, s;
+    xknn_error err;
+    if (!xknn_backend_built(XKNN_BACKEND_CUDA) || xknn_cuda_device_count() == 0) skip_all("no CUDA device");
+    cur_backend = XKNN_BACKEND_CUDA;
+    if (xknn_cuda_context_create(-1, &cur_ctx, &err) != XKNN_SUCCESS) bail("context: %s", err.message);
+    /* every metric x dtype on the small shapes; the CUDA shapes once per metric, on a
+     * dtype that rotates with the metric */
+    plan(NREAL * NDT * NSHAPES + NREAL * NGPU + 2 * (NSHAPES + NGPU) + 2 * (NREAL + 2));
+    for (m = 0; m < NREAL; m++) {
+        for (t = 0; t < NDT; t++)
+            for (s = 0; s < NSHAPES; s++) run_case(real_metrics[m].metric, real_metrics[m].p, real_dtypes[t], &shapes[s]);
+        for (s = 0; s < NGPU; s++)
+            run_case(real_metrics[m].metric, real_metrics[m].p, real_dtypes[(m + s) % NDT], &gpu_shapes[s]);
+    }
+    for (m = XKNN_METRIC_HAMMING; m <= XKNN_METRIC_WHAMMING; m++) {
+        for (s = 0; s < NSHAPES; s++) run_case((xknn_metric)m, 0, XKNN_DTYPE_BIN, &shapes[s]);
+        for (s = 0; s < NGPU; s++) run_case((xknn_metric)m, 0, XKNN_DTYPE_BIN, &gpu_shapes[s]);
+    }
+    /* each call with its own context: references streamed in chunks (a 512 KiB budget),
+     * and split into slices of 5000 rows merged on the host (ip merges by -value) */
+    xknn_cuda_context_destroy(cur_ctx);
+    cur_ctx = NULL;
+    for (m = 0; m < NREAL + 2; m++) {
+        const xknn_metric met = m < NREAL ? real_metrics[m].metric : (xknn_metric)(XKNN_METRIC_HAMMING + m - NREAL);
+        const double pp = m < NREAL ? real_metrics[m].p : 0;
+        const xknn_dtype dt = m < NREAL ? real_dtypes[m % NDT] : XKNN_DTYPE_BIN;
+        cur_budget = (size_t)512 << 10;
+        cur_note = " (streamed, 512 KiB budget)";
+        run_case(met, pp, dt, &gpu_shapes[0]);
+        cur_budget = 0;
+        cur_note = " (slices of 5000)";
+        setenv("XKNN_CUDA_REF_SLICE", "5000", 1);
+        run_case(met, pp, dt, &gpu_shapes[0]);
+        unsetenv("XKNN_CUDA_REF_SLICE");
+        cur_note = "";
+    }
+    return tap_done();
+}
+
+int main(int argc, char **argv)
+{
+    int m, t, s;
+    if (argc > 1 && !strcmp(argv[1], "cuda")) return cuda_main();
     plan(1 + 1 + NREAL * NDT + 2 + NREAL * NDT * NSHAPES + 2 * NSHAPES + 2 * (2 * 3 + 2) * NBIG + 22);
 
     ok((int)REF_L1 == (int)XKNN_METRIC_L1 && (int)REF_WHAMMING == (int)XKNN_METRIC_WHAMMING &&

@@ -72,6 +72,14 @@ enum : int {
     kMmaMaxD = 128,
 };
 
+/* Generic path (generic.cu): kGenQ queries per block, reference tiles of kGenR rows,
+ * kGenD dimensions (bit-packed rows: 64-bit words) per shared-memory stage. */
+enum : int {
+    kGenQ = 64,
+    kGenR = 128,
+    kGenD = 16,
+};
+
 /* Candidate slots per (query, split) beyond 2k: one filter chunk plus slack, so that
  * after an exact compaction (k entries left) a whole chunk always fits. */
 static const int64_t kCapSlack = kChunk + 1024;
@@ -119,6 +127,19 @@ __host__ __device__ __forceinline__ unsigned long long make_key(float c, int idx
 }
 __device__ __forceinline__ float key_dist(unsigned long long key) { return __uint_as_float((unsigned)(key >> 32)); }
 __device__ __forceinline__ int key_idx(unsigned long long key) { return (int)(unsigned)(key & 0xffffffffu); }
+
+/* Order encoding of a float (not NaN) as unsigned: a < b as floats <=> enc(a) < enc(b),
+ * -0 and +0 both encode as +0. The generic path's keys use it, so values of either sign
+ * (ip orders by -value) sort as unsigned integers; order_dec inverts it (+0 for zero). */
+__device__ __forceinline__ unsigned order_enc(float v)
+{
+    const unsigned u = v == 0.0f ? 0u : __float_as_uint(v);
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+__device__ __forceinline__ float order_dec(unsigned e)
+{
+    return __uint_as_float((e & 0x80000000u) ? (e & 0x7fffffffu) : ~e);
+}
 
 /* tau' = tau (1 + 2^-19) + 16 FLT_MIN, the CPU backend's expression, with explicit
  * roundings (no contraction); +inf stays +inf. */

@@ -22,14 +22,20 @@ __device__ __forceinline__ void write_result(const FinalParams &p, int qi, int64
 {
     const int64_t o = (int64_t)qi * p.k + j;
     p.ids[o] = p.id_offset + (int64_t)key_idx(key);
-    if (p.dist) p.dist[o] = key_dist(key);
+    if (!p.dist) return;
+    if (p.encoded) {
+        const float v = order_dec((unsigned)(key >> 32));
+        p.dist[o] = p.negate ? __fsub_rn(0.0f, v) : v;
+    } else {
+        p.dist[o] = key_dist(key);
+    }
 }
 
 __device__ __forceinline__ void write_pad(const FinalParams &p, int qi, int64_t j)
 {
     const int64_t o = (int64_t)qi * p.k + j;
     p.ids[o] = -1;
-    if (p.dist) p.dist[o] = INFINITY;
+    if (p.dist) p.dist[o] = p.negate ? -INFINITY : INFINITY;
 }
 
 __device__ __forceinline__ unsigned long long *region_keys(const FinalParams &p, int qi)
@@ -64,7 +70,7 @@ __global__ __launch_bounds__(kBlock) void gather_kernel(const FinalParams p, int
                 const Cand e = seg[i];
                 keep = e.lo <= tp;
                 key = make_key(e.c, e.idx);
-                unresolved += (keep && e.c < 0.0f);
+                unresolved += (keep && !p.encoded && e.c < 0.0f);
             }
             const unsigned m = __ballot_sync(0xffffffffu, keep);
             __syncwarp();

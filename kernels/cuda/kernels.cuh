@@ -77,6 +77,8 @@ struct FinalParams {
     int64_t id_offset;   /* global id of local reference 0                           */
     unsigned long long *stats;
     int S, cap, kk;
+    int encoded;         /* generic path: c holds order_enc bits (always resolved)    */
+    int negate;          /* ip: the value is -(decoded order value); padding is -inf  */
 };
 
 /* Fused path (fused.cu): distances and selection in one kernel, then per query the merge
@@ -125,6 +127,37 @@ struct MmaParams {
     int qs, cap, exclude;
     int tiles_per_cta;     /* set by the launcher                                        */
 };
+
+/* Generic path (generic.cu): canonical distances of any metric and dtype, tile by tile,
+ * with a per-(query, split) buffer and threshold that persist across launches. */
+struct GenParams {
+    const char *Q;         /* state block queries, row stride ldq bytes                  */
+    int64_t ldq;
+    const char *R;         /* this launch's references, row stride ldr bytes             */
+    int64_t ldr;
+    int64_t n;             /* references of this launch                                  */
+    int64_t r_local0;      /* local id of R's row 0                                      */
+    int64_t d;             /* elements, or bits for bit-packed rows                      */
+    int64_t words;         /* bit-packed rows: 64-bit words per row; 0 otherwise         */
+    int64_t rs;            /* references per split (a multiple of kGenR)                 */
+    int64_t self_local0;   /* local reference index equal to state query 0's global id   */
+    const double *qnorm;   /* cosine: per state query / per reference of this launch,    */
+    const double *rnorm;   /*   the canonical sums of squares                           */
+    const float *weights;  /* whamming: one per bit (device)                             */
+    Cand *cand;            /* per (state query, split): cap slots                        */
+    int *cnt;              /* per (state query, split): entries                          */
+    unsigned long long *th;/* per (state query, split): keys must be below it            */
+    unsigned long long *stats;
+    double p;              /* Minkowski exponent                                         */
+    int metric, dtype;
+    int sqrt_inputs;       /* hellinger: stage square roots                              */
+    int negate;            /* ip: order by -value                                        */
+    int qs, S, cap, kk, exclude;
+};
+cudaError_t launch_gen_norms(const void *X, int64_t ld_bytes, int64_t rows, int64_t d, int dtype, double *out,
+                             cudaStream_t st);
+cudaError_t launch_gen_init(unsigned long long *th, int64_t count, cudaStream_t st);
+cudaError_t launch_gen_tiles(const GenParams &p, cudaStream_t st);
 
 size_t mma_smem_bytes(int64_t d);   /* mma.sync kernel (compute capability >= 8.0) */
 size_t wgmma_smem_bytes(int64_t d); /* wgmma kernel (sm_90a code, compute capability 9.0) */

@@ -242,6 +242,44 @@ typedef struct xknn__cm_spec {
     const float *weights;
 } xknn__cm_spec;
 
+/* One dimension of each real-valued metric: acc is the running sum (the running maximum
+ * for chebyshev), x and y the two elements converted to double (hellinger: their square
+ * roots). The row loops below and the CUDA tile kernels (kernels/cuda/generic.cu) both
+ * call these, so every backend performs the same operations in the same order. Each is
+ * symmetric in x and y bit for bit (|x - y| = |y - x|, (x - y)^2 = (y - x)^2, and the
+ * product inside an fma is exact). */
+static inline XKNN__HD double xknn__cm_step_l2(double acc, double x, double y)
+{
+    const double df = x - y;
+    return fma(df, df, acc);
+}
+static inline XKNN__HD double xknn__cm_step_l1(double acc, double x, double y)
+{
+    return xknn__cm_add(acc, fabs(x - y));
+}
+static inline XKNN__HD double xknn__cm_step_minkowski(double acc, double x, double y, double p)
+{
+    return xknn__cm_add(acc, xknn__cm_pow_term(fabs(x - y), p));
+}
+static inline XKNN__HD double xknn__cm_step_chebyshev(double acc, double x, double y)
+{
+    const double df = fabs(x - y);
+    return df > acc ? df : acc;
+}
+static inline XKNN__HD double xknn__cm_step_ip(double acc, double x, double y) { return fma(x, y, acc); }
+
+/* The reported value from the accumulator (every real-valued metric but cosine, whose
+ * value needs the two norms: xknn__cm_cosine). */
+static inline XKNN__HD float xknn__cm_finish(xknn_metric metric, double acc, double p)
+{
+    switch (metric) {
+    case XKNN_METRIC_EUCLIDEAN: return (float)sqrt(acc);
+    case XKNN_METRIC_MINKOWSKI: return (float)xknn__cm_root(acc, p);
+    case XKNN_METRIC_HELLINGER: return (float)sqrt(acc * 0.5);
+    default: return (float)acc; /* l2, l1, chebyshev, ip */
+    }
+}
+
 /* Per element type: the rows as typed pointers, element t converted to double. */
 #define XKNN__CM_LOAD_F32(row, t) ((double)((const float *)(row))[t])
 #define XKNN__CM_LOAD_F16(row, t) xknn__cm_f16(((const uint16_t *)(row))[t])
@@ -260,41 +298,31 @@ typedef struct xknn__cm_spec {
         switch (s->metric) {                                                                     \
         case XKNN_METRIC_L2:                                                                     \
         case XKNN_METRIC_EUCLIDEAN:                                                              \
-            for (t = 0; t < d; t++) {                                                            \
-                const double df = LOAD(a, t) - LOAD(b, t);                                       \
-                acc = fma(df, df, acc);                                                          \
-            }                                                                                    \
-            return s->metric == XKNN_METRIC_L2 ? (float)acc : (float)sqrt(acc);                  \
+            for (t = 0; t < d; t++) acc = xknn__cm_step_l2(acc, LOAD(a, t), LOAD(b, t));         \
+            return xknn__cm_finish(s->metric, acc, s->p);                                        \
         case XKNN_METRIC_L1:                                                                     \
-            for (t = 0; t < d; t++) acc = xknn__cm_add(acc, fabs(LOAD(a, t) - LOAD(b, t)));      \
-            return (float)acc;                                                                   \
+            for (t = 0; t < d; t++) acc = xknn__cm_step_l1(acc, LOAD(a, t), LOAD(b, t));         \
+            return xknn__cm_finish(s->metric, acc, s->p);                                        \
         case XKNN_METRIC_MINKOWSKI:                                                              \
-            for (t = 0; t < d; t++)                                                              \
-                acc = xknn__cm_add(acc, xknn__cm_pow_term(fabs(LOAD(a, t) - LOAD(b, t)), s->p)); \
-            return (float)xknn__cm_root(acc, s->p);                                              \
+            for (t = 0; t < d; t++) acc = xknn__cm_step_minkowski(acc, LOAD(a, t), LOAD(b, t), s->p); \
+            return xknn__cm_finish(s->metric, acc, s->p);                                        \
         case XKNN_METRIC_CHEBYSHEV:                                                              \
-            for (t = 0; t < d; t++) {                                                            \
-                const double df = fabs(LOAD(a, t) - LOAD(b, t));                                 \
-                if (df > acc) acc = df;                                                          \
-            }                                                                                    \
-            return (float)acc;                                                                   \
+            for (t = 0; t < d; t++) acc = xknn__cm_step_chebyshev(acc, LOAD(a, t), LOAD(b, t));  \
+            return xknn__cm_finish(s->metric, acc, s->p);                                        \
         case XKNN_METRIC_IP:                                                                     \
-            for (t = 0; t < d; t++) acc = fma(LOAD(a, t), LOAD(b, t), acc);                      \
-            return (float)acc;                                                                   \
+            for (t = 0; t < d; t++) acc = xknn__cm_step_ip(acc, LOAD(a, t), LOAD(b, t));         \
+            return xknn__cm_finish(s->metric, acc, s->p);                                        \
         case XKNN_METRIC_COSINE:                                                                 \
             for (t = 0; t < d; t++) {                                                            \
                 const double x = LOAD(a, t), y = LOAD(b, t);                                     \
-                acc = fma(x, y, acc);                                                            \
-                nx = fma(x, x, nx);                                                              \
-                ny = fma(y, y, ny);                                                              \
+                acc = xknn__cm_step_ip(acc, x, y);                                               \
+                nx = xknn__cm_step_ip(nx, x, x);                                                 \
+                ny = xknn__cm_step_ip(ny, y, y);                                                 \
             }                                                                                    \
             return (float)xknn__cm_cosine(acc, nx, ny);                                          \
         case XKNN_METRIC_HELLINGER:                                                              \
-            for (t = 0; t < d; t++) {                                                            \
-                const double df = sqrt(LOAD(a, t)) - sqrt(LOAD(b, t));                           \
-                acc = fma(df, df, acc);                                                          \
-            }                                                                                    \
-            return (float)sqrt(acc * 0.5);                                                       \
+            for (t = 0; t < d; t++) acc = xknn__cm_step_l2(acc, sqrt(LOAD(a, t)), sqrt(LOAD(b, t))); \
+            return xknn__cm_finish(s->metric, acc, s->p);                                        \
         default:                                                                                 \
             return NAN;                                                                          \
         }                                                                                        \
