@@ -5,7 +5,7 @@
  *
  *   bench_metrics --metric l1 --dtype f32 --n 1M --nq 10k --d 128 --k 10
  *                 [--backend cuda|cpu|auto] [--repeats 5] [--check 16] [--p 3]
- *                 [--seed 1] [--write-data PREFIX] [--json FILE]
+ *                 [--seed 1] [--write-data PREFIX] [--json FILE] [-v]
  *
  * Data: uniform values (f32/f16/bf16 in [0, 1), u8 in 0..255, i8 in -128..127) or random
  * bits (--dtype bin, --d in bits), from a splitmix64 stream per (seed, matrix, row): the
@@ -126,7 +126,7 @@ static void usage(void)
 {
     fputs("usage: bench_metrics --metric NAME --dtype f32|f16|bf16|u8|i8|bin --n N --nq NQ --d D --k K\n"
           "                     [--backend cuda|cpu|auto] [--repeats 5] [--check 16] [--p P] [--seed 1]\n"
-          "                     [--write-data PREFIX] [--json FILE]\n"
+          "                     [--write-data PREFIX] [--json FILE] [-v: the warm-up run prints its plan]\n"
           "sizes take k/M/G suffixes (powers of 1000). See the header of bench_metrics.c.\n",
           stdout);
 }
@@ -137,7 +137,7 @@ int main(int argc, char **argv)
     xknn_dtype dt = XKNN_DTYPE_F32;
     xknn_backend backend = XKNN_BACKEND_CUDA;
     int64_t n = 100000, nq = 1000, d = 128, k = 10, check = 16;
-    int repeats = 5, r;
+    int repeats = 5, r, verbose = 0;
     double p = 0.0;
     uint64_t seed = 1;
     const char *json = NULL, *prefix = NULL;
@@ -153,6 +153,10 @@ int main(int argc, char **argv)
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             usage();
             return 0;
+        }
+        if (!strcmp(a, "-v") || !strcmp(a, "--verbose")) {
+            verbose = 1;
+            continue;
         }
         if (!v) bench_die(PROG, "%s needs a value (--help)", a);
         i++;
@@ -224,6 +228,7 @@ int main(int argc, char **argv)
         }
         for (r = -1; r < repeats; r++) {
             const double t0 = bench_now();
+            prm.verbose = verbose && r < 0; /* the warm-up run says which path it took */
             if (xknn_search(&prm, &R, &Q, k, ids, dist, &err) != XKNN_SUCCESS) bench_die(PROG, "search: %s", err.message);
             if (r >= 0) t[r] = bench_now() - t0;
         }

@@ -1,9 +1,10 @@
 /* metrics-t: every metric x dtype through xknn_search (CPU) and xknn_distance_ex against
  * the oracle, byte for byte, on tie-heavy data; the documented edge cases and errors.
  *
- * `metrics-t cuda` (suite cuda): the same searches on the CUDA backend, plus shapes that
- * reach its splits, buffer compactions, merge sorts, streamed reference chunks and
- * sliced references; skips everything without a CUDA device. */
+ * `metrics-t cuda [1|2]` (suite cuda): the same searches on the CUDA backend, plus shapes
+ * that reach its splits, buffer compactions, merge sorts, the int8 tensor-core path,
+ * streamed reference chunks and sliced references (part 1: the real-valued metrics; 2:
+ * the rest; none: both); skips everything without a CUDA device. */
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
 #include <stdio.h>
@@ -96,6 +97,17 @@ static const shape gpu_shapes[] = {
     {DATA_CLUSTERED, 4500, 20, 66, 0, 0, 0},
 };
 #define NGPU (int)(sizeof gpu_shapes / sizeof gpu_shapes[0])
+
+/* u8/i8 with l2, euclidean, ip (and hamming on bits) on the integer tensor-core path (at least 4k groups of 64
+ * references): several slices, tie-heavy data (buffer overflows, exact re-runs), a
+ * self-join, d not a multiple of 64. */
+static const shape imma_shapes[] = {
+    {DATA_GAUSSIAN, 12011, 150, 45, 10, 0, 0},
+    {DATA_INTEGER, 20000, 100, 16, 5, 0, 0},
+    {DATA_UNIFORM, 4500, 0, 33, 16, 0, 0},
+    {DATA_CLUSTERED, 5000, 70, 300, 7, 0, 0},
+};
+#define NIMMA (int)(sizeof imma_shapes / sizeof imma_shapes[0])
 
 static xknn_cpu_path cur_path = XKNN_CPU_PATH_AUTO;
 static xknn_backend cur_backend = XKNN_BACKEND_CPU;
@@ -377,7 +389,7 @@ static void math_case(void)
 
 /* The CUDA backend: every search above plus the CUDA shapes, streamed and sliced
  * variants; the oracle decides. */
-static int cuda_main(void)
+static int cuda_main(int part)
 {
     int m, t, s;
     xknn_error err;
@@ -386,16 +398,33 @@ static int cuda_main(void)
     if (xknn_cuda_context_create(-1, &cur_ctx, &err) != XKNN_SUCCESS) bail("context: %s", err.message);
     /* every metric x dtype on the small shapes; the CUDA shapes once per metric, on a
      * dtype that rotates with the metric */
-    plan(NREAL * NDT * NSHAPES + NREAL * NGPU + 2 * (NSHAPES + NGPU) + 2 * (NREAL + 2));
-    for (m = 0; m < NREAL; m++) {
+    if (part == 1)
+        plan(NREAL * NDT * NSHAPES + NREAL * NGPU);
+    else if (part == 2)
+        plan(2 * (NSHAPES + NGPU) + 3 * 2 * NIMMA + NIMMA + 2 * (NREAL + 2));
+    else
+        plan(NREAL * NDT * NSHAPES + NREAL * NGPU + 2 * (NSHAPES + NGPU) + 3 * 2 * NIMMA + NIMMA + 2 * (NREAL + 2));
+    for (m = 0; m < NREAL && part != 2; m++) {
         for (t = 0; t < NDT; t++)
             for (s = 0; s < NSHAPES; s++) run_case(real_metrics[m].metric, real_metrics[m].p, real_dtypes[t], &shapes[s]);
         for (s = 0; s < NGPU; s++)
             run_case(real_metrics[m].metric, real_metrics[m].p, real_dtypes[(m + s) % NDT], &gpu_shapes[s]);
     }
+    if (part == 1) {
+        xknn_cuda_context_destroy(cur_ctx);
+        return tap_done();
+    }
     for (m = XKNN_METRIC_HAMMING; m <= XKNN_METRIC_WHAMMING; m++) {
         for (s = 0; s < NSHAPES; s++) run_case((xknn_metric)m, 0, XKNN_DTYPE_BIN, &shapes[s]);
         for (s = 0; s < NGPU; s++) run_case((xknn_metric)m, 0, XKNN_DTYPE_BIN, &gpu_shapes[s]);
+    }
+    {
+        static const xknn_metric im[] = {XKNN_METRIC_L2, XKNN_METRIC_EUCLIDEAN, XKNN_METRIC_IP};
+        for (m = 0; m < 3; m++)
+            for (t = 0; t < 2; t++)
+                for (s = 0; s < NIMMA; s++) run_case(im[m], 0, t ? XKNN_DTYPE_I8 : XKNN_DTYPE_U8, &imma_shapes[s]);
+        /* hamming: the b1 tensor cores (d bits) */
+        for (s = 0; s < NIMMA; s++) run_case(XKNN_METRIC_HAMMING, 0, XKNN_DTYPE_BIN, &imma_shapes[s]);
     }
     /* each call with its own context: references streamed in chunks (a 512 KiB budget),
      * and split into slices of 5000 rows merged on the host (ip merges by -value) */
@@ -421,7 +450,7 @@ static int cuda_main(void)
 int main(int argc, char **argv)
 {
     int m, t, s;
-    if (argc > 1 && !strcmp(argv[1], "cuda")) return cuda_main();
+    if (argc > 1 && !strcmp(argv[1], "cuda")) return cuda_main(argc > 2 ? atoi(argv[2]) : 0);
     plan(1 + 1 + NREAL * NDT + 2 + NREAL * NDT * NSHAPES + 2 * NSHAPES + 2 * (2 * 3 + 2) * NBIG + 22);
 
     ok((int)REF_L1 == (int)XKNN_METRIC_L1 && (int)REF_WHAMMING == (int)XKNN_METRIC_WHAMMING &&

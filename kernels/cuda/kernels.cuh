@@ -159,6 +159,32 @@ cudaError_t launch_gen_norms(const void *X, int64_t ld_bytes, int64_t rows, int6
 cudaError_t launch_gen_init(unsigned long long *th, int64_t count, cudaStream_t st);
 cudaError_t launch_gen_tiles(const GenParams &p, cudaStream_t st);
 
+/* Exact int8 tensor-core path (imma.cu): u8/i8 with l2, euclidean, ip. */
+struct ImmaParams {
+    const signed char *Q;  /* state block queries, signed rows of dp bytes               */
+    const signed char *R;  /* references, signed rows of dp bytes                        */
+    const int *qsum, *qsq; /* per state query: sum and sum of squares of its signed row  */
+    const int *rsum, *rsq; /* per reference                                              */
+    int64_t n, nA, ga;     /* references; pass A prefix; witness groups ceil(nA / 64)     */
+    int64_t d, dp;         /* elements; padded row bytes (multiple of 64)                */
+    int64_t self_local0;   /* local reference index equal to state query 0's global id   */
+    long long *gmin;       /* qs x ga witnesses                                          */
+    long long *th;         /* per state query: order values <= th are candidates         */
+    int *cnt;              /* per state query: candidates appended (may exceed cap)      */
+    Cand *cand;            /* per state query: cap slots                                 */
+    unsigned long long *stats;
+    int qs, cap, exclude;
+    int ip, shift, euclid; /* ip: order by -q.x; shift: u8 data (v - 128); euclidean     */
+    int bin;               /* bit-packed rows (hamming): b1 AND-popcount tensor cores     */
+    int tiles_per_cta;     /* set by the launcher                                        */
+};
+size_t imma_smem_bytes(int64_t dp);
+/* shift: 1 u8, 0 i8 (ld, d in bytes); -1 bit-packed (ld in 64-bit words, d in bits) */
+cudaError_t launch_imma_prep(const void *X, int64_t ld, int64_t rows, int64_t d, int64_t dp, int shift,
+                             signed char *out, int *sum, int *sq, cudaStream_t st);
+/* pass A, select, pass B, rescue + resolve; then launch_final (encoded keys, S = 1). */
+cudaError_t launch_imma(const ImmaParams &p, int kk, int sms, cudaStream_t st);
+
 size_t mma_smem_bytes(int64_t d);   /* mma.sync kernel (compute capability >= 8.0) */
 size_t wgmma_smem_bytes(int64_t d); /* wgmma kernel (sm_90a code, compute capability 9.0) */
 int mma_wgmma_built(void);          /* 1 when the build holds sm_90a code (gpu_arch has 90) */
