@@ -1184,7 +1184,7 @@ int64_t imma_rows(const xknn__job *job, const xknn_cuda_context *ctx)
     if (ctx->cc_major < 8 || job->n > kMaxRefsPerCall - kMmaBN) return 0;
     if (bin ? job->d > (int64_t)1 << 29 : job->d > XKNN_INT8_EXACT_MAX_D) return 0;
     if (ceil_div(job->n, kMmaGroup) < 4 * min64(job->k, job->n)) return 0;
-    const int64_t dp = round_up(bin ? (job->d + 63) / 64 * 8 : job->d, 64);
+    const int64_t dp = round_up(bin ? (job->d + 63) / 64 * 8 : job->d, 128);
     return imma_smem_bytes(dp) <= ctx->smem_optin ? dp : 0;
 }
 

@@ -5,7 +5,7 @@
  *
  * EXACT VALUES
  * Rows are first rewritten as signed bytes (u8: v - 128, i8 as is; prep kernel) in rows of
- * dp = round_up(d, 64) bytes, zero-padded, with per-row sums s = sum x' and squares
+ * dp = round_up(d, 128) bytes, zero-padded, with per-row sums s = sum x' and squares
  * n = sum x'^2 (int32). With acc = q'.x' from the tensor cores (exact: |acc| <= 16384 d
  * < 2^31 for d <= XKNN_INT8_EXACT_MAX_D):
  *   l2, euclidean   v = n_q + n_x - 2 acc   (the shift cancels)
@@ -28,12 +28,11 @@
  *            sorts and writes (ip: the value -F(o) = (float)q.x).
  *
  * THE KERNEL. 256 threads as 4 x 2 warps of 64 x 64 tiles (4 x 8 m16n8k32 mma, 128 int32
- * accumulators a thread); kBM = 256 queries resident in shared memory (rows of
- * round_up(dp, 128) + 64 bytes: the two rows a quarter-warp reads fill the 32 banks), the
- * references through a 3-deep cp.async ring of 128 rows x 64 bytes. In a 64-byte chunk
- * thread t of a quad takes bytes [16t, 16t + 16) of its rows for both operands, the first
- * 8 in k-step 0 and the next 8 in k-step 1: A and B agree on the assignment, so it only
- * permutes the (exact) integer sum.
+ * accumulators a thread); kBM = 256 queries resident in shared memory (rows of dp + 16
+ * bytes: the two rows a quarter-warp reads hit disjoint banks), the references through a
+ * 4-deep cp.async ring of 128 rows x 128 bytes (+16). In a 128-byte chunk thread t of a
+ * quad takes bytes [32t, 32t + 32) of its rows for both operands, 8 per k-step: A and B
+ * agree on the assignment, so it only permutes the (exact) integer sum.
  */
 #include <limits.h>
 
@@ -44,7 +43,8 @@ namespace xknn_cuda {
 
 namespace {
 
-constexpr int kBM = 256, kBN = 128, kBK = 64, kStages = 3, kThreads = 256;
+constexpr int kBM = 256, kBN = 128, kBK = 128, kStages = 4, kThreads = 256;
+constexpr int kRowB = kBK + 16; /* staged reference row: 16 bytes of padding, conflict-free */
 
 __device__ __forceinline__ unsigned smem_u32(const void *p) { return (unsigned)__cvta_generic_to_shared(p); }
 __device__ __forceinline__ void cp16(void *dst, const void *src, int bytes)
@@ -112,17 +112,17 @@ __device__ __forceinline__ long long order_value(const ImmaParams &p, int acc, i
     return row_term(p, q) - (long long)((p.ip ? 1 : 2) * acc - col_term(p, j));
 }
 
-/* One 64-byte chunk kc of reference tile `tile` into a stage (128 rows x 64 bytes, row
- * stride 64: a quarter-warp's two rows cover the 32 banks); rows >= n are zero-filled. */
+/* One 128-byte chunk kc of reference tile `tile` into a stage (128 rows of kRowB bytes);
+ * rows >= n are zero-filled. */
 __device__ __forceinline__ void load_stage(unsigned char *stage, const ImmaParams &p, int64_t tile, int kc)
 {
     const int tid = (int)threadIdx.x;
 #pragma unroll
     for (int i = 0; i < kBN * kBK / 16 / kThreads; ++i) {
-        const int idx = tid + i * kThreads, row = idx >> 2, c = idx & 3;
+        const int idx = tid + i * kThreads, row = idx >> 3, c = idx & 7;
         const int64_t j = tile * kBN + row;
         const bool ok = j < p.n;
-        cp16(stage + row * kBK + 16 * c, ok ? p.R + j * p.dp + kc * kBK + 16 * c : p.R, ok ? 16 : 0);
+        cp16(stage + row * kRowB + 16 * c, ok ? p.R + j * p.dp + kc * kBK + 16 * c : p.R, ok ? 16 : 0);
     }
 }
 
@@ -152,10 +152,10 @@ template <int MODE, bool BIN>
 __global__ __launch_bounds__(kThreads, 1) void imma_kernel(const ImmaParams p)
 {
     extern __shared__ __align__(16) unsigned char sm[];
-    const int qstride = (int)((p.dp + 127) / 128 * 128 + 64);
-    unsigned char *Qs = sm;                               /* kBM x qstride */
-    unsigned char *Rs = Qs + kBM * qstride;               /* kStages x kBN x kBK */
-    long long *row_s = (long long *)(Rs + kStages * kBN * kBK); /* kBM: per-row constant */
+    const int qstride = (int)p.dp + 16;
+    unsigned char *Qs = sm;                                /* kBM x qstride */
+    unsigned char *Rs = Qs + kBM * qstride;                /* kStages x kBN x kRowB */
+    long long *row_s = (long long *)(Rs + kStages * kBN * kRowB); /* kBM: per-row constant */
 
     const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, t = lane & 3;
@@ -170,7 +170,7 @@ __global__ __launch_bounds__(kThreads, 1) void imma_kernel(const ImmaParams p)
 
 #pragma unroll
     for (int s = 0; s < kStages - 1; ++s) {
-        if (s < total) load_stage(Rs + s * kBN * kBK, p, t0 + s / KC, s % KC);
+        if (s < total) load_stage(Rs + s * kBN * kRowB, p, t0 + s / KC, s % KC);
         cp_commit();
     }
     /* resident queries (rows past qs are zero) */
@@ -203,8 +203,8 @@ __global__ __launch_bounds__(kThreads, 1) void imma_kernel(const ImmaParams p)
 #pragma unroll
             for (int e = 0; e < 4; ++e) acc[mi][ni][e] = 0;
 
-    const unsigned char *Aw = Qs + (wm * 64 + g) * qstride + 16 * t;
-    const int boff = (wn * 64 + g) * kBK + 16 * t;
+    const unsigned char *Aw = Qs + (wm * 64 + g) * qstride + 32 * t;
+    const int boff = (wn * 64 + g) * kRowB + 32 * t;
 
 #pragma unroll 1
     for (int64_t it = 0; it < total; ++it) {
@@ -212,31 +212,34 @@ __global__ __launch_bounds__(kThreads, 1) void imma_kernel(const ImmaParams p)
         __syncthreads();
         {
             const int64_t nx = it + kStages - 1;
-            if (nx < total) load_stage(Rs + (int)(nx % kStages) * kBN * kBK, p, t0 + nx / KC, (int)(nx % KC));
+            if (nx < total) load_stage(Rs + (int)(nx % kStages) * kBN * kRowB, p, t0 + nx / KC, (int)(nx % KC));
             cp_commit();
         }
         const int kc = (int)(it % KC);
         const unsigned char *A = Aw + kc * kBK;
-        const unsigned char *B = Rs + (int)(it % kStages) * kBN * kBK + boff;
-        uint4 a[4][2], b[8];
+        const unsigned char *B = Rs + (int)(it % kStages) * kBN * kRowB + boff;
 #pragma unroll
-        for (int mi = 0; mi < 4; ++mi) {
-            a[mi][0] = *reinterpret_cast<const uint4 *>(A + (mi * 16) * qstride);
-            a[mi][1] = *reinterpret_cast<const uint4 *>(A + (mi * 16 + 8) * qstride);
+        for (int h = 0; h < 2; ++h) {
+            uint4 a[4][2], b[8];
+#pragma unroll
+            for (int mi = 0; mi < 4; ++mi) {
+                a[mi][0] = *reinterpret_cast<const uint4 *>(A + (mi * 16) * qstride + 16 * h);
+                a[mi][1] = *reinterpret_cast<const uint4 *>(A + (mi * 16 + 8) * qstride + 16 * h);
+            }
+#pragma unroll
+            for (int ni = 0; ni < 8; ++ni) b[ni] = *reinterpret_cast<const uint4 *>(B + ni * 8 * kRowB + 16 * h);
+            /* k-step 2h: bytes 32t + 16h .. +7 (a0/a2: row g, a1/a3: row g+8); 2h+1: the next 8 */
+#pragma unroll
+            for (int mi = 0; mi < 4; ++mi)
+#pragma unroll
+                for (int ni = 0; ni < 8; ++ni)
+                    mma_op<BIN>(acc[mi][ni], a[mi][0].x, a[mi][1].x, a[mi][0].y, a[mi][1].y, b[ni].x, b[ni].y);
+#pragma unroll
+            for (int mi = 0; mi < 4; ++mi)
+#pragma unroll
+                for (int ni = 0; ni < 8; ++ni)
+                    mma_op<BIN>(acc[mi][ni], a[mi][0].z, a[mi][1].z, a[mi][0].w, a[mi][1].w, b[ni].z, b[ni].w);
         }
-#pragma unroll
-        for (int ni = 0; ni < 8; ++ni) b[ni] = *reinterpret_cast<const uint4 *>(B + ni * 8 * kBK);
-        /* k-step 0: bytes 16t .. 16t+7 (a0/a2: row g, a1/a3: row g+8); k-step 1: the next 8 */
-#pragma unroll
-        for (int mi = 0; mi < 4; ++mi)
-#pragma unroll
-            for (int ni = 0; ni < 8; ++ni)
-                mma_op<BIN>(acc[mi][ni], a[mi][0].x, a[mi][1].x, a[mi][0].y, a[mi][1].y, b[ni].x, b[ni].y);
-#pragma unroll
-        for (int mi = 0; mi < 4; ++mi)
-#pragma unroll
-            for (int ni = 0; ni < 8; ++ni)
-                mma_op<BIN>(acc[mi][ni], a[mi][0].z, a[mi][1].z, a[mi][0].w, a[mi][1].w, b[ni].z, b[ni].w);
         if (kc != KC - 1) continue;
 
         /* ---- epilogue of reference tile `tile` ---- */
@@ -485,10 +488,7 @@ cudaError_t launch_pass(const ImmaParams &p, int sms, cudaStream_t st)
     if (e != cudaSuccess) return e;
     const int64_t qt = (p.qs + kBM - 1) / kBM;
     const int64_t RT = (p.n + kBN - 1) / kBN;
-    int64_t Z = (4 * (int64_t)sms + qt - 1) / qt;
-    if (Z > RT) Z = RT;
-    if (Z > 65535) Z = 65535;
-    if (Z < 1) Z = 1;
+    int64_t Z = choose_slices(qt, RT, sms);
     ImmaParams q = p;
     q.tiles_per_cta = (int)((RT + Z - 1) / Z);
     Z = (RT + q.tiles_per_cta - 1) / q.tiles_per_cta;
@@ -500,8 +500,7 @@ cudaError_t launch_pass(const ImmaParams &p, int sms, cudaStream_t st)
 
 size_t imma_smem_bytes(int64_t dp)
 {
-    const int64_t qstride = (dp + 127) / 128 * 128 + 64;
-    return (size_t)(kBM * qstride + kStages * kBN * kBK) + sizeof(long long) * kBM;
+    return (size_t)(kBM * (dp + 16) + kStages * kBN * kRowB) + sizeof(long long) * kBM;
 }
 
 cudaError_t launch_imma_prep(const void *X, int64_t ld, int64_t rows, int64_t d, int64_t dp, int shift,

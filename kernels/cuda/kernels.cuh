@@ -159,6 +159,27 @@ cudaError_t launch_gen_norms(const void *X, int64_t ld_bytes, int64_t rows, int6
 cudaError_t launch_gen_init(unsigned long long *th, int64_t count, cudaStream_t st);
 cudaError_t launch_gen_tiles(const GenParams &p, cudaStream_t st);
 
+/* Reference slices of a tensor-core pass (one CTA resident per SM): at least 4 CTAs per
+ * SM in all with query tiles fastest; among up to 4x that many slices, the count whose
+ * last wave is fullest; at most rt (tiles) and 65535 (gridDim.y). */
+inline int64_t choose_slices(int64_t qt, int64_t rt, int sms)
+{
+    int64_t z0 = (4 * (int64_t)sms + qt - 1) / qt, Z = z0;
+    double best = 0.0;
+    for (int64_t z = z0; z <= 4 * z0 && z <= rt; ++z) {
+        const int64_t ctas = qt * z, waves = (ctas + sms - 1) / sms;
+        const double eff = (double)ctas / (double)(waves * sms);
+        if (eff > best + 1e-9) {
+            best = eff;
+            Z = z;
+        }
+    }
+    if (Z > rt) Z = rt;
+    if (Z > 65535) Z = 65535;
+    if (Z < 1) Z = 1;
+    return Z;
+}
+
 /* Exact int8 tensor-core path (imma.cu): u8/i8 with l2, euclidean, ip. */
 struct ImmaParams {
     const signed char *Q;  /* state block queries, signed rows of dp bytes               */

@@ -667,21 +667,7 @@ cudaError_t launch_one(const MmaParams &p, int sms, int wgmma, cudaStream_t st)
     if (e != cudaSuccess) return e;
     const int64_t qt = (p.qs + kBM - 1) / kBM;
     const int64_t RT = (p.n + kBN - 1) / kBN;
-    /* slices: at least 4 CTAs per SM in all (one resident per SM), query tiles fastest;
-     * among up to 4x that many, the count whose last wave is fullest */
-    int64_t z0 = (4 * (int64_t)sms + qt - 1) / qt, Z = z0;
-    double best = 0.0;
-    for (int64_t z = z0; z <= 4 * z0 && z <= RT; ++z) {
-        const int64_t ctas = qt * z, waves = (ctas + sms - 1) / sms;
-        const double eff = (double)ctas / (double)(waves * sms);
-        if (eff > best + 1e-9) {
-            best = eff;
-            Z = z;
-        }
-    }
-    if (Z > RT) Z = RT;
-    if (Z > 65535) Z = 65535;
-    if (Z < 1) Z = 1;
+    int64_t Z = choose_slices(qt, RT, sms);
     MmaParams q = p;
     q.tiles_per_cta = (int)((RT + Z - 1) / Z);
     Z = (RT + q.tiles_per_cta - 1) / q.tiles_per_cta;
