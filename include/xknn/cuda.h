@@ -77,6 +77,11 @@ struct CUstream_st; /* = cudaStream_t's pointee; NULL means the legacy default s
                                   Hopper builds (gpu_arch 90, sm_90a code) run it on wgmma,
                                   other GPUs on mma.sync; the environment variable
                                   XKNN_CUDA_MMA_SYNC=1 forces mma.sync (diagnostics).      */
+/* Host-array searches of other metrics and dtypes (xknn_search with backend cuda or auto)
+ * take kernels/cuda/imma.cu (u8/i8 l2, euclidean, ip; hamming: exact integer tensor cores
+ * with fused candidate selection) or kernels/cuda/generic.cu (everything else: canonical
+ * FP64 / popcount tiles with fused selection). Environment (diagnostics):
+ * XKNN_CUDA_NO_IMMA=1 sends the integer jobs to the canonical tiles. */
 
 /* Diagnostics: the workspace begins with XKNN_CUDA_STAT_COUNT unsigned 64-bit counters,
  * zeroed by each xknn_cuda_search and valid once its work on the stream has completed
