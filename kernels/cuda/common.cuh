@@ -72,6 +72,9 @@ enum : int {
     kMmaMaxD = 128,
 };
 
+/* Integer tensor-core path (imma.cu): witness groups of kImmaGroup references. */
+enum : int { kImmaGroup = 32 };
+
 /* Generic path (generic.cu): kGenQ queries per block, reference tiles of kGenR rows,
  * kGenD dimensions (bit-packed rows: 64-bit words) per shared-memory stage. */
 enum : int {

@@ -1183,7 +1183,7 @@ int64_t imma_rows(const xknn__job *job, const xknn_cuda_context *ctx)
         return 0;
     if (ctx->cc_major < 8 || job->n > kMaxRefsPerCall - kMmaBN) return 0;
     if (bin ? job->d > (int64_t)1 << 29 : job->d > XKNN_INT8_EXACT_MAX_D) return 0;
-    if (ceil_div(job->n, kMmaGroup) < 4 * min64(job->k, job->n)) return 0;
+    if (ceil_div(job->n, kImmaGroup) < 4 * min64(job->k, job->n)) return 0;
     const int64_t dp = round_up(bin ? (job->d + 63) / 64 * 8 : job->d, 128);
     return imma_smem_bytes(dp) <= ctx->smem_optin ? dp : 0;
 }
@@ -1215,7 +1215,7 @@ xknn_status host_imma(const xknn__job *job, xknn_cuda_context *ctx, size_t budge
         const double f = sqrt(200.0 * (double)kk / (double)n);
         nA = max64((int64_t)ceil(f * (double)n), max64(4 * kMmaGroup * kk, 8192));
         nA = min64(round_up(nA, kMmaBN), n);
-        ga = ceil_div(nA, kMmaGroup);
+        ga = ceil_div(nA, kImmaGroup);
         const double expect = (double)kk * (double)n / (double)nA + 256.0;
         cap = round_up(max64((int64_t)(2.0 * expect) + 1024, 2 * kk + 1024 + kBlock), 256);
         if (cap > INT_MAX / 2) return XKNN_SUCCESS;

@@ -18,7 +18,7 @@
  * euclidean: (float)sqrt(o)), non-decreasing in o; results are ordered by (F(o), id).
  *
  * PIPELINE (the tensor-core path's, mma.cu, with exact values instead of bounds)
- *   pass A   tiles over the first nA references: per (query, group of kMmaGroup = 64
+ *   pass A   tiles over the first nA references: per (query, group of kImmaGroup = 32
  *            references) the smallest o (a witness; groups are disjoint).
  *   select   tau = kk-th smallest witness; th = the largest integer with F(th) = F(tau):
  *            kk references have F(o) <= F(tau), so one with o > th cannot be in the top.
@@ -27,10 +27,11 @@
  *   resolve  the exact o of every candidate, stored as the encoded key of F(o); final.cu
  *            sorts and writes (ip: the value -F(o) = (float)q.x).
  *
- * THE KERNEL. 256 threads as 4 x 2 warps of 64 x 64 tiles (4 x 8 m16n8k32 mma, 128 int32
- * accumulators a thread); kBM = 256 queries resident in shared memory (rows of dp + 16
+ * THE KERNEL. 256 threads as 4 x 2 warps of 64 x 32 tiles (4 x 4 m16n8k32 mma, 64 int32
+ * accumulators a thread, so two CTAs share an SM and one's epilogue overlaps the other's
+ * tensor work); kBM = 256 queries resident in shared memory (rows of dp + 16
  * bytes: the two rows a quarter-warp reads hit disjoint banks), the references through a
- * 4-deep cp.async ring of 128 rows x 128 bytes (+16). In a 128-byte chunk thread t of a
+ * 4-deep cp.async ring of 64 rows x 128 bytes (+16). In a 128-byte chunk thread t of a
  * quad takes bytes [32t, 32t + 32) of its rows for both operands, 8 per k-step: A and B
  * agree on the assignment, so it only permutes the (exact) integer sum.
  */
@@ -43,7 +44,10 @@ namespace xknn_cuda {
 
 namespace {
 
-constexpr int kBM = 256, kBN = 128, kBK = 128, kStages = 4, kThreads = 256;
+constexpr int kBM = 256, kWN = 32, kBN = 2 * kWN, kBK = 128, kStages = 4, kThreads = 256;
+constexpr int kNI = kWN / 8; /* n8 blocks per warp tile */
+constexpr int kGroup = kImmaGroup; /* witness group: one warp tile's columns */
+static_assert(kGroup == kWN, "a witness group is one warp tile's columns");
 constexpr int kRowB = kBK + 16; /* staged reference row: 16 bytes of padding, conflict-free */
 
 __device__ __forceinline__ unsigned smem_u32(const void *p) { return (unsigned)__cvta_generic_to_shared(p); }
@@ -149,7 +153,7 @@ __device__ __noinline__ void append(const ImmaParams &p, int q, int64_t j0, unsi
 /* MODE 0: pass A (witnesses), 1: pass B (candidates). Grid (query tiles, reference
  * slices of tiles_per_cta tiles), 256 threads, dynamic shared memory imma_smem_bytes. */
 template <int MODE, bool BIN>
-__global__ __launch_bounds__(kThreads, 1) void imma_kernel(const ImmaParams p)
+__global__ __launch_bounds__(kThreads, 2) void imma_kernel(const ImmaParams p)
 {
     extern __shared__ __align__(16) unsigned char sm[];
     const int qstride = (int)p.dp + 16;
@@ -195,16 +199,16 @@ __global__ __launch_bounds__(kThreads, 1) void imma_kernel(const ImmaParams p)
         row_s[r] = v;
     }
 
-    int acc[4][8][4];
+    int acc[4][kNI][4];
 #pragma unroll
     for (int mi = 0; mi < 4; ++mi)
 #pragma unroll
-        for (int ni = 0; ni < 8; ++ni)
+        for (int ni = 0; ni < kNI; ++ni)
 #pragma unroll
             for (int e = 0; e < 4; ++e) acc[mi][ni][e] = 0;
 
     const unsigned char *Aw = Qs + (wm * 64 + g) * qstride + 32 * t;
-    const int boff = (wn * 64 + g) * kRowB + 32 * t;
+    const int boff = (wn * kWN + g) * kRowB + 32 * t;
 
 #pragma unroll 1
     for (int64_t it = 0; it < total; ++it) {
@@ -220,35 +224,35 @@ __global__ __launch_bounds__(kThreads, 1) void imma_kernel(const ImmaParams p)
         const unsigned char *B = Rs + (int)(it % kStages) * kBN * kRowB + boff;
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-            uint4 a[4][2], b[8];
+            uint4 a[4][2], b[kNI];
 #pragma unroll
             for (int mi = 0; mi < 4; ++mi) {
                 a[mi][0] = *reinterpret_cast<const uint4 *>(A + (mi * 16) * qstride + 16 * h);
                 a[mi][1] = *reinterpret_cast<const uint4 *>(A + (mi * 16 + 8) * qstride + 16 * h);
             }
 #pragma unroll
-            for (int ni = 0; ni < 8; ++ni) b[ni] = *reinterpret_cast<const uint4 *>(B + ni * 8 * kRowB + 16 * h);
+            for (int ni = 0; ni < kNI; ++ni) b[ni] = *reinterpret_cast<const uint4 *>(B + ni * 8 * kRowB + 16 * h);
             /* k-step 2h: bytes 32t + 16h .. +7 (a0/a2: row g, a1/a3: row g+8); 2h+1: the next 8 */
 #pragma unroll
             for (int mi = 0; mi < 4; ++mi)
 #pragma unroll
-                for (int ni = 0; ni < 8; ++ni)
+                for (int ni = 0; ni < kNI; ++ni)
                     mma_op<BIN>(acc[mi][ni], a[mi][0].x, a[mi][1].x, a[mi][0].y, a[mi][1].y, b[ni].x, b[ni].y);
 #pragma unroll
             for (int mi = 0; mi < 4; ++mi)
 #pragma unroll
-                for (int ni = 0; ni < 8; ++ni)
+                for (int ni = 0; ni < kNI; ++ni)
                     mma_op<BIN>(acc[mi][ni], a[mi][0].z, a[mi][1].z, a[mi][0].w, a[mi][1].w, b[ni].z, b[ni].w);
         }
         if (kc != KC - 1) continue;
 
         /* ---- epilogue of reference tile `tile` ---- */
         const int64_t tile = t0 + it / KC;
-        const int64_t ref0 = tile * kBN + wn * 64;
+        const int64_t ref0 = tile * kBN + wn * kWN;
         const int a2 = p.ip ? 1 : 2;
-        int cv[8][2]; /* C_j; columns past n: INT_MIN + 1 (x huge, masked below) */
+        int cv[kNI][2]; /* C_j; columns past n: INT_MIN + 1 (x huge, masked below) */
 #pragma unroll
-        for (int ni = 0; ni < 8; ++ni)
+        for (int ni = 0; ni < kNI; ++ni)
 #pragma unroll
             for (int c = 0; c < 2; ++c) {
                 const int64_t j = ref0 + ni * 8 + 2 * t + c;
@@ -256,8 +260,8 @@ __global__ __launch_bounds__(kThreads, 1) void imma_kernel(const ImmaParams p)
             }
         if (MODE == 0) {
             const int64_t s0 = p.self_local0 + q0;
-            const bool diag = p.exclude && ref0 < s0 + kBM && s0 < ref0 + 64;
-            const bool edge = ref0 + 64 > p.n;
+            const bool diag = p.exclude && ref0 < s0 + kBM && s0 < ref0 + kWN;
+            const bool edge = ref0 + kWN > p.n;
 #pragma unroll
             for (int mi = 0; mi < 4; ++mi)
 #pragma unroll
@@ -266,7 +270,7 @@ __global__ __launch_bounds__(kThreads, 1) void imma_kernel(const ImmaParams p)
                     const int q = q0 + r;
                     int mx = INT_MIN; /* max x over the row's 16 columns of this thread */
 #pragma unroll
-                    for (int ni = 0; ni < 8; ++ni)
+                    for (int ni = 0; ni < kNI; ++ni)
 #pragma unroll
                         for (int c = 0; c < 2; ++c) {
                             int x = a2 * acc[mi][ni][2 * hh + c] - cv[ni][c];
@@ -278,7 +282,7 @@ __global__ __launch_bounds__(kThreads, 1) void imma_kernel(const ImmaParams p)
                         }
                     mx = max(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
                     mx = max(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-                    const int64_t grp = ref0 / kMmaGroup;
+                    const int64_t grp = ref0 / kGroup;
                     if (t == 0 && q < p.qs && grp < p.ga)
                         p.gmin[(int64_t)q * p.ga + grp] = mx == INT_MIN ? LLONG_MAX : row_s[r] - (long long)mx;
                 }
@@ -293,13 +297,13 @@ __global__ __launch_bounds__(kThreads, 1) void imma_kernel(const ImmaParams p)
                     const int Ri = (int)R;
                     int mx = INT_MIN;
 #pragma unroll
-                    for (int ni = 0; ni < 8; ++ni)
+                    for (int ni = 0; ni < kNI; ++ni)
 #pragma unroll
                         for (int c = 0; c < 2; ++c) mx = max(mx, a2 * acc[mi][ni][2 * hh + c] - cv[ni][c]);
                     if (mx < Ri) continue;
                     unsigned mask = 0; /* bit 2 ni + c */
 #pragma unroll
-                    for (int ni = 0; ni < 8; ++ni)
+                    for (int ni = 0; ni < kNI; ++ni)
 #pragma unroll
                         for (int c = 0; c < 2; ++c)
                             mask |= (unsigned)(a2 * acc[mi][ni][2 * hh + c] - cv[ni][c] >= Ri) << (2 * ni + c);
@@ -309,7 +313,7 @@ __global__ __launch_bounds__(kThreads, 1) void imma_kernel(const ImmaParams p)
 #pragma unroll
         for (int mi = 0; mi < 4; ++mi)
 #pragma unroll
-            for (int ni = 0; ni < 8; ++ni)
+            for (int ni = 0; ni < kNI; ++ni)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) acc[mi][ni][e] = 0;
     }
