@@ -1253,8 +1253,8 @@ xknn_status host_imma(const xknn__job *job, xknn_cuda_context *ctx, size_t budge
     *done = 1;
     if (prm->verbose)
         fprintf(stderr,
-                "xknn: cuda: %s on %s (%s), exact int8 tensor cores: %lld queries per block, witnesses over %lld "
-                "references (%lld groups), %lld candidate slots, workspace %.1f MiB of a %.1f MiB budget\n",
+                "xknn: cuda: %s on %s (%s), exact integer tensor cores: %lld queries per block, witnesses over "
+                "%lld references (%lld groups), %lld candidate slots, workspace %.1f MiB of a %.1f MiB budget\n",
                 xknn_metric_name(prm->metric), xknn_dtype_name(job->dtype), ctx->name, (long long)QS, (long long)nA,
                 (long long)ga, (long long)cap, (double)o / 1048576.0, (double)budget / 1048576.0);
     b = (char *)hb.dWs;

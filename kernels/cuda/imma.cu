@@ -37,6 +37,7 @@
  */
 #include <limits.h>
 
+#include "async_primitives.cuh"
 #include "block_primitives.cuh"
 #include "kernels.cuh"
 
@@ -49,18 +50,6 @@ constexpr int kNI = kWN / 8; /* n8 blocks per warp tile */
 constexpr int kGroup = kImmaGroup; /* witness group: one warp tile's columns */
 static_assert(kGroup == kWN, "a witness group is one warp tile's columns");
 constexpr int kRowB = kBK + 16; /* staged reference row: 16 bytes of padding, conflict-free */
-
-__device__ __forceinline__ unsigned smem_u32(const void *p) { return (unsigned)__cvta_generic_to_shared(p); }
-__device__ __forceinline__ void cp16(void *dst, const void *src, int bytes)
-{
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src), "r"(bytes));
-}
-__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_wait()
-{
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
 
 __device__ __forceinline__ void mma_s8(int (&c)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0,
                                        unsigned b1)
@@ -126,7 +115,7 @@ __device__ __forceinline__ void load_stage(unsigned char *stage, const ImmaParam
         const int idx = tid + i * kThreads, row = idx >> 3, c = idx & 7;
         const int64_t j = tile * kBN + row;
         const bool ok = j < p.n;
-        cp16(stage + row * kRowB + 16 * c, ok ? p.R + j * p.dp + kc * kBK + 16 * c : p.R, ok ? 16 : 0);
+        cp_async16(stage + row * kRowB + 16 * c, ok ? p.R + j * p.dp + kc * kBK + 16 * c : p.R, ok ? 16 : 0);
     }
 }
 
@@ -147,6 +136,25 @@ __device__ __noinline__ void append(const ImmaParams &p, int q, int64_t j0, unsi
             e.idx = (int)j;
             p.cand[(int64_t)q * p.cap + pos] = e;
         }
+    }
+}
+
+/* Per row of the CTA's query tile: pass A P_q; pass B R_q = P_q - th clamped to int32
+ * (x >= R_q <=> o <= th; INT_MIN when every reference qualifies; INT_MAX + 1 for padding
+ * rows and R_q > INT_MAX: never a candidate). */
+template <int MODE>
+__device__ __forceinline__ void stage_row_consts(long long *row_s, const ImmaParams &p, int q0)
+{
+    for (int r = (int)threadIdx.x; r < kBM; r += kThreads) {
+        const int q = q0 + r;
+        long long v = 0;
+        if (MODE == 0) {
+            v = q < p.qs ? row_term(p, q) : 0ll;
+        } else {
+            v = q < p.qs && p.th[q] != LLONG_MAX ? row_term(p, q) - p.th[q] : (q < p.qs ? (long long)INT_MIN : 1ll << 31);
+            v = v < (long long)INT_MIN ? (long long)INT_MIN : (v > (long long)INT_MAX ? 1ll << 31 : v);
+        }
+        row_s[r] = v;
     }
 }
 
@@ -175,7 +183,7 @@ __global__ __launch_bounds__(kThreads, 2) void imma_kernel(const ImmaParams p)
 #pragma unroll
     for (int s = 0; s < kStages - 1; ++s) {
         if (s < total) load_stage(Rs + s * kBN * kRowB, p, t0 + s / KC, s % KC);
-        cp_commit();
+        cp_async_commit();
     }
     /* resident queries (rows past qs are zero) */
     for (int idx = tid; idx < kBM * (int)(p.dp / 16); idx += kThreads) {
@@ -185,19 +193,7 @@ __global__ __launch_bounds__(kThreads, 2) void imma_kernel(const ImmaParams p)
         if (q < p.qs) v = *reinterpret_cast<const uint4 *>(p.Q + (int64_t)q * p.dp + 16 * c);
         *reinterpret_cast<uint4 *>(Qs + r * qstride + 16 * c) = v;
     }
-    /* per row: pass A P_q; pass B R_q = P_q - th clamped to int32 (x >= R_q <=> o <= th;
-     * INT_MAX + 1 for padding rows and R_q > INT_MAX: never a candidate) */
-    for (int r = tid; r < kBM; r += kThreads) {
-        const int q = q0 + r;
-        long long v = 0;
-        if (MODE == 0) {
-            v = q < p.qs ? row_term(p, q) : 0ll;
-        } else {
-            v = q < p.qs && p.th[q] != LLONG_MAX ? row_term(p, q) - p.th[q] : (q < p.qs ? (long long)INT_MIN : 1ll << 31);
-            v = v < (long long)INT_MIN ? (long long)INT_MIN : (v > (long long)INT_MAX ? 1ll << 31 : v);
-        }
-        row_s[r] = v;
-    }
+    stage_row_consts<MODE>(row_s, p, q0);
 
     int acc[4][kNI][4];
 #pragma unroll
@@ -212,12 +208,12 @@ __global__ __launch_bounds__(kThreads, 2) void imma_kernel(const ImmaParams p)
 
 #pragma unroll 1
     for (int64_t it = 0; it < total; ++it) {
-        cp_wait<kStages - 2>();
+        cp_async_wait<kStages - 2>();
         __syncthreads();
         {
             const int64_t nx = it + kStages - 1;
             if (nx < total) load_stage(Rs + (int)(nx % kStages) * kBN * kRowB, p, t0 + nx / KC, (int)(nx % KC));
-            cp_commit();
+            cp_async_commit();
         }
         const int kc = (int)(it % KC);
         const unsigned char *A = Aw + kc * kBK;
@@ -317,7 +313,7 @@ __global__ __launch_bounds__(kThreads, 2) void imma_kernel(const ImmaParams p)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) acc[mi][ni][e] = 0;
     }
-    cp_wait<0>();
+    cp_async_wait<0>();
 }
 
 /* Rows of any u8/i8 layout -> signed rows of dp bytes (u8: v ^ 0x80 = v - 128), zero

@@ -51,6 +51,7 @@
  * (query tiles, reference slices), query tiles fastest so the CTAs resident together
  * share reference tiles through L2 (each reference row is read from HBM about once).
  */
+#include "async_primitives.cuh"
 #include "block_primitives.cuh"
 #include "kernels.cuh"
 
@@ -62,23 +63,6 @@ constexpr int kBM = kMmaBM, kBN = kMmaBN, kBK = 32, kStages = kMmaStages;
 constexpr int kRowB = kBK + 4; /* floats per staged reference row (16-byte aligned, conflict-free) */
 constexpr int kThreads = kMmaThreads;
 constexpr int kGStages = 3; /* wgmma kernel: cp.async ring depth */
-
-__device__ __forceinline__ unsigned smem_addr(const void *p) { return (unsigned)__cvta_generic_to_shared(p); }
-
-__device__ __forceinline__ void cp_async16(void *dst, const void *src, int bytes)
-{
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(bytes));
-}
-__device__ __forceinline__ void cp_async4(void *dst, const void *src, int bytes)
-{
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(bytes));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait()
-{
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
 
 __device__ __forceinline__ float to_tf32(float x)
 {
@@ -353,10 +337,6 @@ __global__ __launch_bounds__(kThreads, 1) void mma_kernel(const MmaParams p)
  * (generic proxy): every thread fences them (fence.proxy.async) before the barrier that
  * precedes the wgmma reading them. Witness groups are the two 64-column halves of a tile.
  * Launch: 256 threads, 1 CTA per SM (~180 KB of shared memory at d = 128). */
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define XKNN__HAVE_WGMMA 1
-#endif
-
 #ifdef XKNN__HAVE_WGMMA
 /* max that returns NaN when either operand is NaN */
 __device__ __forceinline__ float max_nan(float a, float b)
@@ -364,13 +344,6 @@ __device__ __forceinline__ float max_nan(float a, float b)
     float r;
     asm("max.NaN.f32 %0, %1, %2;\n" : "=f"(r) : "f"(a), "f"(b));
     return r;
-}
-
-__device__ __forceinline__ uint64_t gmma_desc(const void *smem, unsigned lbo, unsigned sbo)
-{
-    const uint64_t a = smem_addr(smem);
-    return ((a & 0x3FFFFu) >> 4) | ((uint64_t)((lbo >> 4) & 0x3FFFu) << 16) |
-           ((uint64_t)((sbo >> 4) & 0x3FFFu) << 32); /* base offset 0, no swizzle */
 }
 
 /* d[64] += A (64 x 8, descriptor) * B (8 x 128, descriptor), tf32 in, fp32 out */

@@ -1,0 +1,47 @@
+/*
+ * kernels/cuda/async_primitives.cuh -- the asynchronous-copy and matrix-descriptor layer
+ * shared by the tensor-core kernels (mma.cu, imma.cu): cp.async into shared memory
+ * (16-byte .cg and 4-byte .ca, zero-filling beyond `bytes`), commit/wait groups, and the
+ * wgmma shared-memory matrix descriptor (no swizzle).
+ */
+#ifndef XKNN_CUDA_ASYNC_PRIMITIVES_CUH
+#define XKNN_CUDA_ASYNC_PRIMITIVES_CUH
+
+#include <stdint.h>
+
+namespace xknn_cuda {
+
+__device__ __forceinline__ unsigned smem_addr(const void *p) { return (unsigned)__cvta_generic_to_shared(p); }
+
+__device__ __forceinline__ void cp_async16(void *dst, const void *src, int bytes)
+{
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(bytes));
+}
+__device__ __forceinline__ void cp_async4(void *dst, const void *src, int bytes)
+{
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait()
+{
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+/* wgmma needs sm_90a code (the architecture-specific feature set). */
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define XKNN__HAVE_WGMMA 1
+#endif
+
+/* Shared-memory matrix descriptor: start address, leading and stride byte offsets, base
+ * offset 0, no swizzle. The K-major canonical layout of core matrices of 8 rows x 16
+ * bytes: lbo = distance of core matrices adjacent in k, sbo = of those 8 rows apart. */
+__device__ __forceinline__ uint64_t gmma_desc(const void *smem, unsigned lbo, unsigned sbo)
+{
+    const uint64_t a = smem_addr(smem);
+    return ((a & 0x3FFFFu) >> 4) | ((uint64_t)((lbo >> 4) & 0x3FFFu) << 16) | ((uint64_t)((sbo >> 4) & 0x3FFFu) << 32);
+}
+
+} // namespace xknn_cuda
+
+#endif
