@@ -2,6 +2,8 @@
  * mpi-metrics-t: every metric family and dtype through the distributed layer, gathered
  * on rank 0 and compared with the oracle byte for byte, for whatever rank count mpirun
  * gives (the plan does not depend on it); and the agreed errors of the new checks.
+ * `mpi-metrics-t cuda`: the searches on the CUDA backend (every rank on its device, the
+ * ranks sharing one when there are fewer devices); skips without a CUDA device.
  */
 #include <math.h>
 #include <stdio.h>
@@ -16,6 +18,7 @@
 #include "xknn_mpi.h"
 
 static int rank, size;
+static xknn_backend backend = XKNN_BACKEND_CPU;
 
 typedef struct {
     xknn_metric metric;
@@ -115,7 +118,7 @@ static void run_case(const mcase *c)
     p.p = c->p;
     p.weights = w;
     p.weights_count = w ? d : 0;
-    p.backend = XKNN_BACKEND_CPU;
+    p.backend = backend;
     cfg.query_block = c->qb;
     if (rank == 0) {
         ids = (int64_t *)malloc((size_t)(nq * k) * sizeof(int64_t));
@@ -225,6 +228,14 @@ int main(int argc, char **argv)
     MPI_Init(&argc, &argv);
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &size);
+    if (argc > 1 && !strcmp(argv[1], "cuda")) {
+        if (!xknn_backend_built(XKNN_BACKEND_CUDA) || xknn_cuda_device_count() == 0) {
+            if (rank == 0) printf("1..0 # SKIP no CUDA device\n");
+            MPI_Finalize();
+            return 0;
+        }
+        backend = XKNN_BACKEND_CUDA;
+    }
     if (rank == 0) plan(NCASES + 4);
     for (c = 0; c < NCASES; c++) run_case(&cases[c]);
     error_cases();
