@@ -558,7 +558,6 @@ static xknn_status xknn__check_finite(const char *what, const xknn_matrix *m, in
 }
 
 static xknn_status xknn__check_matrix(const char *what, const xknn_matrix *m, xknn_error *err);
-static size_t xknn__elem_bytes(xknn_dtype dtype);
 
 /* Elements (BIN: uint64 words) in one row of m, and its leading dimension. */
 static int64_t xknn__row_elems(xknn_dtype dtype, int64_t cols)
@@ -571,23 +570,10 @@ int64_t xknn_row_elems(xknn_dtype dtype, int64_t cols) { return xknn__row_elems(
 int64_t xknn_row_bytes(xknn_dtype dtype, int64_t cols)
 {
     if ((int)dtype < 0 || dtype >= XKNN_DTYPE_COUNT || cols < 0) return 0;
-    return xknn__row_elems(dtype, cols) * (int64_t)xknn__elem_bytes(dtype);
+    return xknn__row_elems(dtype, cols) * (int64_t)xknn__dtype_bytes(dtype);
 }
 
 static int64_t xknn__ld(const xknn_matrix *m) { return m->ld ? m->ld : xknn__row_elems(m->dtype, m->cols); }
-
-/* Bytes of one element (BIN: of one word). */
-static size_t xknn__elem_bytes(xknn_dtype dtype)
-{
-    switch (dtype) {
-    case XKNN_DTYPE_F16:
-    case XKNN_DTYPE_BF16: return 2;
-    case XKNN_DTYPE_U8:
-    case XKNN_DTYPE_I8: return 1;
-    case XKNN_DTYPE_BIN: return 8;
-    default: return 4;
-    }
-}
 
 /* The metric, its parameters and the dtype fit together (d: columns, bits for BIN). */
 static xknn_status xknn__check_metric(const xknn_params *p, xknn_dtype dtype, int64_t d, xknn_error *err)
@@ -665,7 +651,7 @@ static xknn_status xknn__check_values(const xknn_params *p, const char *what, co
     first = rows;
     {
         const unsigned char *base = (const unsigned char *)m->data;
-        const size_t eb = xknn__elem_bytes(m->dtype);
+        const size_t eb = xknn__dtype_bytes(m->dtype);
 #if defined(_OPENMP)
 #pragma omp parallel for schedule(static) reduction(min : first)
 #endif

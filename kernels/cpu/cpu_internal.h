@@ -69,7 +69,6 @@ void xknn__blas_threads_restore(int saved);
  * one uint64 word). */
 typedef float (*xknn__dist_fn)(const xknn__cm_spec *s, const void *a, const void *b, int64_t d);
 xknn__dist_fn xknn__pick_dist(xknn_dtype dtype);
-size_t xknn__cpu_elem_bytes(xknn_dtype dtype);
 
 /* Symmetric self-join (sym_search.c): each distance computed once for both points. */
 xknn_status xknn__cpu_sym_self(const xknn__job *job);

@@ -642,19 +642,6 @@ xknn__dist_fn xknn__pick_dist(xknn_dtype dtype)
     }
 }
 
-/* Bytes of one element of a row (BIN: of one uint64 word). */
-size_t xknn__cpu_elem_bytes(xknn_dtype dtype)
-{
-    switch (dtype) {
-    case XKNN_DTYPE_F16:
-    case XKNN_DTYPE_BF16: return 2;
-    case XKNN_DTYPE_U8:
-    case XKNN_DTYPE_I8: return 1;
-    case XKNN_DTYPE_BIN: return 8;
-    default: return 4;
-    }
-}
-
 /* Each query against every reference in id order, canonical value per pair, a bounded
  * max-heap of the k best by (key, id) where key is the value (its negation for ip).
  * OpenMP over queries; memory: one k-heap per thread. The result does not depend on
@@ -666,7 +653,7 @@ static xknn_status xknn__cpu_generic(const xknn__job *job)
     const int64_t roff = job->params.ref_id_offset, qoff = job->params.query_id_offset;
     const int exclude = job->params.exclude_self;
     const int neg = job->params.metric == XKNN_METRIC_IP;
-    const size_t eb = xknn__cpu_elem_bytes(job->dtype);
+    const size_t eb = xknn__dtype_bytes(job->dtype);
     const unsigned char *rbase = (const unsigned char *)job->ref_data;
     const unsigned char *qbase = (const unsigned char *)job->query_data;
     const xknn__dist_fn dist_fn = xknn__pick_dist(job->dtype);

@@ -348,7 +348,7 @@ xknn_status xknn__cpu_sym_pair(const xknn__job *job, const xknn__sym_side *a, co
     c.spec.p = job->params.p;
     c.spec.weights = job->params.weights;
     c.dist_fn = xknn__pick_dist(job->dtype);
-    c.eb = xknn__cpu_elem_bytes(job->dtype);
+    c.eb = xknn__dtype_bytes(job->dtype);
 
 #ifdef XKNN_HAVE_CBLAS
     c.use_blas = job->dtype == XKNN_DTYPE_F32 && (metric == XKNN_METRIC_L2 || metric == XKNN_METRIC_EUCLIDEAN) &&

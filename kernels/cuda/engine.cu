@@ -911,6 +911,27 @@ struct HostBuffers {
     }
 };
 
+/* After a round of allocations: 1 when they all succeeded; 0 when one ran out of memory
+ * (everything released, the caller plans again with a smaller budget); -1 on any other
+ * device error (*st set). */
+int alloc_outcome(HostBuffers &hb, cudaError_t e, Err er, xknn_status *st)
+{
+    if (e == cudaSuccess) return 1;
+    (void)cudaGetLastError();
+    hb.release();
+    if (e == cudaErrorMemoryAllocation) return 0;
+    *st = failf(er, XKNN_ERROR_DEVICE, "cuda backend: cudaMalloc: %s", cudaGetErrorString(e));
+    return -1;
+}
+
+xknn_status fail_alloc_kept_failing(Err er, size_t budget, size_t bytes)
+{
+    return failf(er, XKNN_ERROR_OUT_OF_MEMORY,
+                 "cuda backend: device allocations of the planned sizes kept failing (budget %zu bytes, last "
+                 "workspace %zu bytes)",
+                 budget, bytes);
+}
+
 size_t budget_of(const xknn_params *prm, Err er, xknn_status *st)
 {
     size_t free_b = 0, total_b = 0;
@@ -1110,19 +1131,6 @@ int generic_job(const xknn__job *job)
 {
     return job->dtype != XKNN_DTYPE_F32 ||
            (job->params.metric != XKNN_METRIC_L2 && job->params.metric != XKNN_METRIC_EUCLIDEAN);
-}
-
-/* Bytes of one element, or of one 64-bit word for bit-packed rows (ld units). */
-size_t unit_bytes(xknn_dtype dt)
-{
-    switch (dt) {
-    case XKNN_DTYPE_F16:
-    case XKNN_DTYPE_BF16: return 2;
-    case XKNN_DTYPE_U8:
-    case XKNN_DTYPE_I8: return 1;
-    case XKNN_DTYPE_BIN: return 8;
-    default: return 4;
-    }
 }
 
 /* Layout of the generic path's single device allocation. */
@@ -1368,7 +1376,7 @@ xknn_status host_generic(const xknn__job *job, Err er)
     const xknn_dtype dt = job->dtype;
     const int bin = dt == XKNN_DTYPE_BIN;
     const int64_t words = bin ? (d + 63) / 64 : 0;
-    const size_t ub = unit_bytes(dt);
+    const size_t ub = xknn__dtype_bytes(dt);
     const size_t row_bytes = bin ? (size_t)words * 8 : (size_t)d * ub;
     const size_t ldr_b = (size_t)job->ldr * ub, ldq_b = (size_t)job->ldq * ub;
     const int cosine = prm->metric == XKNN_METRIC_COSINE, wham = prm->metric == XKNN_METRIC_WHAMMING;
@@ -1443,23 +1451,11 @@ xknn_status host_generic(const xknn__job *job, Err er)
                        xknn_dtype_name(dt), (long long)g.cap, attempt ? " after allocation failures shrank it" : "");
             goto cleanup;
         }
-        const cudaError_t e = hb.alloc(&hb.dWs, g.bytes);
-        if (e == cudaSuccess) {
-            planned = 1;
-        } else {
-            (void)cudaGetLastError();
-            hb.release();
-            if (e != cudaErrorMemoryAllocation) {
-                st = failf(er, XKNN_ERROR_DEVICE, "cuda backend: cudaMalloc: %s", cudaGetErrorString(e));
-                goto cleanup;
-            }
-        }
+        planned = alloc_outcome(hb, hb.alloc(&hb.dWs, g.bytes), er, &st);
+        if (planned < 0) goto cleanup;
     }
     if (!planned) {
-        st = failf(er, XKNN_ERROR_OUT_OF_MEMORY,
-                   "cuda backend: device allocations of the planned sizes kept failing (budget %zu bytes, last "
-                   "workspace %zu bytes)",
-                   budget, g.bytes);
+        st = fail_alloc_kept_failing(er, budget, g.bytes);
         goto cleanup;
     }
     if (prm->verbose)
@@ -1666,22 +1662,11 @@ xknn_status host_search(const xknn__job *job, Err er)
         if (e == cudaSuccess) e = hb.alloc((void **)&hb.dIds, (size_t)plan.QS * k * sizeof(int64_t));
         if (e == cudaSuccess && job->dist) e = hb.alloc((void **)&hb.dDist, (size_t)plan.QS * k * sizeof(float));
         if (e == cudaSuccess) e = hb.alloc(&hb.dWs, plan.bytes);
-        if (e == cudaSuccess) {
-            have_plan = 1;
-        } else {
-            (void)cudaGetLastError();
-            hb.release();
-            if (e != cudaErrorMemoryAllocation) {
-                st = failf(er, XKNN_ERROR_DEVICE, "cuda backend: cudaMalloc: %s", cudaGetErrorString(e));
-                goto cleanup;
-            }
-        }
+        have_plan = alloc_outcome(hb, e, er, &st);
+        if (have_plan < 0) goto cleanup;
     }
     if (!have_plan) {
-        st = failf(er, XKNN_ERROR_OUT_OF_MEMORY,
-                   "cuda backend: device allocations of the planned sizes kept failing (budget %zu bytes, "
-                   "last workspace %zu bytes)",
-                   budget, plan.bytes);
+        st = fail_alloc_kept_failing(er, budget, plan.bytes);
         goto cleanup;
     }
     if (prm->verbose) print_plan(ctx, plan, resident ? "resident references" : "streamed references", budget, chunk);
@@ -1811,7 +1796,7 @@ xknn_status host_search_sliced(const xknn__job *job, int64_t slice, Err er)
     for (int64_t r0 = 0; r0 < job->n; r0 += slice) {
         xknn__job sub = *job;
         sub.ref = job->ref ? job->ref + r0 * job->ldr : NULL;
-        sub.ref_data = (const char *)job->ref_data + (size_t)r0 * (size_t)job->ldr * unit_bytes(job->dtype);
+        sub.ref_data = (const char *)job->ref_data + (size_t)r0 * (size_t)job->ldr * xknn__dtype_bytes(job->dtype);
         sub.n = min64(slice, job->n - r0);
         sub.params.ref_id_offset += r0;
         sub.params.pad_missing = 1;

@@ -72,6 +72,20 @@ xknn_status xknn__cuda_search(const xknn__job *job);
  * rounded once to float. Shared by every backend's re-rank and by tests. */
 float xknn__canonical(xknn_metric metric, const float *a, const float *b, int64_t d);
 
+/* Bytes of one element of a row of this dtype (BIN: of one uint64 word): the unit of a
+ * leading dimension. */
+static inline size_t xknn__dtype_bytes(xknn_dtype dtype)
+{
+    switch (dtype) {
+    case XKNN_DTYPE_F16:
+    case XKNN_DTYPE_BF16: return 2;
+    case XKNN_DTYPE_U8:
+    case XKNN_DTYPE_I8: return 1;
+    case XKNN_DTYPE_BIN: return 8;
+    default: return 4;
+    }
+}
+
 /* Order of two results: (dist ascending, id ascending). NaN never occurs here. */
 static inline int xknn__result_less(float da, int64_t ia, float db, int64_t ib)
 {
