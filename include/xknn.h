@@ -495,15 +495,6 @@ float xknn_distance(xknn_metric metric, const float *a, const float *b, int64_t 
     return xknn__cm_dist_f32(&spec, a, b, d);
 }
 
-/* What the CUDA backend covers: every metric and dtype (a job arrives validated). Kept
- * as the one place that decides, so a future restriction stays a one-line change. */
-static int xknn__cuda_supports(xknn_metric metric, xknn_dtype dtype)
-{
-    (void)metric;
-    (void)dtype;
-    return 1;
-}
-
 /* printf-style fill of an error report; returns status for `return xknn__fail(...)`. */
 static xknn_status xknn__fail(xknn_error *err, xknn_status status, const char *fmt, ...)
 #if defined(__GNUC__)
@@ -761,8 +752,7 @@ const char *xknn_self_join_why_plain(const xknn_params *params, xknn_dtype dtype
     const xknn_params p = xknn__resolved(params);
     if (p.self_join == XKNN_SELF_JOIN_PLAIN) return "self_join plain asked for";
     if (p.backend == XKNN_BACKEND_CUDA ||
-        (p.backend == XKNN_BACKEND_AUTO && xknn__cuda_supports(p.metric, dtype) && xknn__cuda_built() &&
-         xknn__cuda_device_count() > 0))
+        (p.backend == XKNN_BACKEND_AUTO && xknn__cuda_built() && xknn__cuda_device_count() > 0))
         return "the cuda backend has no symmetric kernel yet: plain search";
     return xknn__cpu_sym_why_not(&p, dtype, d);
 }
@@ -904,12 +894,6 @@ xknn_status xknn_search(const xknn_params *params, const xknn_matrix *ref, const
 
     switch (p.backend) {
     case XKNN_BACKEND_CUDA:
-        if (!xknn__cuda_supports(p.metric, job.dtype))
-            return xknn__fail(err, XKNN_ERROR_INVALID_ARGUMENT,
-                              job.dtype != XKNN_DTYPE_F32
-                                  ? "dtype '%s' is not supported by the CUDA backend yet (use backend cpu or auto)"
-                                  : "metric '%s' is not supported by the CUDA backend yet (use backend cpu or auto)",
-                              job.dtype != XKNN_DTYPE_F32 ? xknn_dtype_name(job.dtype) : xknn_metric_name(p.metric));
         if (!xknn__cuda_built())
             return xknn__fail(err, XKNN_ERROR_NOT_BUILT,
                               "backend cuda: this xknn was built without CUDA (reconfigure with -Dcuda=enabled)");
@@ -920,7 +904,7 @@ xknn_status xknn_search(const xknn_params *params, const xknn_matrix *ref, const
         st = xknn__cuda_search(&job);
         break;
     case XKNN_BACKEND_AUTO:
-        if (xknn__cuda_supports(p.metric, job.dtype) && xknn__cuda_built() && xknn__cuda_device_count() > 0) {
+        if (xknn__cuda_built() && xknn__cuda_device_count() > 0) {
             if (job.symmetric && p.verbose)
                 fprintf(stderr, "xknn: self-join: the cuda backend has no symmetric kernel yet: plain search\n");
             st = xknn__cuda_search(&job);
