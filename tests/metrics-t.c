@@ -47,25 +47,6 @@ static const shape shapes[] = {
 };
 #define NSHAPES (int)(sizeof shapes / sizeof shapes[0])
 
-/* hellinger needs non-negative data: make signed values non-negative in place */
-static void make_nonnegative(int dtype, void *x, int64_t count)
-{
-    int64_t i;
-    for (i = 0; i < count; i++) {
-        switch (dtype) {
-        case REF_F32: ((float *)x)[i] = fabsf(((float *)x)[i]); break;
-        case REF_F16:
-        case REF_BF16: ((uint16_t *)x)[i] &= 0x7fffu; break;
-        case REF_I8: {
-            int8_t *v = (int8_t *)x + i;
-            if (*v < 0) *v = (int8_t)(*v == -128 ? 127 : -*v);
-            break;
-        }
-        default: break;
-        }
-    }
-}
-
 static float *make_weights(int64_t bits, uint64_t seed)
 {
     float *w = malloc((size_t)bits * sizeof(float));
@@ -134,8 +115,8 @@ static void run_case(xknn_metric metric, double p, xknn_dtype dtype, const shape
     char name[160];
 
     if (metric == XKNN_METRIC_HELLINGER) {
-        make_nonnegative((int)dtype, ref, sh->n * ld);
-        if (qry) make_nonnegative((int)dtype, qry, nq * ld);
+        ref_make_nonnegative((int)dtype, ref, sh->n * ld);
+        if (qry) ref_make_nonnegative((int)dtype, qry, nq * ld);
     }
     spec.metric = (int)metric;
     spec.dtype = (int)dtype;
@@ -183,7 +164,7 @@ static void distance_case(xknn_metric metric, double p, xknn_dtype dtype)
     xknn_params prm = XKNN_PARAMS_INIT;
     ref_spec spec;
     int64_t i, j, bad = 0;
-    if (metric == XKNN_METRIC_HELLINGER) make_nonnegative((int)dtype, x, rows * ld);
+    if (metric == XKNN_METRIC_HELLINGER) ref_make_nonnegative((int)dtype, x, rows * ld);
     prm.metric = metric;
     prm.p = p;
     prm.weights = w;

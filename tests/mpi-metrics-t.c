@@ -64,16 +64,6 @@ static void slice(const mcase *c, int r, int64_t *row0, int64_t *rows)
     }
 }
 
-static void nonnegative(int dtype, void *x, int64_t count)
-{
-    int64_t i;
-    for (i = 0; i < count; i++) {
-        if (dtype == REF_F32) ((float *)x)[i] = fabsf(((float *)x)[i]);
-        if (dtype == REF_F16 || dtype == REF_BF16) ((uint16_t *)x)[i] &= 0x7fffu;
-        if (dtype == REF_I8 && ((int8_t *)x)[i] < 0) ((int8_t *)x)[i] = 0;
-    }
-}
-
 static void run_case(const mcase *c)
 {
     const int self = c->nq == 0;
@@ -99,8 +89,8 @@ static void run_case(const mcase *c)
              (long long)nq, (long long)d, (long long)k, (long long)c->qb, self ? " self" : "",
              c->uneven ? " last-rank-empty" : "", size);
     if (c->metric == XKNN_METRIC_HELLINGER) {
-        nonnegative((int)c->dtype, all, c->n * ld);
-        if (qry) nonnegative((int)c->dtype, qry, nq * ld);
+        ref_make_nonnegative((int)c->dtype, all, c->n * ld);
+        if (qry) ref_make_nonnegative((int)c->dtype, qry, nq * ld);
     }
     if (c->metric == XKNN_METRIC_WHAMMING) {
         uint64_t s = 77;

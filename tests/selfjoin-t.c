@@ -40,25 +40,6 @@ static const shape shapes[] = {
 };
 #define NSHAPES (int)(sizeof shapes / sizeof shapes[0])
 
-/* hellinger needs non-negative data */
-static void make_nonnegative(int dtype, void *x, int64_t count)
-{
-    int64_t i;
-    for (i = 0; i < count; i++) {
-        switch (dtype) {
-        case REF_F32: ((float *)x)[i] = fabsf(((float *)x)[i]); break;
-        case REF_F16:
-        case REF_BF16: ((uint16_t *)x)[i] &= 0x7fffu; break;
-        case REF_I8: {
-            int8_t *v = (int8_t *)x + i;
-            if (*v < 0) *v = (int8_t)(*v == -128 ? 127 : -*v);
-            break;
-        }
-        default: break;
-        }
-    }
-}
-
 static float *make_weights(int64_t d, uint64_t seed)
 {
     float *w = (float *)malloc((size_t)d * sizeof(float));
@@ -84,7 +65,7 @@ static void check(const mcase *mc, xknn_dtype dt, const shape *sh, xknn_cpu_path
     ref_spec rs;
     xknn_error e1, e2;
     xknn_status s1, s2;
-    if (mc->metric == XKNN_METRIC_HELLINGER) make_nonnegative((int)dt, x, n * ref_row_elems((int)dt, d));
+    if (mc->metric == XKNN_METRIC_HELLINGER) ref_make_nonnegative((int)dt, x, n * ref_row_elems((int)dt, d));
     rs.metric = (int)mc->metric;
     rs.dtype = (int)dt;
     rs.p = mc->p > 0 ? mc->p : 2.0;
@@ -135,7 +116,7 @@ static void check_pair(const mcase *mc, xknn_dtype dt, int64_t k)
     xknn_error e;
     int i, j, bad = 0;
     int64_t t;
-    if (mc->metric == XKNN_METRIC_HELLINGER) make_nonnegative((int)dt, x, n * ref_row_elems((int)dt, d));
+    if (mc->metric == XKNN_METRIC_HELLINGER) ref_make_nonnegative((int)dt, x, n * ref_row_elems((int)dt, d));
     rs.metric = (int)mc->metric;
     rs.dtype = (int)dt;
     rs.p = mc->p > 0 ? mc->p : 2.0;

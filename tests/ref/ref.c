@@ -352,3 +352,21 @@ void *ref_make_typed(data_kind kind, int dtype, int64_t rows, int64_t d, uint64_
     free(f);
     return out;
 }
+
+void ref_make_nonnegative(int dtype, void *x, int64_t count)
+{
+    int64_t i;
+    for (i = 0; i < count; i++) {
+        switch (dtype) {
+        case REF_F32: ((float *)x)[i] = fabsf(((float *)x)[i]); break;
+        case REF_F16:
+        case REF_BF16: ((uint16_t *)x)[i] &= 0x7fffu; break;
+        case REF_I8: {
+            int8_t *v = (int8_t *)x + i;
+            if (*v < 0) *v = (int8_t)(*v == -128 ? 127 : -*v);
+            break;
+        }
+        default: break;
+        }
+    }
+}

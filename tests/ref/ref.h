@@ -83,6 +83,10 @@ int64_t ref_row_elems(int dtype, int64_t d);
  * failure). */
 void *ref_make_typed(data_kind kind, int dtype, int64_t rows, int64_t d, uint64_t seed);
 
+/* count values of dtype made non-negative in place (hellinger's inputs): |v| for f32,
+ * f16, bf16 (sign bit cleared) and i8 (-128 becomes 127); u8 and BIN unchanged. */
+void ref_make_nonnegative(int dtype, void *x, int64_t count);
+
 #ifdef __cplusplus
 }
 #endif
