@@ -37,18 +37,6 @@ static uint64_t mix(uint64_t x)
     return x ^ (x >> 31);
 }
 
-static size_t row_bytes(xknn_dtype dt, int64_t d)
-{
-    switch (dt) {
-    case XKNN_DTYPE_F16:
-    case XKNN_DTYPE_BF16: return (size_t)d * 2;
-    case XKNN_DTYPE_U8:
-    case XKNN_DTYPE_I8: return (size_t)d;
-    case XKNN_DTYPE_BIN: return (size_t)((d + 63) / 64) * 8;
-    default: return (size_t)d * 4;
-    }
-}
-
 /* float in [0, 1) -> IEEE half bits (exact: 11-bit multiples of 2^-11 are used) */
 static uint16_t half_of(uint32_t m11)
 {
@@ -67,7 +55,7 @@ static uint16_t half_of(uint32_t m11)
 
 static void *make_rows(xknn_dtype dt, int64_t rows, int64_t d, uint64_t seed, int which)
 {
-    const size_t rb = row_bytes(dt, d);
+    const size_t rb = (size_t)xknn_row_bytes(dt, d);
     unsigned char *x = (unsigned char *)bench_xmalloc(rb * (size_t)rows, "data");
     int64_t i;
 #pragma omp parallel for schedule(static)
@@ -197,7 +185,7 @@ int main(int argc, char **argv)
 
     {
         void *ref = make_rows(dt, n, d, seed, 0), *qry = make_rows(dt, nq, d, seed, 1);
-        const size_t rb = row_bytes(dt, d);
+        const size_t rb = (size_t)xknn_row_bytes(dt, d);
         xknn_matrix R = XKNN_MATRIX_TYPED(ref, n, d, dt), Q = XKNN_MATRIX_TYPED(qry, nq, d, dt);
         int64_t *ids = (int64_t *)bench_xmalloc((size_t)(nq * k) * sizeof(int64_t), "ids");
         float *dist = (float *)bench_xmalloc((size_t)(nq * k) * sizeof(float), "dist");
@@ -263,9 +251,9 @@ int main(int argc, char **argv)
         bench_utc_date(date, sizeof date);
         printf("# bench_metrics %s commit %s, %s\n", date, bench_commit(),
                ctx ? "cuda (host arrays in and out, copies included)" : "cpu");
-        printf("metric %s dtype %s n %lld nq %lld d %lld k %lld: median %.2f ms, min %.2f ms, %.3g pairs/s%s", xknn_metric_name(metric),
-               xknn_dtype_name(dt), (long long)n, (long long)nq, (long long)d, (long long)k, med * 1e3, mn * 1e3,
-               pairs / med, "");
+        printf("metric %s dtype %s n %lld nq %lld d %lld k %lld: median %.2f ms, min %.2f ms, %.3g pairs/s",
+               xknn_metric_name(metric), xknn_dtype_name(dt), (long long)n, (long long)nq, (long long)d, (long long)k,
+               med * 1e3, mn * 1e3, pairs / med);
         if (dt == XKNN_DTYPE_BIN) printf(", %.3g bit-ops/s", pairs * (double)d / med);
         printf(", #wrong %lld of %lld sampled\n", (long long)wrong, (long long)check);
         if (json) {

@@ -19,7 +19,6 @@ Usage: peers_metrics.py --data PREFIX --metric l1 --dtype f32 --k 10 [--json out
 import argparse
 import datetime
 import json
-import os
 import statistics
 import sys
 
