@@ -85,8 +85,11 @@
  *     ids and distance bits as XKNN_SELF_JOIN_PLAIN. The CPU covers every metric and
  *     dtype this way except the paths whose fast kernels are not symmetric yet: u8/i8
  *     l2/euclidean/ip (exact integer path), f32 ip/cosine with CBLAS (sgemm inner-
- *     product path), cpu_path INT8; the CUDA backend has no symmetric kernel yet. Those
- *     run the plain search; xknn_self_join_why_plain() says which, and params.verbose
+ *     product path), cpu_path INT8. The CUDA backend does it on its tensor-core path
+ *     (f32 l2/euclidean, d <= 128, the state of all n points in device memory): the CTA
+ *     of each row block takes the tiles from its diagonal on, and each off-diagonal
+ *     tile's bounds feed both its rows' and its columns' candidates. Other cases run
+ *     the plain search; xknn_self_join_why_plain() says which, and params.verbose
  *     prints it. (f32 l2/euclidean whose values are small integers take the symmetric
  *     sgemm path, not the integer one, in a self-join.)
  *   - xknn_search_pair() is the tile primitive, for distributed layers (xknn_mpi.h).
@@ -322,9 +325,20 @@ XKNN_API xknn_status xknn_search(const xknn_params *params, const xknn_matrix *r
  * Not collective. NULL when a self-join with these params and dtype (d elements, bits
  * for BIN) takes the symmetric path (see SELF-JOIN), else a static one-line reason why
  * it runs the plain search. backend auto counts as cuda when a CUDA device would take
- * the search.
+ * the search. On the cuda backend NULL means "symmetric where the shape allows": the
+ * kernel is the tensor-core path's (f32 l2/euclidean, d <= 128, at least 4k groups of
+ * 64 references, the state of all n points within the device memory budget); a shape
+ * outside that runs the plain search and params.verbose says why.
  */
 XKNN_API const char *xknn_self_join_why_plain(const xknn_params *params, xknn_dtype dtype, int64_t d);
+
+/*
+ * Not collective. NULL when xknn_search_pair() takes these params and dtype on the
+ * backend that xknn_search() would use (the CPU: there is no cuda pair kernel), else a
+ * static one-line reason. A distributed self-join (xknn_mpi.h) runs its symmetric ring
+ * when this is NULL on every rank.
+ */
+XKNN_API const char *xknn_search_pair_why_not(const xknn_params *params, xknn_dtype dtype, int64_t d);
 
 /*
  * Symmetric tile update, the primitive of the symmetric self-join. Host memory, CPU
@@ -747,13 +761,31 @@ static xknn_status xknn__check_matrix(const char *what, const xknn_matrix *m, xk
     return XKNN_SUCCESS;
 }
 
+/* 1 when xknn_search would run these params on a CUDA device */
+static int xknn__takes_cuda(const xknn_params *p)
+{
+    return p->backend == XKNN_BACKEND_CUDA ||
+           (p->backend == XKNN_BACKEND_AUTO && xknn__cuda_built() && xknn__cuda_device_count() > 0);
+}
+
 const char *xknn_self_join_why_plain(const xknn_params *params, xknn_dtype dtype, int64_t d)
 {
     const xknn_params p = xknn__resolved(params);
     if (p.self_join == XKNN_SELF_JOIN_PLAIN) return "self_join plain asked for";
-    if (p.backend == XKNN_BACKEND_CUDA ||
-        (p.backend == XKNN_BACKEND_AUTO && xknn__cuda_built() && xknn__cuda_device_count() > 0))
-        return "the cuda backend has no symmetric kernel yet: plain search";
+    if (xknn__takes_cuda(&p)) {
+        if (dtype != XKNN_DTYPE_F32 || (p.metric != XKNN_METRIC_L2 && p.metric != XKNN_METRIC_EUCLIDEAN))
+            return "the cuda backend's symmetric kernel takes f32 l2/euclidean only: plain search";
+        if (d > 128) return "the cuda backend's symmetric kernel takes d <= 128: plain search";
+        return NULL;
+    }
+    return xknn__cpu_sym_why_not(&p, dtype, d);
+}
+
+const char *xknn_search_pair_why_not(const xknn_params *params, xknn_dtype dtype, int64_t d)
+{
+    const xknn_params p = xknn__resolved(params);
+    if (p.self_join == XKNN_SELF_JOIN_PLAIN) return "self_join plain asked for";
+    if (xknn__takes_cuda(&p)) return "the cuda backend has no symmetric pair kernel: plain search";
     return xknn__cpu_sym_why_not(&p, dtype, d);
 }
 
@@ -891,6 +923,10 @@ xknn_status xknn_search(const xknn_params *params, const xknn_matrix *ref, const
     job.msg = err ? err->message : NULL;
     job.msg_size = err ? sizeof err->message : 0;
     job.symmetric = !query && p.self_join == XKNN_SELF_JOIN_AUTO;
+    if (job.symmetric && p.verbose && xknn__takes_cuda(&p)) {
+        const char *why = xknn_self_join_why_plain(&p, job.dtype, job.d);
+        if (why) fprintf(stderr, "xknn: self-join: %s\n", why);
+    }
 
     switch (p.backend) {
     case XKNN_BACKEND_CUDA:
@@ -899,14 +935,10 @@ xknn_status xknn_search(const xknn_params *params, const xknn_matrix *ref, const
                               "backend cuda: this xknn was built without CUDA (reconfigure with -Dcuda=enabled)");
         if (xknn__cuda_device_count() <= 0)
             return xknn__fail(err, XKNN_ERROR_NO_DEVICE, "backend cuda: no CUDA device is available");
-        if (job.symmetric && p.verbose)
-            fprintf(stderr, "xknn: self-join: the cuda backend has no symmetric kernel yet: plain search\n");
         st = xknn__cuda_search(&job);
         break;
     case XKNN_BACKEND_AUTO:
         if (xknn__cuda_built() && xknn__cuda_device_count() > 0) {
-            if (job.symmetric && p.verbose)
-                fprintf(stderr, "xknn: self-join: the cuda backend has no symmetric kernel yet: plain search\n");
             st = xknn__cuda_search(&job);
             break;
         }

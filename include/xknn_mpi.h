@@ -247,7 +247,7 @@ XKNN_API xknn_status xknn_mpi_search(xknn_mpi_context *ctx, const xknn_params *p
  * Collective. The all-kNN graph: the queries are the references (n = nq); a point is
  * never its own neighbour (duplicates at other ids are); 1 <= k <= n - 1.
  * Symmetric (params->self_join = XKNN_SELF_JOIN_AUTO, where every rank's backend
- * supports it: xknn_self_join_why_plain() is NULL on all ranks): only the slice pairs
+ * supports it: xknn_search_pair_why_not() is NULL on all ranks): only the slice pairs
  * (i, j), i <= j, are computed, each distance once for both points, with
  * xknn_search_pair(); in step s = 0 .. floor(P/2) rank r pairs its slice with slice
  * (r + s) mod P (for even P the last step's pair (r, r + P/2) is split by rows between

@@ -446,7 +446,7 @@ agree_setup:
     if (self) {
         /* Symmetric when every rank's backend allows it (the device count may differ
          * between ranks): one more agreement, on a flag. */
-        const char *why = xknn_self_join_why_plain(&p, dtype, d);
+        const char *why = xknn_search_pair_why_not(&p, dtype, d);
         int mine = why == NULL, all = 0;
         rc = MPI_Allreduce(&mine, &all, 1, MPI_INT, MPI_MIN, ctx->comm);
         if (rc != MPI_SUCCESS) {

@@ -75,6 +75,7 @@
 #include <float.h>
 #include <limits.h>
 #include <math.h>
+#include <chrono>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -630,20 +631,37 @@ cleanup:
     return st;
 }
 
-/* One pass of the state block's qs queries over references R[0, nr) whose local ids
- * start at r_local0. self_local0: local id of state query 0 itself (exclude_self). */
-/* The tensor-core pass (mma.cu) over all p.n references, resident at R. */
-xknn_status mma_pass(const Run &r, const float *Q, int64_t ldq, int64_t qs, int exclude, int64_t self_local0,
-                     const float *R, int64_t ldr, Err er)
+/* The end-of-pass resolution of the state block bound to r, queries at Q, references
+ * R[0, ...) with local ids from r_local0. */
+ResolveParams resolve_params(const Run &r, const float *Q, int64_t ldq, const float *R, int64_t ldr,
+                             int64_t r_local0)
 {
     const Plan &p = *r.p;
-    const int sms = r.ctx->sms;
-    xknn_status st = XKNN_SUCCESS;
+    ResolveParams rp;
+    memset(&rp, 0, sizeof rp);
+    rp.tau = r.tau;
+    rp.cnt = r.cnt;
+    rp.cand = r.cand;
+    rp.Q = Q;
+    rp.ldq = ldq;
+    rp.R = R;
+    rp.ldr = ldr;
+    rp.r_local0 = r_local0;
+    rp.d = p.d;
+    rp.S = p.S;
+    rp.cap = (int)p.cap;
+    rp.euclid = p.euclid;
+    return rp;
+}
+
+/* The tensor-core passes' parameters for the state block bound to r (mp.n is set per pass). */
+MmaParams mma_params(const Run &r, const float *Q, int64_t ldq, int64_t qs, int exclude, int64_t self_local0,
+                     const float *R, int64_t ldr)
+{
+    const Plan &p = *r.p;
     char *b = (char *)r.stats; /* the workspace starts with the statistics */
     MmaParams mp;
-    ResolveParams rp;
     memset(&mp, 0, sizeof mp);
-    memset(&rp, 0, sizeof rp);
     mp.Q = Q;
     mp.ldq = ldq;
     mp.R = R;
@@ -664,6 +682,19 @@ xknn_status mma_pass(const Run &r, const float *Q, int64_t ldq, int64_t qs, int 
     mp.qs = (int)qs;
     mp.cap = (int)p.cap;
     mp.exclude = exclude;
+    return mp;
+}
+
+/* One pass of the state block's qs queries over references R[0, nr) whose local ids
+ * start at r_local0. self_local0: local id of state query 0 itself (exclude_self). */
+/* The tensor-core pass (mma.cu) over all p.n references, resident at R. */
+xknn_status mma_pass(const Run &r, const float *Q, int64_t ldq, int64_t qs, int exclude, int64_t self_local0,
+                     const float *R, int64_t ldr, Err er)
+{
+    const Plan &p = *r.p;
+    const int sms = r.ctx->sms;
+    xknn_status st = XKNN_SUCCESS;
+    MmaParams mp = mma_params(r, Q, ldq, qs, exclude, self_local0, R, ldr);
     XKNN__CUDA_CHECK(launch_sqnorms(R, ldr, p.n, p.d, r.rn, r.st));
     mp.n = p.nA;
     XKNN__CUDA_CHECK(launch_mma_pass(mp, 0, sms, p.wgmma, r.st));
@@ -671,19 +702,7 @@ xknn_status mma_pass(const Run &r, const float *Q, int64_t ldq, int64_t qs, int 
     mp.n = p.n;
     XKNN__CUDA_CHECK(launch_mma_pass(mp, 1, sms, p.wgmma, r.st));
     XKNN__CUDA_CHECK(launch_mma_rescue(mp, (int)p.kk, p.euclid, sms, r.st));
-    rp.tau = r.tau;
-    rp.cnt = r.cnt;
-    rp.cand = r.cand;
-    rp.Q = Q;
-    rp.ldq = ldq;
-    rp.R = R;
-    rp.ldr = ldr;
-    rp.r_local0 = 0;
-    rp.d = p.d;
-    rp.S = 1;
-    rp.cap = (int)p.cap;
-    rp.euclid = p.euclid;
-    XKNN__CUDA_CHECK(launch_resolve(rp, (int)qs, r.st));
+    XKNN__CUDA_CHECK(launch_resolve(resolve_params(r, Q, ldq, R, ldr, 0), (int)qs, r.st));
 cleanup:
     return st;
 }
@@ -701,9 +720,7 @@ xknn_status block_pass(const Run &r, const float *Q, int64_t ldq, int64_t qs, in
     const float alpha = -2.0f, beta = 0.0f;
     const cublasComputeType_t ct = p.tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F_PEDANTIC;
     FilterParams fp;
-    ResolveParams rp;
     memset(&fp, 0, sizeof fp);
-    memset(&rp, 0, sizeof rp);
     fp.tile = r.tile;
     fp.ldt = p.RC;
     fp.rn = r.rn;
@@ -746,19 +763,7 @@ xknn_status block_pass(const Run &r, const float *Q, int64_t ldq, int64_t qs, in
             XKNN__CUDA_CHECK(launch_filter(fp, (int)qb, r.st));
         }
     }
-    rp.tau = r.tau;
-    rp.cnt = r.cnt;
-    rp.cand = r.cand;
-    rp.Q = Q;
-    rp.ldq = ldq;
-    rp.R = R;
-    rp.ldr = ldr;
-    rp.r_local0 = r_local0;
-    rp.d = p.d;
-    rp.S = p.S;
-    rp.cap = (int)p.cap;
-    rp.euclid = p.euclid;
-    XKNN__CUDA_CHECK(launch_resolve(rp, (int)qs, r.st));
+    XKNN__CUDA_CHECK(launch_resolve(resolve_params(r, Q, ldq, R, ldr, r_local0), (int)qs, r.st));
 cleanup:
     return st;
 }
@@ -1565,6 +1570,170 @@ cleanup:
     return st;
 }
 
+/* ---- symmetric self-join on the tensor-core path -------------------------------------
+ * mma.cu's passes with the state of every point live at once: pass A and the select as
+ * for a plain search of all n queries, then pass B in mode 2 over the triangle of tiles
+ * (each off-diagonal tile feeds its rows' and its columns' buffers), the exact re-run of
+ * overflowed buffers, and the resolve + final of the plain path in blocks of queries.
+ * Candidate sets, canonical values and so the output bits are those of the plain path.
+ * With n states the slots per query are fewer than the plain plan's (1.25x the expected
+ * count plus 512 instead of 2x plus 1024); an overflow is re-run exactly as there. */
+static double wall_seconds(void)
+{
+    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+static const char *plan_sym(const xknn_cuda_context *ctx, const xknn__job *job, size_t budget, Plan *out,
+                            int64_t *out_block)
+{
+    const xknn_params *prm = &job->params;
+    const int64_t n = job->n, d = job->d, k = job->k;
+    if (!(job->query == job->ref && job->ldq == job->ldr && job->nq == n)) return "the queries are not the references";
+    if (prm->query_id_offset != prm->ref_id_offset) return "query_id_offset differs from ref_id_offset";
+    if (choose_path(prm, n, n, d, k) != XKNN_CUDA_PATH_MMA)
+        return "the symmetric kernel is the tensor-core path's, and this shape takes another path";
+    Plan p;
+    if (!plan_mma(ctx, prm, n, n, d, k, SIZE_MAX / 4, 0, &p))
+        return "no tensor-core plan (device, d, or fewer than 4k witness groups of 64 references)";
+    if ((p.wgmma ? wgmma_smem_bytes(d) : mma_smem_bytes(d)) + mma_sym_smem_extra() > ctx->smem_optin)
+        return "the symmetric kernel's shared memory exceeds the device's";
+    const double expect = 3.0 * (double)p.kk * (double)n / (double)p.nA + 256.0;
+    p.cap = round_up(max64((int64_t)(1.25 * expect) + 512, p.kk + kBlock + 256), 256);
+    p.QS = round_up(n, kMmaBN); /* thr and the norms are read a whole tile at a time */
+    plan_layout(p);
+    const int64_t block = min64(n, kMaxStateQueries);
+    const size_t need = p.bytes + (size_t)n * (size_t)d * sizeof(float) +
+                        (size_t)block * (size_t)k * (sizeof(int64_t) + (job->dist ? sizeof(float) : 0));
+    if (need > budget) return "the state of all n points does not fit the device memory budget";
+    *out = p;
+    *out_block = block;
+    return NULL;
+}
+
+/* *done = 0 (and XKNN_SUCCESS) when the symmetric path does not apply or its allocation
+ * fails: the caller runs the plain search. staged: a caller's context (pinned staging).
+ * XKNN_CUDA_SYM_REQUIRE=1 (diagnostic, for the tests) makes either an error instead. */
+xknn_status host_sym(const xknn__job *job, xknn_cuda_context *ctx, int staged, size_t budget, int *done, Err er)
+{
+    const xknn_params *prm = &job->params;
+    const int64_t n = job->n, d = job->d, k = job->k;
+    const size_t row_bytes = (size_t)d * sizeof(float);
+    xknn_status st = XKNN_SUCCESS;
+    HostBuffers hb;
+    Plan plan;
+    Run run;
+    MmaParams mp;
+    int64_t block = 0;
+    int piece = 0, ok;
+    unsigned long long stats[kStatCount];
+    cudaStream_t sc = ctx->stream;
+    const char *why = plan_sym(ctx, job, budget, &plan, &block);
+    cudaEvent_t ev[4] = {NULL, NULL, NULL, NULL}; /* -v: phase times */
+    const double h0 = wall_seconds();
+    double h_alloc = 0.0, h_up = 0.0;
+    cudaError_t e;
+
+    const char *req = getenv("XKNN_CUDA_SYM_REQUIRE");
+    const int require = req && *req && *req != '0';
+
+    *done = 0;
+    if (why) {
+        if (require) return failf(er, XKNN_ERROR_INVALID_ARGUMENT, "XKNN_CUDA_SYM_REQUIRE: plain search: %s", why);
+        if (prm->verbose) fprintf(stderr, "xknn: cuda: self-join: plain search (%s)\n", why);
+        return XKNN_SUCCESS;
+    }
+    hb.pool = ctx->pool;
+    hb.s = sc;
+    e = hb.alloc((void **)&hb.dR, (size_t)n * row_bytes);
+    if (e == cudaSuccess) e = hb.alloc(&hb.dWs, plan.bytes);
+    if (e == cudaSuccess) e = hb.alloc((void **)&hb.dIds, (size_t)block * k * sizeof(int64_t));
+    if (e == cudaSuccess && job->dist) e = hb.alloc((void **)&hb.dDist, (size_t)block * k * sizeof(float));
+    ok = alloc_outcome(hb, e, er, &st);
+    if (ok < 0) return st;
+    if (ok == 0) {
+        if (require)
+            return failf(er, XKNN_ERROR_OUT_OF_MEMORY, "XKNN_CUDA_SYM_REQUIRE: the symmetric state's allocation failed");
+        if (prm->verbose) fprintf(stderr, "xknn: cuda: self-join: plain search (the symmetric state's allocation failed)\n");
+        return XKNN_SUCCESS;
+    }
+    *done = 1;
+    h_alloc = wall_seconds();
+    if (prm->verbose) {
+        print_plan(ctx, plan, "symmetric self-join, resident references", budget, 0);
+        fprintf(stderr, "xknn: cuda: self-join: symmetric (triangle of tiles, pass B feeds rows and columns)\n");
+    }
+    if (staged) {
+        XKNN__CUDA_CHECK(stage_make(ctx));
+        XKNN__TRY(stage_rows(ctx, hb.dR, job->ref, n, d, job->ldr, prm->num_threads, &piece, er));
+        XKNN__CUDA_CHECK(cudaStreamWaitEvent(sc, ctx->stage_done[(piece - 1) & 1], 0));
+    } else {
+        XKNN__CUDA_CHECK(cudaMemcpy2DAsync(hb.dR, row_bytes, job->ref, (size_t)job->ldr * sizeof(float), row_bytes,
+                                           (size_t)n, cudaMemcpyHostToDevice, sc));
+    }
+    if (prm->verbose) { /* upload time on its own (verbose runs only) */
+        XKNN__CUDA_CHECK(cudaStreamSynchronize(sc));
+        h_up = wall_seconds();
+    }
+    run = run_bind(ctx, &plan, hb.dWs, sc);
+    XKNN__TRY(run_start(run, er));
+    XKNN__CUDA_CHECK(launch_init_state(run.tau, run.cnt, (int)n, 1, sc));
+    XKNN__CUDA_CHECK(launch_sqnorms(hb.dR, d, n, d, run.rn, sc));
+    run.qn = run.rn; /* the queries are the references */
+    mp = mma_params(run, hb.dR, d, n, prm->exclude_self, 0, hb.dR, d);
+    /* thresholds past n are read with their tile (and masked): defined values */
+    XKNN__CUDA_CHECK(cudaMemsetAsync(mp.thr, 0, (size_t)plan.QS * sizeof(float), sc));
+    if (prm->verbose)
+        for (int i = 0; i < 4; ++i) XKNN__CUDA_CHECK(cudaEventCreate(&ev[i]));
+    if (ev[0]) XKNN__CUDA_CHECK(cudaEventRecord(ev[0], sc));
+    mp.n = plan.nA;
+    XKNN__CUDA_CHECK(launch_mma_pass(mp, 0, ctx->sms, plan.wgmma, sc));
+    XKNN__CUDA_CHECK(launch_mma_select(mp, (int)plan.kk, ctx->sms, sc));
+    if (ev[1]) XKNN__CUDA_CHECK(cudaEventRecord(ev[1], sc));
+    mp.n = n;
+    XKNN__CUDA_CHECK(launch_mma_pass(mp, 2, ctx->sms, plan.wgmma, sc));
+    if (ev[2]) XKNN__CUDA_CHECK(cudaEventRecord(ev[2], sc));
+    XKNN__CUDA_CHECK(launch_mma_rescue(mp, (int)plan.kk, plan.euclid, ctx->sms, sc));
+    for (int64_t q0 = 0; q0 < n; q0 += block) {
+        const int64_t qs = min64(block, n - q0);
+        Run rb = run; /* the run's state from query q0 on */
+        rb.tau = run.tau + q0;
+        rb.cnt = run.cnt + q0;
+        rb.cand = run.cand + q0 * plan.cap;
+        XKNN__CUDA_CHECK(launch_resolve(resolve_params(rb, hb.dR + q0 * d, d, hb.dR, d, 0), (int)qs, sc));
+        XKNN__TRY(block_finish(rb, qs, hb.dIds, hb.dDist, prm->ref_id_offset, er));
+        XKNN__CUDA_CHECK(cudaMemcpyAsync(job->ids + q0 * k, hb.dIds, (size_t)qs * k * sizeof(int64_t),
+                                         cudaMemcpyDeviceToHost, sc));
+        if (job->dist)
+            XKNN__CUDA_CHECK(cudaMemcpyAsync(job->dist + q0 * k, hb.dDist, (size_t)qs * k * sizeof(float),
+                                             cudaMemcpyDeviceToHost, sc));
+        XKNN__CUDA_CHECK(cudaStreamSynchronize(sc));
+    }
+    if (ev[3]) XKNN__CUDA_CHECK(cudaEventRecord(ev[3], sc));
+    XKNN__CUDA_CHECK(cudaMemcpyAsync(stats, run.stats, sizeof stats, cudaMemcpyDeviceToHost, sc));
+    XKNN__CUDA_CHECK(cudaStreamSynchronize(sc));
+    if (prm->verbose) {
+        float ms[3] = {0.0f, 0.0f, 0.0f};
+        for (int i = 0; i < 3; ++i) XKNN__CUDA_CHECK(cudaEventElapsedTime(&ms[i], ev[i], ev[i + 1]));
+        fprintf(stderr,
+                "xknn: cuda: %llu candidates appended, %llu queries re-run exactly; ms: allocation %.1f, upload "
+                "%.1f, then on the device: witnesses %.1f, triangle %.1f, re-run + re-rank + output %.1f; in all "
+                "%.1f\n",
+                stats[kStatAppended], stats[kStatReruns], (h_alloc - h0) * 1e3, (h_up - h_alloc) * 1e3, ms[0], ms[1],
+                ms[2], (wall_seconds() - h0) * 1e3);
+    }
+    if (stats[kStatUnresolved])
+        st = failf(er, XKNN_ERROR_INTERNAL, "cuda backend: %llu final candidates had no canonical distance",
+                   stats[kStatUnresolved]);
+cleanup:
+    (void)cudaStreamSynchronize(sc);
+    if (ctx->copy_stream) (void)cudaStreamSynchronize(ctx->copy_stream);
+    for (int i = 0; i < 4; ++i)
+        if (ev[i]) cudaEventDestroy(ev[i]);
+    hb.release();
+    (void)cudaStreamSynchronize(sc);
+    return st;
+}
+
 xknn_status host_search(const xknn__job *job, Err er)
 {
     if (generic_job(job)) return host_generic(job, er);
@@ -1602,6 +1771,13 @@ xknn_status host_search(const xknn__job *job, Err er)
     XKNN__CUDA_CHECK(scope.enter(ctx->device));
     budget = budget_of(prm, er, &st);
     if (st != XKNN_SUCCESS) goto cleanup;
+
+    /* The symmetric self-join where it applies (else the plain search, -v says why). */
+    if (job->symmetric) {
+        int done = 0;
+        st = host_sym(job, ctx, own_ctx == NULL, budget, &done, er);
+        if (st != XKNN_SUCCESS || done) goto cleanup;
+    }
 
     /* Fused path when chosen and the references fit the budget with the plan. */
     if (choose_path(prm, n, nq, d, k) == XKNN_CUDA_PATH_FUSED) {

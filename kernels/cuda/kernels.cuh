@@ -107,7 +107,9 @@ struct FusedParams {
 };
 
 /* Tensor-core path (mma.cu): pass A (mode 0) writes witnesses, select turns them into
- * thresholds, pass B (mode 1) appends candidates, rescue re-runs overflowed queries. */
+ * thresholds, pass B (mode 1) appends candidates, rescue re-runs overflowed queries.
+ * Mode 2 is pass B of the symmetric self-join: Q = R, self_local0 = 0, qs = n, and thr
+ * (like rn) holds round_up(n, kMmaBN) entries. */
 struct MmaParams {
     const float *Q;        /* state block queries, row stride ldq                        */
     int64_t ldq;
@@ -125,7 +127,7 @@ struct MmaParams {
     unsigned long long *stats;
     float ua, ub, la;      /* U = fma_ru(acc, -2, fma_ru(s, ua, ub)); r = fma_rd(s, la, -thr) */
     int qs, cap, exclude;
-    int tiles_per_cta;     /* set by the launcher                                        */
+    int tiles_per_cta;     /* set by the launcher (mode 2: tiles of a CTA's row chunk)   */
 };
 
 /* Generic path (generic.cu): canonical distances of any metric and dtype, tile by tile,
@@ -208,6 +210,7 @@ cudaError_t launch_imma(const ImmaParams &p, int kk, int sms, cudaStream_t st);
 
 size_t mma_smem_bytes(int64_t d);   /* mma.sync kernel (compute capability >= 8.0) */
 size_t wgmma_smem_bytes(int64_t d); /* wgmma kernel (sm_90a code, compute capability 9.0) */
+size_t mma_sym_smem_extra(void);    /* added to either in mode 2 (thr ring, p_i)          */
 int mma_wgmma_built(void);          /* 1 when the build holds sm_90a code (gpu_arch has 90) */
 cudaError_t launch_mma_pass(const MmaParams &p, int mode, int sms, int wgmma, cudaStream_t st);
 cudaError_t launch_mma_select(const MmaParams &p, int kk, int sms, cudaStream_t st);

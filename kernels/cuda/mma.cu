@@ -24,6 +24,22 @@
  * nA is chosen by the planner (engine.cu): larger for larger k, so that the expected
  * number of candidates stays a small multiple of k.
  *
+ * SYMMETRIC SELF-JOIN (pass B in mode 2; engine.cu's host_sym). The queries are the
+ * references (Q = R, local id = query index, every query's state live at once) and every
+ * query has its tau from pass A. The CTA of query tile I (rows [256 I, 256 I + 256))
+ * takes only the reference tiles from its own rows on: the two diagonal tiles feed the
+ * rows' buffers alone (both (q, x) and (x, q) of the block are rows there), every later
+ * tile feeds the rows' buffers AND the columns' buffers: reference x receives query q
+ * when the same lower bound L(q, x) <= tau'_x. Tiles before the CTA's rows are some
+ * earlier CTA's later tiles, so every ordered pair is tested once against the right
+ * threshold with about half the tensor work. The bound is symmetric (it depends on s =
+ * |q|^2 + |x|^2 and on the products, whichever operand is rounded to TF32 and which
+ * truncated), and so is the canonical distance, so the candidate sets are those of the
+ * plain pass: the same re-rank and final selection give the same bits. The column test:
+ *   not a candidate of x  <=>  fadd_ru(acc, -p_i) < c'_x,  p_i = fmul_rd(la, |q|^2),
+ *   c'_x = fsub_rd(fmul_rd(la, |x|^2), thr_x): then acc < p_i + c'_x <= la s - thr_x;
+ * the maximum over a thread's rows decides for a whole column at once.
+ *
  * THE BOUNDS. acc is the fp32 accumulation of TF32 products q't x't: the same quantity as
  * cuBLAS's TF32 GEMM (T = -2 acc exactly), so engine.cu's TF32 derivation holds: with
  * s = |q|^2 + |x|^2 (float norms), |s - 2 acc - D| <= eps s + abs, eps <= mrel, abs <=
@@ -88,14 +104,27 @@ __device__ __forceinline__ float norm_or_nan(float v) { return v <= 5e36f ? v : 
  * first chunk of a tile come its 128 reference norms, into slot tile % kRnSlots of the
  * norm ring (rn has round_up(n, kMmaBN) entries; those past n are masked later). */
 constexpr int kRnSlots = 4;
-template <bool VEC>
+/* Mode 2 also brings the tile's thresholds thr_x, into a second ring right after the
+ * norms' (p.thr has round_up(n, kMmaBN) entries; those past n are masked later). */
+template <int MODE>
+__device__ __forceinline__ void load_tile_terms(float *rn_ring, const MmaParams &p, int64_t tile)
+{
+    const int tid = (int)threadIdx.x;
+    const int64_t ref0 = tile * kBN;
+    const int slot = (int)(tile % kRnSlots) * kBN;
+    if (tid < kBN / 4)
+        cp_async16(rn_ring + slot + 4 * tid, p.rn + ref0 + 4 * tid, 16);
+    else if (MODE == 2 && tid < kBN / 2)
+        cp_async16(rn_ring + kRnSlots * kBN + slot + 4 * (tid - kBN / 4), p.thr + ref0 + 4 * (tid - kBN / 4), 16);
+}
+
+template <int MODE, bool VEC>
 __device__ __forceinline__ void load_stage(float *stage, float *rn_ring, const MmaParams &p, int64_t tile, int kc)
 {
     const int tid = (int)threadIdx.x;
     const int64_t ref0 = tile * kBN;
     const int k0 = kc * kBK;
-    if (kc == 0 && tid < kBN / 4)
-        cp_async16(rn_ring + (int)(tile % kRnSlots) * kBN + 4 * tid, p.rn + ref0 + 4 * tid, 16);
+    if (kc == 0) load_tile_terms<MODE>(rn_ring, p, tile);
     if (VEC) {
 #pragma unroll
         for (int i = 0; i < kBN * kBK / 4 / kThreads; ++i) {
@@ -120,9 +149,10 @@ __device__ __forceinline__ void load_stage(float *stage, float *rn_ring, const M
 /* Per-row epilogue constants of rows [0, bm) of the CTA's query tile (see mma_kernel):
  * pass A  A_i = fma_ru(ua, |q|^2, ub)  (NaN for padding rows);
  * pass B  r_i = fsub_rd(fmul_rd(la, |q|^2), thr)  (+inf for padding rows: never a
- * candidate). */
+ * candidate); mode 2 also p_i = fmul_rd(la, |q|^2) in prow_s (+inf for padding rows). */
 template <int MODE>
-__device__ __forceinline__ void stage_row_consts(float *row_s, const MmaParams &p, int q0, int bm, int nt)
+__device__ __forceinline__ void stage_row_consts(float *row_s, float *prow_s, const MmaParams &p, int q0, int bm,
+                                                 int nt)
 {
     for (int r = (int)threadIdx.x; r < bm; r += nt) {
         const int q = q0 + r;
@@ -131,7 +161,15 @@ __device__ __forceinline__ void stage_row_consts(float *row_s, const MmaParams &
             row_s[r] = __fmaf_ru(p.ua, qv, p.ub);
         else
             row_s[r] = q < p.qs ? __fsub_rd(__fmul_rd(p.la, qv), p.thr[q]) : INFINITY;
+        if (MODE == 2) prow_s[r] = q < p.qs ? __fmul_rd(p.la, qv) : INFINITY;
     }
+}
+
+/* Mode 2 column constant c'_x of reference j (its norm x, its thr in thr_x): +inf past n
+ * (never a candidate), NaN for huge norms (always one). */
+__device__ __forceinline__ float col_sym_term(const MmaParams &p, int64_t j, float x, float thr_x)
+{
+    return j < p.n ? __fsub_rd(__fmul_rd(p.la, norm_or_nan(x)), thr_x) : INFINITY;
 }
 
 /* Column term of reference j with stored norm x: pass A C_j = fmul_ru(ua, |x|^2) (NaN
@@ -141,7 +179,7 @@ __device__ __forceinline__ float col_term(const MmaParams &p, int64_t j, float x
 {
     x = norm_or_nan(x);
     if (MODE == 0) return j < p.n ? __fmul_ru(p.ua, x) : __int_as_float(0x7fffffff);
-    return j < p.n ? __fmul_rd(p.la, x) : INFINITY;
+    return j < p.n ? __fmul_rd(p.la, x) : INFINITY; /* modes 1 and 2 */
 }
 
 /* Appends the candidates of one row: bit 2 b + c of mask is column j0 + 8 b + c (rare:
@@ -168,9 +206,91 @@ __device__ __noinline__ void append_cands(const MmaParams &p, int q, int64_t j0,
     }
 }
 
+/* Mode 2: query qid (a local id, as Q = R) joins the buffers of the columns in mask (bit
+ * 2 b + c is column j0 + 8 b + c). Columns past n are dropped; none is qid itself (the
+ * column side runs on off-diagonal tiles only). */
+__device__ __noinline__ void append_cols(const MmaParams &p, int qid, int64_t j0, unsigned mask)
+{
+    while (mask) {
+        const int bit = __ffs(mask) - 1;
+        mask &= mask - 1;
+        const int64_t j = j0 + (bit >> 1) * 8 + (bit & 1);
+        if (j >= p.n) continue;
+        const int pos = atomicAdd(p.cnt + j, 1);
+        if (pos < p.cap) {
+            Cand e;
+            e.lo = -INFINITY;
+            e.up = INFINITY;
+            e.c = XKNN_CUDA_UNRESOLVED;
+            e.idx = qid;
+            p.cand[j * p.cap + pos] = e;
+        }
+    }
+}
+
+/* Mode 2 epilogue of one tile for the thread's R rows (tile rows rows[i]) and 2 NB
+ * columns (column nb * 8 + 2 t + c; A(i, nb, c) its accumulator): both masks of every
+ * pair, without a quick test. (A quick row and column maximum with a slow path behind
+ * it was measured 2.7x slower than the plain search: with about 650 candidates per query
+ * at n = 1M nearly every warp has a lane in the slow path on every tile.) The row mask
+ * is mode 1's test, the column mask the header's; columns are skipped on diagonal tiles
+ * (not offdiag), whose pairs the row side sees in both orders. The appends come after
+ * the last use of the accumulators. rnt / thrt: the tile's norms and thresholds, offset
+ * to the thread's column block; row_s / prow_s indexed by tile row. */
+template <int R, int NB, typename Acc>
+__device__ __forceinline__ void sym_epilogue(const MmaParams &p, Acc A, const float *rnt, const float *thrt,
+                                             const float *row_s, const float *prow_s, const int (&rows)[R], int q0,
+                                             int64_t ref0, int t, bool offdiag)
+{
+    float rc[R], pv[R];
+    unsigned rm[R], cm[R];
+#pragma unroll
+    for (int i = 0; i < R; ++i) {
+        rc[i] = row_s[rows[i]];
+        pv[i] = prow_s[rows[i]];
+        rm[i] = 0;
+        cm[i] = 0;
+    }
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+            const int col = nb * 8 + 2 * t + c;
+            const float xn = rnt[col];
+            const float cj = col_term<2>(p, ref0 + col, xn);
+            const float ct = col_sym_term(p, ref0 + col, xn, thrt[col]);
+#pragma unroll
+            for (int i = 0; i < R; ++i) {
+                const float a = A(i, nb, c);
+                rm[i] |= (unsigned)!(__fadd_ru(a, -cj) < rc[i]) << (2 * nb + c);
+                cm[i] |= (unsigned)!(__fadd_ru(a, -pv[i]) < ct) << (2 * nb + c);
+            }
+        }
+#pragma unroll
+    for (int i = 0; i < R; ++i) {
+        const int q = q0 + rows[i];
+        if (q >= p.qs) continue;
+        if (rm[i]) append_cands(p, q, ref0 + 2 * t, rm[i]);
+        if (offdiag && cm[i]) append_cols(p, q, ref0 + 2 * t, cm[i]);
+    }
+}
+
+/* mma_kernel's fragment: rows wm 64 + 16 mi + g + 8 hh, accumulator acc[mi][ni][2 hh + c] */
+__device__ __forceinline__ void sym_epilogue_mma(const MmaParams &p, float (&acc)[4][8][4], const float *rnt,
+                                                 const float *thrt, const float *row_s, const float *prow_s,
+                                                 int rbase, int q0, int64_t ref0, int t, bool offdiag)
+{
+    int rows[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) rows[i] = rbase + (i >> 1) * 16 + 8 * (i & 1);
+    sym_epilogue<8, 8>(p, [&](int i, int nb, int c) { return acc[i >> 1][nb][2 * (i & 1) + c]; }, rnt, thrt,
+                       row_s, prow_s, rows, q0, ref0, t, offdiag);
+}
+
 /*
- * MODE 0 = pass A (witnesses), 1 = pass B (filter). VEC: 16-byte reference loads (R
- * 16-byte aligned, ldr and d multiples of 4).
+ * MODE 0 = pass A (witnesses), 1 = pass B (filter), 2 = symmetric pass B (the CTA's
+ * slices start at its own rows; see the header). VEC: 16-byte reference loads (R 16-byte
+ * aligned, ldr and d multiples of 4).
  */
 template <int MODE, bool VEC>
 __global__ __launch_bounds__(kThreads, 1) void mma_kernel(const MmaParams p)
@@ -182,13 +302,14 @@ __global__ __launch_bounds__(kThreads, 1) void mma_kernel(const MmaParams p)
     float *Rs = Qs + kBM * dq;             /* kStages x kBN x kRowB */
     float *row_s = Rs + kStages * kBN * kRowB; /* kBM: per-row epilogue constant */
     float *rn_s = row_s + kBM;                 /* kRnSlots x kBN reference norms */
+    float *prow_s = rn_s + 2 * kRnSlots * kBN; /* mode 2: after the thr ring, kBM p_i */
 
     const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, t = lane & 3;
     const int wm = warp >> 1, wn = warp & 1;
     const int q0 = (int)blockIdx.x * kBM;
     const int64_t RT = (p.n + kBN - 1) / kBN;
-    const int64_t t0 = (int64_t)blockIdx.y * p.tiles_per_cta;
+    const int64_t t0 = (MODE == 2 ? (int64_t)q0 / kBN : 0) + (int64_t)blockIdx.y * p.tiles_per_cta;
     const int64_t t1 = t0 + p.tiles_per_cta < RT ? t0 + p.tiles_per_cta : RT;
     if (t0 >= t1) return;
     const int KC = dpad / kBK;
@@ -197,7 +318,7 @@ __global__ __launch_bounds__(kThreads, 1) void mma_kernel(const MmaParams p)
     /* start the reference ring before staging the queries */
 #pragma unroll
     for (int s = 0; s < kStages - 1; ++s) {
-        if (s < total) load_stage<VEC>(Rs + s * kBN * kRowB, rn_s, p, t0 + s / KC, s % KC);
+        if (s < total) load_stage<MODE, VEC>(Rs + s * kBN * kRowB, rn_s, p, t0 + s / KC, s % KC);
         cp_async_commit();
     }
     for (int idx = tid; idx < kBM * dpad; idx += kThreads) {
@@ -209,7 +330,7 @@ __global__ __launch_bounds__(kThreads, 1) void mma_kernel(const MmaParams p)
     /* per-row constants A_i / r_i and column terms C_j / c_j (stage_row_consts,
      * col_term):  U = fma_ru(acc, -2, fadd_ru(A_i, C_j)) >= (1 + mrel) s + mabs - 2 acc,
      *   fadd_rd(c_j, r_i) <= la s - thr, so acc < it implies L > tau' (see the header). */
-    stage_row_consts<MODE>(row_s, p, q0, kBM, kThreads);
+    stage_row_consts<MODE>(row_s, prow_s, p, q0, kBM, kThreads);
 
     float acc[4][8][4];
 #pragma unroll
@@ -229,7 +350,7 @@ __global__ __launch_bounds__(kThreads, 1) void mma_kernel(const MmaParams p)
         {
             const int64_t nx = it + kStages - 1;
             if (nx < total)
-                load_stage<VEC>(Rs + (int)(nx % kStages) * kBN * kRowB, rn_s, p, t0 + nx / KC, (int)(nx % KC));
+                load_stage<MODE, VEC>(Rs + (int)(nx % kStages) * kBN * kRowB, rn_s, p, t0 + nx / KC, (int)(nx % KC));
             cp_async_commit();
         }
         const int kc = (int)(it % KC);
@@ -263,6 +384,10 @@ __global__ __launch_bounds__(kThreads, 1) void mma_kernel(const MmaParams p)
         const int64_t tile = t0 + it / KC;
         const int64_t ref0 = tile * kBN + wn * 64;
         const float *rnt = rn_s + (int)(tile % kRnSlots) * kBN + wn * 64;
+        if (MODE == 2) {
+            sym_epilogue_mma(p, acc, rnt, rn_s + kRnSlots * kBN + (int)(tile % kRnSlots) * kBN + wn * 64, row_s,
+                             prow_s, wm * 64 + g, q0, ref0, t, tile * kBN >= (int64_t)q0 + kBM);
+        } else {
         float cv[8][2]; /* column terms C_j (pass A) or c_j (pass B) */
 #pragma unroll
         for (int ni = 0; ni < 8; ++ni) {
@@ -313,6 +438,7 @@ __global__ __launch_bounds__(kThreads, 1) void mma_kernel(const MmaParams p)
                     if (mask && q < p.qs) append_cands(p, q, ref0 + 2 * t, mask);
                 }
         }
+        }
 #pragma unroll
         for (int mi = 0; mi < 4; ++mi)
 #pragma unroll
@@ -346,6 +472,18 @@ __device__ __forceinline__ float max_nan(float a, float b)
     return r;
 }
 
+/* wgmma_kernel's fragment: rows wg 128 + 64 mb + 16 wi + g + 8 hh, acc[mb][4 nb + 2 hh + c] */
+__device__ __forceinline__ void sym_epilogue_wg(const MmaParams &p, float (&acc)[2][64], const float *rnt,
+                                                const float *thrt, const float *row_s, const float *prow_s,
+                                                int rbase, int q0, int64_t ref0, int t, bool offdiag)
+{
+    int rows[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) rows[i] = rbase + (i >> 1) * 64 + 8 * (i & 1);
+    sym_epilogue<4, 16>(p, [&](int i, int nb, int c) { return acc[i >> 1][4 * nb + 2 * (i & 1) + c]; }, rnt, thrt,
+                        row_s, prow_s, rows, q0, ref0, t, offdiag);
+}
+
 /* d[64] += A (64 x 8, descriptor) * B (8 x 128, descriptor), tf32 in, fp32 out */
 __device__ __forceinline__ void wgmma_m64n128k8(float (&d)[64], uint64_t da, uint64_t db)
 {
@@ -374,14 +512,13 @@ __device__ __forceinline__ void wgmma_m64n128k8(float (&d)[64], uint64_t da, uin
 /* One 32-dimension chunk of tile `tile` in the core-matrix layout (16-byte chunk (j, c4)
  * to core matrix (j / 8, c4), row j % 8); zero-filled past n and d. 8 consecutive threads
  * fill one core matrix (conflict-free stores). Norms as in load_stage. */
-template <bool VEC>
+template <int MODE, bool VEC>
 __device__ __forceinline__ void gload_stage(float *stage, float *rn_ring, const MmaParams &p, int64_t tile, int kc)
 {
     const int tid = (int)threadIdx.x;
     const int64_t ref0 = tile * kBN;
     const int k0 = kc * kBK;
-    if (kc == 0 && tid < kBN / 4)
-        cp_async16(rn_ring + (int)(tile % kRnSlots) * kBN + 4 * tid, p.rn + ref0 + 4 * tid, 16);
+    if (kc == 0) load_tile_terms<MODE>(rn_ring, p, tile);
 #pragma unroll
     for (int i = 0; i < kBN * kBK / 4 / kThreads; ++i) {
         const int idx = tid + i * kThreads;
@@ -414,13 +551,14 @@ __global__ __launch_bounds__(kThreads, 1) void wgmma_kernel(const MmaParams p)
     float *Rs = Qs + kBM * dpad;               /* kGStages x kBN x kBK, core-matrix layout */
     float *row_s = Rs + kGStages * kBN * kBK;  /* kBM */
     float *rn_s = row_s + kBM;                 /* kRnSlots x kBN */
+    float *prow_s = rn_s + 2 * kRnSlots * kBN; /* mode 2: after the thr ring, kBM p_i */
 
     const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, t = lane & 3;
     const int wg = warp >> 2, wi = warp & 3;
     const int q0 = (int)blockIdx.x * kBM;
     const int64_t RT = (p.n + kBN - 1) / kBN;
-    const int64_t t0 = (int64_t)blockIdx.y * p.tiles_per_cta;
+    const int64_t t0 = (MODE == 2 ? (int64_t)q0 / kBN : 0) + (int64_t)blockIdx.y * p.tiles_per_cta;
     const int64_t t1 = t0 + p.tiles_per_cta < RT ? t0 + p.tiles_per_cta : RT;
     if (t0 >= t1) return;
     const int KC = dpad / kBK;
@@ -428,7 +566,7 @@ __global__ __launch_bounds__(kThreads, 1) void wgmma_kernel(const MmaParams p)
 
 #pragma unroll
     for (int s = 0; s < kGStages - 1; ++s) {
-        if (s < total) gload_stage<VEC>(Rs + s * kBN * kBK, rn_s, p, t0 + s / KC, s % KC);
+        if (s < total) gload_stage<MODE, VEC>(Rs + s * kBN * kBK, rn_s, p, t0 + s / KC, s % KC);
         cp_async_commit();
     }
     for (int idx = tid; idx < kBM * dpad; idx += kThreads) {
@@ -437,7 +575,7 @@ __global__ __launch_bounds__(kThreads, 1) void wgmma_kernel(const MmaParams p)
         const float v = (q < p.qs && c < p.d) ? p.Q[(int64_t)q * p.ldq + c] : 0.0f;
         Qs[((r >> 3) * kp + (c >> 2)) * 32 + (r & 7) * 4 + (c & 3)] = to_tf32(v);
     }
-    stage_row_consts<MODE>(row_s, p, q0, kBM, kThreads);
+    stage_row_consts<MODE>(row_s, prow_s, p, q0, kBM, kThreads);
 
     float acc[2][64];
 #pragma unroll
@@ -459,7 +597,7 @@ __global__ __launch_bounds__(kThreads, 1) void wgmma_kernel(const MmaParams p)
         {
             const int64_t nx = it + kGStages - 1;
             if (nx < total)
-                gload_stage<VEC>(Rs + (int)(nx % kGStages) * kBN * kBK, rn_s, p, t0 + nx / KC, (int)(nx % KC));
+                gload_stage<MODE, VEC>(Rs + (int)(nx % kGStages) * kBN * kBK, rn_s, p, t0 + nx / KC, (int)(nx % KC));
             cp_async_commit();
         }
         const int kc = (int)(it % KC);
@@ -480,6 +618,10 @@ __global__ __launch_bounds__(kThreads, 1) void wgmma_kernel(const MmaParams p)
         const int64_t tile = t0 + it / KC;
         const int64_t ref0 = tile * kBN;
         const float *rnt = rn_s + (int)(tile % kRnSlots) * kBN;
+        if (MODE == 2) {
+            sym_epilogue_wg(p, acc, rnt, rn_s + kRnSlots * kBN + (int)(tile % kRnSlots) * kBN, row_s, prow_s,
+                            wg * 128 + wi * 16 + g, q0, ref0, t, tile * kBN >= (int64_t)q0 + kBM);
+        } else {
         float cv[16][2];
 #pragma unroll
         for (int nb = 0; nb < 16; ++nb) {
@@ -536,6 +678,7 @@ __global__ __launch_bounds__(kThreads, 1) void wgmma_kernel(const MmaParams p)
                     if (mask) append_cands(p, q, ref0 + 2 * t, mask);
                 }
             }
+        }
 #pragma unroll
         for (int mb = 0; mb < 2; ++mb)
 #pragma unroll
@@ -634,16 +777,33 @@ __global__ __launch_bounds__(kBlock) void mma_rescue_kernel(const MmaParams p, i
 template <int MODE, bool VEC>
 cudaError_t launch_one(const MmaParams &p, int sms, int wgmma, cudaStream_t st)
 {
-    const size_t smem = wgmma ? wgmma_smem_bytes(p.d) : mma_smem_bytes(p.d);
+    const size_t smem = (wgmma ? wgmma_smem_bytes(p.d) : mma_smem_bytes(p.d)) + (MODE == 2 ? mma_sym_smem_extra() : 0);
     cudaError_t e = wgmma ? cudaFuncSetAttribute(wgmma_kernel<MODE, VEC>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem)
                           : cudaFuncSetAttribute(mma_kernel<MODE, VEC>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess) return e;
     const int64_t qt = (p.qs + kBM - 1) / kBM;
     const int64_t RT = (p.n + kBN - 1) / kBN;
-    int64_t Z = choose_slices(qt, RT, sms);
     MmaParams q = p;
-    q.tiles_per_cta = (int)((RT + Z - 1) / Z);
-    Z = (RT + q.tiles_per_cta - 1) / q.tiles_per_cta;
+    int64_t Z;
+    if (MODE == 2) {
+        /* triangle: CTA (I, z) takes tiles [2 I + z L, 2 I + (z + 1) L) of its row's
+         * RT - 2 I (the diagonal is at most one tile past n's last); L makes at least 8
+         * CTAs' worth per SM of the qt RT - qt (qt - 1) tiles in all, so the shorter rows
+         * (launched last) even out the waves */
+        static_assert(kBM % kBN == 0, "a query tile is whole reference tiles");
+        const int64_t per = kBM / kBN;
+        const int64_t total = qt * RT - per * qt * (qt - 1) / 2;
+        int64_t L = (total + 8 * (int64_t)sms - 1) / (8 * (int64_t)sms);
+        if (L < 16) L = 16;
+        if (L > RT) L = RT;
+        q.tiles_per_cta = (int)L;
+        Z = (RT + L - 1) / L;
+        if (Z > 65535) return cudaErrorInvalidConfiguration;
+    } else {
+        Z = choose_slices(qt, RT, sms);
+        q.tiles_per_cta = (int)((RT + Z - 1) / Z);
+        Z = (RT + q.tiles_per_cta - 1) / q.tiles_per_cta;
+    }
     if (wgmma)
         wgmma_kernel<MODE, VEC><<<dim3((unsigned)qt, (unsigned)Z), kThreads, smem, st>>>(q);
     else
@@ -658,6 +818,8 @@ size_t wgmma_smem_bytes(int64_t d)
     const int64_t dpad = (d + kBK - 1) / kBK * kBK;
     return sizeof(float) * (size_t)(kBM * dpad + kGStages * kBN * kBK + kBM + kRnSlots * kBN);
 }
+
+size_t mma_sym_smem_extra(void) { return sizeof(float) * (size_t)(kRnSlots * kBN + kBM); }
 
 size_t mma_smem_bytes(int64_t d)
 {
@@ -679,6 +841,7 @@ cudaError_t launch_mma_pass(const MmaParams &p, int mode, int sms, int wgmma, cu
     if (p.n <= 0 || p.qs <= 0) return cudaSuccess;
     const bool vec = ((uintptr_t)p.R % 16 == 0) && p.ldr % 4 == 0 && p.d % 4 == 0;
     if (mode == 0) return vec ? launch_one<0, true>(p, sms, wgmma, st) : launch_one<0, false>(p, sms, wgmma, st);
+    if (mode == 2) return vec ? launch_one<2, true>(p, sms, wgmma, st) : launch_one<2, false>(p, sms, wgmma, st);
     return vec ? launch_one<1, true>(p, sms, wgmma, st) : launch_one<1, false>(p, sms, wgmma, st);
 }
 
