@@ -1,0 +1,138 @@
+/* cuda-sym-t: the symmetric self-join of the CUDA backend (the triangle of tensor-core
+ * tiles, mma.cu mode 2) against the plain self-join on the same device and against the
+ * oracle, byte for byte (ids and distance bits).
+ *
+ * The symmetric cases run with XKNN_CUDA_SYM_REQUIRE=1, so a shape that silently fell
+ * back to the plain search would fail here instead of passing as plain; the fallback
+ * cases run without it and must still be exact. XKNN_CUDA_MMA_SYNC=1 (meson test
+ * cuda-sym-mma-sync) takes the mma.sync kernel instead of wgmma; XKNN_CUDA_TEST_QUICK=1
+ * (compute-sanitizer) skips the cases above 6000 points. Skips everything
+ * (1..0 # SKIP) when the CUDA backend is not built or no device is present. */
+#define _POSIX_C_SOURCE 200809L
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ref/ref.h"
+#include "tap/tap.h"
+#include "xknn.h"
+#include "xknn/cuda.h"
+
+typedef struct {
+    const char *what;
+    data_kind kind;
+    int64_t n, d, k;   /* k <= 0: n - 1 */
+    int euclid;
+    int64_t ldpad;     /* extra floats per row */
+    int64_t off;       /* ref_id_offset (a self-join's query ids follow it) */
+    size_t budget;     /* device_memory_budget, 0 = default */
+    int sym;           /* 1: must take the symmetric path (XKNN_CUDA_SYM_REQUIRE=1) */
+} scase;
+
+static const scase cases[] = {
+    /* what                         kind            n      d    k   eu ldp off      budget    sym */
+    {"k=1, n not a tile multiple", DATA_UNIFORM, 1000, 3, 1, 0, 0, 0, 0, 1},
+    {"ties, integer data", DATA_INTEGER, 3001, 32, 8, 0, 0, 0, 0, 1},
+    {"ties d=1: buffers overflow, exact re-run", DATA_INTEGER, 4100, 1, 10, 1, 0, 0, 0, 1},
+    {"duplicates", DATA_DUPLICATES, 2600, 16, 9, 0, 0, 0, 0, 1},
+    {"gaussian d=100 euclidean", DATA_GAUSSIAN, 5000, 100, 16, 1, 0, 0, 0, 1},
+    {"ld = d + 3, d=17 (4-byte loads), id offset", DATA_UNIFORM, 2177, 17, 4, 0, 3, 1000000, 0, 1},
+    {"clustered d=128 k=30", DATA_CLUSTERED, 9000, 128, 30, 0, 0, 0, 0, 1},
+    {"uniform d=64 k=16, several chunks per tile row", DATA_UNIFORM, 12000, 64, 16, 0, 0, 0, 0, 1},
+    {"k=n-1: plain (too few witness groups)", DATA_INTEGER, 300, 8, -1, 0, 0, 0, 0, 0},
+    {"1 MiB budget: plain", DATA_UNIFORM, 4000, 32, 5, 0, 0, 0, (size_t)1 << 20, 0},
+};
+#define NCASES (int)(sizeof cases / sizeof cases[0])
+
+static int quick;
+
+static void *xmalloc(size_t n)
+{
+    void *p = malloc(n ? n : 1);
+    if (!p) bail("out of host memory (%zu bytes)", n);
+    return p;
+}
+
+static xknn_status self_join(const scase *c, const float *x, int64_t ld, int64_t k, xknn_self_join mode,
+                             int64_t *ids, float *dist, xknn_error *err)
+{
+    xknn_params p = XKNN_PARAMS_INIT;
+    xknn_matrix r = XKNN_MATRIX_F32(x, c->n, c->d);
+    r.ld = ld;
+    p.backend = XKNN_BACKEND_CUDA;
+    p.metric = c->euclid ? XKNN_METRIC_EUCLIDEAN : XKNN_METRIC_L2;
+    p.cuda_path = XKNN_CUDA_PATH_MMA;
+    p.self_join = mode;
+    p.ref_id_offset = c->off;
+    p.device_memory_budget = c->budget;
+    p.verbose = getenv("XKNN_CUDA_TEST_VERBOSE") != NULL;
+    memset(ids, 0xab, (size_t)(c->n * k) * sizeof(int64_t));
+    memset(dist, 0xab, (size_t)(c->n * k) * sizeof(float));
+    return xknn_search(&p, &r, NULL, k, ids, dist, err);
+}
+
+/* Three TAP lines per case. */
+static void run_case(const scase *c)
+{
+    const int64_t n = c->n, d = c->d, ld = d + c->ldpad, k = c->k > 0 ? c->k : n - 1;
+    float *tight = (float *)xmalloc((size_t)(n * d) * sizeof(float));
+    float *x = (float *)xmalloc((size_t)(n * ld) * sizeof(float));
+    int64_t *sid = (int64_t *)xmalloc((size_t)(n * k) * sizeof(int64_t));
+    int64_t *pid = (int64_t *)xmalloc((size_t)(n * k) * sizeof(int64_t));
+    int64_t *wid = (int64_t *)xmalloc((size_t)(n * k) * sizeof(int64_t));
+    float *sd = (float *)xmalloc((size_t)(n * k) * sizeof(float));
+    float *pd = (float *)xmalloc((size_t)(n * k) * sizeof(float));
+    float *wd = (float *)xmalloc((size_t)(n * k) * sizeof(float));
+    char name[256];
+    xknn_error serr, perr;
+    xknn_status sst, pst;
+    int64_t i, t;
+
+    snprintf(name, sizeof name, "%s: %s n=%lld d=%lld k=%lld %s", c->what, ref_data_name(c->kind), (long long)n,
+             (long long)d, (long long)k, c->euclid ? "euclidean" : "l2");
+    ref_make_data(c->kind, tight, n, d, 7);
+    for (i = 0; i < n; i++)
+        for (t = 0; t < ld; t++) x[i * ld + t] = t < d ? tight[i * d + t] : 1e30f;
+
+    if (c->sym) setenv("XKNN_CUDA_SYM_REQUIRE", "1", 1);
+    sst = self_join(c, x, ld, k, XKNN_SELF_JOIN_AUTO, sid, sd, &serr);
+    unsetenv("XKNN_CUDA_SYM_REQUIRE");
+    pst = self_join(c, x, ld, k, XKNN_SELF_JOIN_PLAIN, pid, pd, &perr);
+    if (ref_knn(c->euclid ? REF_EUCLIDEAN : REF_L2, x, n, ld, NULL, n, ld, d, k, 1, c->off, c->off, wid, wd) != 0)
+        bail("oracle out of memory");
+    if (sst != XKNN_SUCCESS)
+        ok(0, "%s: %s vs oracle: %s", name, c->sym ? "symmetric" : "self-join (auto)", serr.message);
+    else
+        is_knn_equal(sid, sd, wid, wd, n, k, "%s: %s vs oracle", name, c->sym ? "symmetric" : "self-join (auto)");
+    if (pst != XKNN_SUCCESS)
+        ok(0, "%s: plain vs oracle: %s", name, perr.message);
+    else
+        is_knn_equal(pid, pd, wid, wd, n, k, "%s: plain vs oracle", name);
+    ok(sst == XKNN_SUCCESS && pst == XKNN_SUCCESS &&
+           !memcmp(sid, pid, (size_t)(n * k) * sizeof(int64_t)) && !memcmp(sd, pd, (size_t)(n * k) * sizeof(float)),
+       "%s: auto and plain outputs are the same bytes", name);
+    free(tight);
+    free(x);
+    free(sid);
+    free(pid);
+    free(wid);
+    free(sd);
+    free(pd);
+    free(wd);
+}
+
+int main(void)
+{
+    int i;
+    if (!xknn_backend_built(XKNN_BACKEND_CUDA) || xknn_cuda_device_count() == 0) skip_all("no CUDA device");
+    quick = getenv("XKNN_CUDA_TEST_QUICK") ? atoi(getenv("XKNN_CUDA_TEST_QUICK")) : 0;
+    plan(3 * NCASES);
+    for (i = 0; i < NCASES; i++) {
+        if (quick && cases[i].n > 6000)
+            skip(3, "%s n=%lld: not with XKNN_CUDA_TEST_QUICK", cases[i].what, (long long)cases[i].n);
+        else
+            run_case(&cases[i]);
+    }
+    return tap_done();
+}
