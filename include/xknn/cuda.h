@@ -81,7 +81,13 @@ struct CUstream_st; /* = cudaStream_t's pointee; NULL means the legacy default s
  * take kernels/cuda/imma.cu (u8/i8 l2, euclidean, ip; hamming: exact integer tensor cores
  * with fused candidate selection) or kernels/cuda/generic.cu (everything else: canonical
  * FP64 / popcount tiles with fused selection). Environment (diagnostics):
- * XKNN_CUDA_NO_IMMA=1 sends the integer jobs to the canonical tiles. */
+ * XKNN_CUDA_NO_IMMA=1 sends the integer jobs to the canonical tiles.
+ * A host-array self-join (query NULL, self_join auto) of f32 l2/euclidean on the MMA
+ * path runs symmetric: pass B over the triangle of tiles, each off-diagonal tile feeding
+ * its rows' and its columns' candidates, with the state of all n points on the device
+ * (about n (16 cap + 4 groups + 32) bytes; verbose prints the plan). Where that does not
+ * apply it runs the plain search; XKNN_CUDA_SYM_REQUIRE=1 (diagnostics, the tests) makes
+ * that an error instead. */
 
 /* Diagnostics: the workspace begins with XKNN_CUDA_STAT_COUNT unsigned 64-bit counters,
  * zeroed by each xknn_cuda_search and valid once its work on the stream has completed
