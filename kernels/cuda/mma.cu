@@ -182,6 +182,21 @@ __device__ __forceinline__ float col_term(const MmaParams &p, int64_t j, float x
     return j < p.n ? __fmul_rd(p.la, x) : INFINITY; /* modes 1 and 2 */
 }
 
+/* Candidate idx into the buffer of list (a state query): one slot by atomic; a full
+ * buffer only counts (the query is re-run exactly). */
+__device__ __forceinline__ void put_cand(const MmaParams &p, int64_t list, int idx)
+{
+    const int pos = atomicAdd(p.cnt + list, 1);
+    if (pos < p.cap) {
+        Cand e;
+        e.lo = -INFINITY;
+        e.up = INFINITY;
+        e.c = XKNN_CUDA_UNRESOLVED;
+        e.idx = idx;
+        p.cand[list * p.cap + pos] = e;
+    }
+}
+
 /* Appends the candidates of one row: bit 2 b + c of mask is column j0 + 8 b + c (rare:
  * about kk n / nA per query in all). Columns past n and the query itself are dropped
  * here, never in the hot test. One call site per row (a call per pair, or passing the
@@ -189,20 +204,10 @@ __device__ __forceinline__ float col_term(const MmaParams &p, int64_t j, float x
 __device__ __noinline__ void append_cands(const MmaParams &p, int q, int64_t j0, unsigned mask)
 {
     const int64_t self = p.exclude ? p.self_local0 + q : -1;
-    while (mask) {
+    for (; mask; mask &= mask - 1) {
         const int bit = __ffs(mask) - 1;
-        mask &= mask - 1;
         const int64_t j = j0 + (bit >> 1) * 8 + (bit & 1);
-        if (j >= p.n || j == self) continue;
-        const int pos = atomicAdd(p.cnt + q, 1);
-        if (pos < p.cap) {
-            Cand e;
-            e.lo = -INFINITY;
-            e.up = INFINITY;
-            e.c = XKNN_CUDA_UNRESOLVED;
-            e.idx = (int)j;
-            p.cand[(int64_t)q * p.cap + pos] = e;
-        }
+        if (j < p.n && j != self) put_cand(p, q, (int)j);
     }
 }
 
@@ -211,20 +216,10 @@ __device__ __noinline__ void append_cands(const MmaParams &p, int q, int64_t j0,
  * column side runs on off-diagonal tiles only). */
 __device__ __noinline__ void append_cols(const MmaParams &p, int qid, int64_t j0, unsigned mask)
 {
-    while (mask) {
+    for (; mask; mask &= mask - 1) {
         const int bit = __ffs(mask) - 1;
-        mask &= mask - 1;
         const int64_t j = j0 + (bit >> 1) * 8 + (bit & 1);
-        if (j >= p.n) continue;
-        const int pos = atomicAdd(p.cnt + j, 1);
-        if (pos < p.cap) {
-            Cand e;
-            e.lo = -INFINITY;
-            e.up = INFINITY;
-            e.c = XKNN_CUDA_UNRESOLVED;
-            e.idx = qid;
-            p.cand[j * p.cap + pos] = e;
-        }
+        if (j < p.n) put_cand(p, j, qid);
     }
 }
 
