@@ -1031,7 +1031,9 @@ static xknn_status knn__gather_ranks(knn_run *r, const xknn_mpi_stats *stats, xk
     double busy = stats->local.search;
     int have = 1, rc;
     mine[0] = stats->distance_evals;
-    mine[1] = !r->o.query && xknn_search_pair_why_not(&r->params, r->dtype, r->dsearch) == NULL;
+    /* the symmetric ring (pair kernel), or one rank's own symmetric self-join (GPU) */
+    mine[1] = !r->o.query && (xknn_search_pair_why_not(&r->params, r->dtype, r->dsearch) == NULL ||
+                              (r->size == 1 && xknn_self_join_why_plain(&r->params, r->dtype, r->dsearch) == NULL));
     if (r->rank == 0) {
         r->rank_work = (int64_t *)malloc((size_t)r->size * 2 * sizeof(int64_t));
         r->rank_busy = (double *)malloc((size_t)r->size * sizeof(double));

@@ -242,6 +242,56 @@ static xknn_status xknn__check_table(const int64_t *tab, int P, int *order, int 
 
 /* Queries per block: the configured value, or about 4 blocks per rank within
  * [min(64, nq), 2048]; then capped so buffers stay under ~256 MiB and MPI counts fit. */
+/* A self-join on one rank whose backend has a symmetric self-join of its own but no
+ * pair kernel (the GPU's triangle of tiles): the whole graph in one xknn_search, then
+ * the output as the pipeline delivers it (gather, one sink call, progress). */
+static xknn_status xknn__self_local(int rank, const xknn_params *params, const xknn_matrix *ref, int64_t ref_offset,
+                                    int64_t k, const xknn_mpi_output *out, xknn_mpi_timings *tm, xknn_error *lerr)
+{
+    const int64_t n = ref->rows;
+    const int direct = out->gather_root == rank && out->ids && out->dist;
+    int64_t *ids = direct ? out->ids : (int64_t *)malloc((size_t)(n * k) * sizeof(int64_t));
+    float *dist = direct ? out->dist : (float *)malloc((size_t)(n * k) * sizeof(float));
+    xknn_params p = *params;
+    xknn_error e;
+    xknn_status st;
+    double t0;
+    if (!ids || !dist) {
+        st = xknn__mpi_fail(lerr, XKNN_ERROR_OUT_OF_MEMORY, "rank %d: out of memory for the %lld x %lld graph", rank,
+                            (long long)n, (long long)k);
+        goto done;
+    }
+    p.ref_id_offset = ref_offset;
+    t0 = MPI_Wtime();
+    st = xknn_search(&p, ref, NULL, k, ids, dist, &e);
+    tm->search += MPI_Wtime() - t0;
+    if (st != XKNN_SUCCESS) {
+        st = xknn__mpi_fail(lerr, st, "rank %d: %s", rank, e.message);
+        goto done;
+    }
+    if (out->gather_root == rank && !direct) {
+        memcpy(out->ids, ids, (size_t)(n * k) * sizeof(int64_t));
+        if (out->dist) memcpy(out->dist, dist, (size_t)(n * k) * sizeof(float));
+    }
+    if (out->sink) {
+        e.status = XKNN_SUCCESS;
+        e.message[0] = '\0';
+        t0 = MPI_Wtime();
+        st = out->sink(out->sink_user, ref_offset, n, k, ids, dist, &e);
+        tm->write += MPI_Wtime() - t0;
+        if (st != XKNN_SUCCESS)
+            st = e.message[0] ? xknn__mpi_fail(lerr, st, "rank %d: %s", rank, e.message)
+                              : xknn__mpi_fail(lerr, st, "rank %d: result sink failed: %s", rank, xknn_status_string(st));
+    }
+    if (st == XKNN_SUCCESS && out->progress) out->progress(out->progress_user, n, n);
+done:
+    if (!direct) {
+        free(ids);
+        free(dist);
+    }
+    return st;
+}
+
 static int64_t xknn__pick_query_block(int64_t cfg, int64_t nq, int64_t row_bytes, int64_t k, int P)
 {
     int64_t qb;
@@ -451,6 +501,18 @@ agree_setup:
         rc = MPI_Allreduce(&mine, &all, 1, MPI_INT, MPI_MIN, ctx->comm);
         if (rc != MPI_SUCCESS) {
             st = xknn__mpi_error(rank, &lerr, rc, "MPI_Allreduce (symmetric)");
+            goto verdict;
+        }
+        if (!all && P == 1 && nloc > 0 && xknn_self_join_why_plain(&p, dtype, d) == NULL) {
+            if (ctx->config.verbose)
+                fprintf(stderr, "xknn_mpi: self-join: one rank: the backend's own symmetric self-join\n");
+            if (p.device < 0) p.device = ctx->device;
+            st = xknn__self_local(rank, &p, ref, ref_offset, k, out, &tm, &lerr);
+            if (st == XKNN_SUCCESS) {
+                owned = 1;
+                evals = n * (n - 1) / 2;
+            }
+            if (stats) stats->blocks = 1;
             goto verdict;
         }
         if (ctx->config.verbose && rank == 0)
