@@ -685,8 +685,6 @@ MmaParams mma_params(const Run &r, const float *Q, int64_t ldq, int64_t qs, int 
     return mp;
 }
 
-/* One pass of the state block's qs queries over references R[0, nr) whose local ids
- * start at r_local0. self_local0: local id of state query 0 itself (exclude_self). */
 /* The tensor-core pass (mma.cu) over all p.n references, resident at R. */
 xknn_status mma_pass(const Run &r, const float *Q, int64_t ldq, int64_t qs, int exclude, int64_t self_local0,
                      const float *R, int64_t ldr, Err er)
@@ -707,6 +705,8 @@ cleanup:
     return st;
 }
 
+/* One pass of the state block's qs queries over references R[0, nr) whose local ids
+ * start at r_local0. self_local0: local id of state query 0 itself (exclude_self). */
 xknn_status block_pass(const Run &r, const float *Q, int64_t ldq, int64_t qs, int exclude, int64_t self_local0,
                        const float *R, int64_t ldr, int64_t nr, int64_t r_local0, Err er)
 {
