@@ -951,6 +951,28 @@ size_t budget_of(const xknn_params *prm, Err er, xknn_status *st)
     return (size_t)((double)free_b * 0.9);
 }
 
+/* The start of every host-array search: sizes checked, the caller's context or a
+ * temporary one (*own_ctx, which the caller destroys), its device made current for the
+ * call (scope), and the device memory budget. */
+xknn_status host_begin(const xknn__job *job, DeviceScope &scope, xknn_cuda_context **ctx,
+                       xknn_cuda_context **own_ctx, size_t *budget, Err er)
+{
+    const xknn_params *prm = &job->params;
+    xknn_status st = XKNN_SUCCESS;
+    xknn_error tmp_err;
+    XKNN__TRY(check_sizes(er, prm, job->n, job->nq, job->d, job->k, job->ldr, job->ldq));
+    *ctx = (xknn_cuda_context *)prm->cuda_context;
+    if (!*ctx) {
+        const xknn_status cs = xknn_cuda_context_create(prm->device, own_ctx, &tmp_err);
+        if (cs != XKNN_SUCCESS) return failf(er, cs, "%s", tmp_err.message);
+        *ctx = *own_ctx;
+    }
+    XKNN__CUDA_CHECK(scope.enter((*ctx)->device));
+    *budget = budget_of(prm, er, &st);
+cleanup:
+    return st;
+}
+
 /* ---- host path on the fused plan ----------------------------------------------------- */
 /* Pinned staging: pieces of at most kStagePiece bytes alternate between two pinned
  * buffers; the host copies a piece in (OpenMP threads: host memory bandwidth, not one
@@ -1397,21 +1419,9 @@ xknn_status host_generic(const xknn__job *job, Err er)
     int planned = 0;
     char *b = NULL;
     unsigned long long stats[kStatCount];
-    xknn_error tmp_err;
 
     memset(&g, 0, sizeof g);
-    XKNN__TRY(check_sizes(er, prm, n, nq, d, k, job->ldr, job->ldq));
-    if (!ctx) {
-        const xknn_status cs = xknn_cuda_context_create(prm->device, &own_ctx, &tmp_err);
-        if (cs != XKNN_SUCCESS) {
-            st = failf(er, cs, "%s", tmp_err.message);
-            goto cleanup;
-        }
-        ctx = own_ctx;
-    }
-    XKNN__CUDA_CHECK(scope.enter(ctx->device));
-    budget = budget_of(prm, er, &st);
-    if (st != XKNN_SUCCESS) goto cleanup;
+    XKNN__TRY(host_begin(job, scope, &ctx, &own_ctx, &budget, er));
     {
         const int64_t dp = imma_rows(job, ctx);
         int done = 0;
@@ -1756,21 +1766,9 @@ xknn_status host_search(const xknn__job *job, Err er)
     int64_t chunk = 0;
     int piece = 0;
     unsigned long long stats[kStatCount];
-    xknn_error tmp_err;
 
     memset(&plan, 0, sizeof plan);
-    XKNN__TRY(check_sizes(er, prm, n, nq, d, k, job->ldr, job->ldq));
-    if (!ctx) {
-        const xknn_status cs = xknn_cuda_context_create(prm->device, &own_ctx, &tmp_err);
-        if (cs != XKNN_SUCCESS) {
-            st = failf(er, cs, "%s", tmp_err.message);
-            goto cleanup;
-        }
-        ctx = own_ctx;
-    }
-    XKNN__CUDA_CHECK(scope.enter(ctx->device));
-    budget = budget_of(prm, er, &st);
-    if (st != XKNN_SUCCESS) goto cleanup;
+    XKNN__TRY(host_begin(job, scope, &ctx, &own_ctx, &budget, er));
 
     /* The symmetric self-join where it applies (else the plain search, -v says why). */
     if (job->symmetric) {
