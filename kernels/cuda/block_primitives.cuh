@@ -73,37 +73,11 @@ struct BlockRadixSelect {
             });
             __syncthreads();
             if (warp == 0) {
-                /* lane l owns bins 8l .. 8l+7 */
-                constexpr int kPer = kRadixBins / kWarp;
-                int c[kPer];
-                int sum = 0;
-#pragma unroll
-                for (int j = 0; j < kPer; ++j) {
-                    c[j] = ts.hist[lane * kPer + j];
-                    sum += c[j];
-                }
-                const int incl = warp_inclusive_sum(sum);
-                const int excl = incl - sum;
-                /* the lane whose range holds the r-th key; the last lane if none does
-                 * (cannot happen when the caller's guarantee holds) */
-                const unsigned hit = __ballot_sync(0xffffffffu, excl < r && r <= incl);
-                const int owner = hit ? __ffs(hit) - 1 : kWarp - 1;
-                if (lane == owner) {
-                    int rr = r - excl, bin = kPer - 1;
-                    bool found = false;
-#pragma unroll
-                    for (int j = 0; j < kPer; ++j) {
-                        if (!found) {
-                            if (rr <= c[j]) {
-                                bin = j;
-                                found = true;
-                            } else {
-                                rr -= c[j];
-                            }
-                        }
-                    }
-                    ts.prefix = prefix | ((K)(lane * kPer + bin) << shift);
-                    ts.rank = rr;
+                int bin, rank;
+                warp_rank_bin(ts.hist, r, &bin, &rank);
+                if (lane == 0) {
+                    ts.prefix = prefix | ((K)bin << shift);
+                    ts.rank = rank;
                 }
             }
             __syncthreads();

@@ -156,32 +156,9 @@ __device__ __noinline__ unsigned long long warp_select(int *hist, const Cand *bu
             if ((key & hi) == prefix) atomicAdd(&hist[(int)((key >> shift) & 255u)], 1);
         }
         __syncwarp();
-        constexpr int kPer = kRadixBins / kWarp;
-        int c[kPer], sum = 0;
-#pragma unroll
-        for (int j = 0; j < kPer; ++j) {
-            c[j] = hist[lane * kPer + j];
-            sum += c[j];
-        }
-        const int incl = warp_inclusive_sum(sum), excl = incl - sum;
-        const unsigned hit = __ballot_sync(0xffffffffu, excl < r && r <= incl);
-        const int owner = hit ? __ffs(hit) - 1 : kWarp - 1;
-        int bin = kPer - 1, rr = r - excl;
-        bool found = false;
-#pragma unroll
-        for (int j = 0; j < kPer; ++j) {
-            if (!found) {
-                if (rr <= c[j]) {
-                    bin = j;
-                    found = true;
-                } else {
-                    rr -= c[j];
-                }
-            }
-        }
-        bin = __shfl_sync(0xffffffffu, bin, owner);
-        r = __shfl_sync(0xffffffffu, rr, owner);
-        prefix |= (unsigned long long)(owner * kPer + bin) << shift;
+        int bin;
+        warp_rank_bin(hist, r, &bin, &r);
+        prefix |= (unsigned long long)bin << shift;
         __syncwarp();
     }
     return prefix;

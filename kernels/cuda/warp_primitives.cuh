@@ -2,6 +2,8 @@
  * kernels/cuda/warp_primitives.cuh -- thread and warp layer.
  *
  *   warp_inclusive_sum      shuffle scan of one int per lane
+ *   warp_rank_bin           radix-select step: the bin of a 256-bin histogram holding
+ *                           the r-th key, and the key's rank within it
  *   WarpBitonic64           sort of up to 64 unique 64-bit keys, 2 per lane, registers
  *                           only (every register index is a compile-time constant)
  *   WarpCanonical           canonical squared distances of one query to up to 32
@@ -30,6 +32,40 @@ __device__ __forceinline__ int warp_inclusive_sum(int v)
         if (lane >= o) v += t;
     }
     return v;
+}
+
+/* One radix-select step over hist[0, kRadixBins) (lane l reads bins kPer l .. kPer l +
+ * kPer - 1): *bin = the bin holding the r-th key (1-based), *rank = that key's rank
+ * within the bin; on every lane. When r exceeds the total (the callers guarantee it
+ * does not) the last bin is taken. */
+__device__ __forceinline__ void warp_rank_bin(const int *hist, int r, int *bin, int *rank)
+{
+    constexpr int kPer = kRadixBins / kWarp;
+    const int lane = lane_id();
+    int c[kPer], sum = 0;
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+        c[j] = hist[lane * kPer + j];
+        sum += c[j];
+    }
+    const int incl = warp_inclusive_sum(sum), excl = incl - sum;
+    const unsigned hit = __ballot_sync(0xffffffffu, excl < r && r <= incl);
+    const int owner = hit ? __ffs(hit) - 1 : kWarp - 1;
+    int b = kPer - 1, rr = r - excl;
+    bool found = false;
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+        if (!found) {
+            if (rr <= c[j]) {
+                b = j;
+                found = true;
+            } else {
+                rr -= c[j];
+            }
+        }
+    }
+    *bin = owner * kPer + __shfl_sync(0xffffffffu, b, owner);
+    *rank = __shfl_sync(0xffffffffu, rr, owner);
 }
 
 /* Bitonic sort of 64 keys held striped: lane l holds elements l (v0) and 32 + l (v1).
