@@ -41,6 +41,8 @@ typedef struct {
 
 #define L2 XKNN_METRIC_L2
 #define EU XKNN_METRIC_EUCLIDEAN
+#define IP XKNN_METRIC_IP
+#define CO XKNN_METRIC_COSINE
 #define FP XKNN_CUDA_PATH_FP32
 #define TF XKNN_CUDA_PATH_TF32
 #define AU XKNN_CUDA_PATH_AUTO
@@ -138,6 +140,28 @@ static const tcase cases[] = {
     {"mma stream falls back", DATA_GAUSSIAN, 20000, 100, 32, 16, 0, L2, MM, (size_t)2 << 20, 0, 0, 0, 0, 0, 0, 0, 0, 0},
     {"mma big W1-like", DATA_UNIFORM, 300007, 2000, 128, 10, 0, L2, MM, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1},
     {"mma big clustered k=100", DATA_CLUSTERED, 200000, 1000, 128, 100, 0, L2, MM, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1},
+    /* ip and cosine on the tensor-core path (engine.cu's mma_bounds; cosine on unit rows):
+     * ties, duplicates, zero rows (integer data, d = 3), ip keys of either sign; where the
+     * path does not apply (d, k, budget) the canonical tiles take them. The second test of
+     * a CMP_CPU_ONLY case runs path tf32, which for ip and cosine is the canonical tiles. */
+    {"mma ip d=128 k=10 auto", DATA_UNIFORM, 40000, 300, 128, 10, 0, IP, AU, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"mma ip d=100 k=100", DATA_GAUSSIAN, 30011, 200, 100, 100, 0, IP, MM, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"mma ip ties d=32", DATA_INTEGER, 30000, 140, 32, 100, 0, IP, MM, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"mma ip dups re-run", DATA_DUPLICATES, 20000, 20, 8, 16, 0, IP, MM, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"mma ip self ties k=10", DATA_INTEGER, 3500, 0, 5, 10, 1, IP, MM, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"mma ip offsets exclude", DATA_INTEGER, 800, 300, 5, 3, 0, IP, MM, 0, 0, 0, 0, 1000, 1100, 1, 0, 0, 0},
+    {"mma ip ld+3 d=17 blocks 3", DATA_UNIFORM, 9000, 11, 17, 33, 0, IP, MM, 0, 3, 0, 3, 0, 0, 0, 0, 0, 0},
+    {"mma ip k=1024 falls back", DATA_UNIFORM, 25000, 65, 128, 1024, 0, IP, MM, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"mma ip d=784 falls back", DATA_CLUSTERED, 3000, 40, 784, 16, 0, IP, MM, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"mma cosine d=128 k=10 auto", DATA_UNIFORM, 40000, 300, 128, 10, 0, CO, AU, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"mma cosine clustered d=128", DATA_CLUSTERED, 30000, 300, 128, 16, 0, CO, MM, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"mma cosine ties zero rows d=3", DATA_INTEGER, 30000, 100, 3, 100, 0, CO, MM, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"mma cosine dups re-run", DATA_DUPLICATES, 20000, 20, 8, 16, 0, CO, MM, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"mma cosine self k=16", DATA_GAUSSIAN, 6001, 0, 64, 16, 1, CO, MM, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"mma cosine ld+3 d=17", DATA_GAUSSIAN, 9000, 11, 17, 33, 0, CO, MM, 0, 3, 0, 3, 0, 0, 0, 0, 0, 0},
+    {"mma cosine stream falls back", DATA_GAUSSIAN, 20000, 100, 32, 16, 0, CO, MM, (size_t)2 << 20, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"mma ip big W1-like", DATA_UNIFORM, 300007, 2000, 128, 10, 0, IP, MM, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1},
+    {"mma cosine big clustered k=100", DATA_CLUSTERED, 200000, 1000, 128, 100, 0, CO, MM, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1},
 };
 #define NCASES (int)(sizeof cases / sizeof cases[0])
 
@@ -150,7 +174,7 @@ static const char *const tiny_cases[] = {
     "d=3 k=16", "d=32 k=100 fp32", "dups exact compaction", "d=100 k=4096", "blocks 7 x 129",
     "self k=n-1", "pad_missing self", "stream 1 MB ties", "fused d=3 k=16", "fused dups d=3 k=100",
     "fused blocks 7 x 129", "fused pad_missing self", "mma d=3 k=16", "mma dups re-run", "mma self k=n-1 falls back",
-    "mma ld+3 d=17",
+    "mma ld+3 d=17", "mma ip dups re-run", "mma ip offsets exclude",
 };
 
 static int skipped_by_quick(const tcase *c)
@@ -242,8 +266,12 @@ static void run_case(const tcase *c)
 
     st = search(c, XKNN_BACKEND_CUDA, c->path, ref, qry, nq, k, ids, dist, &err);
     if (c->cmp == CMP_ORACLE) {
-        if (ref_knn(c->metric == EU ? REF_EUCLIDEAN : REF_L2, ref, c->n, ld, qry, nq, ld, c->d, k,
-                    c->self || c->exclude, c->roff, c->self ? c->roff : c->qoff, wid, wd) != 0)
+        ref_spec spec;
+        memset(&spec, 0, sizeof spec);
+        spec.metric = c->metric; /* REF_* numbers are xknn_metric's */
+        spec.dtype = REF_F32;
+        if (ref_knn_ex(&spec, ref, c->n, ld, qry, nq, ld, c->d, k, c->self || c->exclude, c->roff,
+                       c->self ? c->roff : c->qoff, wid, wd) != 0)
             bail("oracle out of memory");
         if (st != XKNN_SUCCESS)
             ok(0, "%s vs oracle: %s", name, err.message);
@@ -352,8 +380,8 @@ static void run_errors(void)
 }
 #define NERRORS 7
 
-/* ---- the embedding API on device buffers (14 tests) --------------------------------- */
-#define NDEVICE 14
+/* ---- the embedding API on device buffers (17 tests) --------------------------------- */
+#define NDEVICE 17
 #ifdef XKNN_TEST_HAVE_CUDA_RT
 #define CK(call)                                                                                       \
     do {                                                                                               \
@@ -509,6 +537,45 @@ static void run_device_api(void)
         ok(0, "device API, id offsets and exclude_self: %s", err.message);
     else
         is_knn_equal(ids, dist, wid, wd, nq, k, "device API, id offsets and exclude_self");
+
+    /* ip and cosine on device arrays (the tensor-core path), other metrics refused */
+    {
+        const int64_t k5 = 5;
+        ref_spec spec;
+        memset(&spec, 0, sizeof spec);
+        spec.dtype = REF_F32;
+        p = xknn_params_default();
+        p.metric = XKNN_METRIC_IP;
+        p.ref_id_offset = 7;
+        spec.metric = REF_IP;
+        st = xknn_cuda_workspace_size(ctx, &p, n, nq, d, k5, &bytes, &err);
+        if (st == XKNN_SUCCESS) st = dsearch(ctx, &p, ref, n, qry, nq, d, k5, ids, dist, bytes, 0, stats, &err);
+        ref_knn_ex(&spec, ref, n, d, qry, nq, d, d, k5, 0, 7, 0, wid, wd);
+        if (st != XKNN_SUCCESS)
+            ok(0, "device API, ip: %s", err.message);
+        else
+            is_knn_equal(ids, dist, wid, wd, nq, k5, "device API, ip (%llu candidates)",
+                         stats[XKNN_CUDA_STAT_CANDIDATES]);
+        p.metric = XKNN_METRIC_COSINE;
+        p.ref_id_offset = 0;
+        spec.metric = REF_COSINE;
+        st = xknn_cuda_workspace_size(ctx, &p, n, n, d, k5, &bytes, &err);
+        if (st == XKNN_SUCCESS) st = dsearch(ctx, &p, ref, n, NULL, n, d, k5, ids, dist, bytes, 0, NULL, &err);
+        {
+            int64_t *sid = (int64_t *)xmalloc((size_t)(n * k5) * sizeof(int64_t));
+            float *sd = (float *)xmalloc((size_t)(n * k5) * sizeof(float));
+            ref_knn_ex(&spec, ref, n, d, NULL, n, d, d, k5, 1, 0, 0, sid, sd);
+            if (st != XKNN_SUCCESS)
+                ok(0, "device API, cosine self-join: %s", err.message);
+            else
+                is_knn_equal(ids, dist, sid, sd, n, k5, "device API, cosine self-join n=%lld", (long long)n);
+            free(sid);
+            free(sd);
+        }
+        p.metric = XKNN_METRIC_L1;
+        st = xknn_cuda_workspace_size(ctx, &p, n, nq, d, k5, &bytes, &err);
+        is_int(st, XKNN_ERROR_INVALID_ARGUMENT, "device API, l1: invalid argument (%s)", err.message);
+    }
 
     /* errors: workspace below the minimum, misaligned workspace */
     p = xknn_params_default();

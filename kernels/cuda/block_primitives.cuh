@@ -134,8 +134,8 @@ __device__ __forceinline__ void block_bitonic_sort(unsigned long long *s, int P)
     }
 }
 
-/* Canonical distances, written into buf[i].c, for the entries with c < 0 (unresolved)
- * and lo <= tp. Entry idx is a local reference row; its vector is
+/* Canonical values (kind: common.cuh's kCanon*), written into buf[i].c, for the entries
+ * not resolved yet (cand_unresolved) with lo <= tp. Entry idx is a local reference row; its vector is
  * R + (idx - r_local0) * ldr, which must be on the device (the current chunk). */
 struct BlockResolve {
     struct TempStorage {
@@ -144,17 +144,23 @@ struct BlockResolve {
     };
 
     __device__ __forceinline__ static void flush(WarpCanonical::TempStorage &wt, const int *pos, int n, Cand *buf,
-                                                 const float *q, int64_t d, int euclid)
+                                                 const float *q, int64_t d, int kind)
     {
         __syncwarp();
-        const double acc = WarpCanonical::sqdist(wt, q, d, n);
-        if (lane_id() < n) buf[pos[lane_id()]].c = finish_metric(acc, euclid);
+        float v;
+        switch (kind) {
+        case kCanonIp: v = WarpCanonical::value<kCanonIp>(wt, q, d, n); break;
+        case kCanonCosine: v = WarpCanonical::value<kCanonCosine>(wt, q, d, n); break;
+        case kCanonEuclid: v = WarpCanonical::value<kCanonEuclid>(wt, q, d, n); break;
+        default: v = WarpCanonical::value<kCanonL2>(wt, q, d, n); break;
+        }
+        if (lane_id() < n) buf[pos[lane_id()]].c = v;
         __syncwarp();
     }
 
     __device__ __forceinline__ static void run(TempStorage &ts, Cand *buf, int count, float tp,
                                                const float *__restrict__ q, int64_t d, const float *__restrict__ R,
-                                               int64_t ldr, int64_t r_local0, int euclid)
+                                               int64_t ldr, int64_t r_local0, int kind)
     {
         const int lane = lane_id(), warp = warp_id();
         WarpCanonical::TempStorage &wt = ts.w[warp];
@@ -166,13 +172,13 @@ struct BlockResolve {
             int idx = 0;
             if (i < count) {
                 const Cand e = buf[i];
-                need = e.c < 0.0f && e.lo <= tp;
+                need = cand_unresolved(e.c, kind) && e.lo <= tp;
                 idx = e.idx;
             }
             const unsigned m = __ballot_sync(0xffffffffu, need);
             const int nm = __popc(m);
             if (pending + nm > kWarp) {
-                flush(wt, pos, pending, buf, q, d, euclid);
+                flush(wt, pos, pending, buf, q, d, kind);
                 pending = 0;
             }
             if (need) {
@@ -183,7 +189,7 @@ struct BlockResolve {
             pending += nm;
             __syncwarp();
         }
-        if (pending) flush(wt, pos, pending, buf, q, d, euclid);
+        if (pending) flush(wt, pos, pending, buf, q, d, kind);
     }
 };
 

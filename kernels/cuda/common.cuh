@@ -101,7 +101,8 @@ static const size_t kAlign = 256;
  *   lo   lower bound of the squared distance; -inf marks an entry kept by an exact
  *        compaction (never dropped by a bound again)
  *   up   upper bound of the squared distance (> 0)
- *   c    canonical distance in the metric (sqrt for euclidean); < 0: not computed yet
+ *   c    canonical value in the metric (sqrt for euclidean; for ip the encoded order key,
+ *        see kCanonIp); XKNN_CUDA_UNRESOLVED: not computed yet (cand_unresolved)
  *   idx  local reference row (0 .. n-1 of this call)                                   */
 struct __align__(16) Cand {
     float lo;
@@ -111,6 +112,22 @@ struct __align__(16) Cand {
 };
 
 #define XKNN_CUDA_UNRESOLVED (-1.0f)
+
+/* What a candidate's c holds once resolved (the `kind` of ResolveParams, BlockResolve and
+ * the rescue kernels): the canonical value of DESIGN.md section 2 in the metric, as a
+ * float whose bits order the candidates (make_key).
+ *   kCanonL2, kCanonEuclid, kCanonCosine  the value itself (never negative);
+ *   kCanonIp  order_enc(-value): the order key of ip (larger is nearer) encoded as
+ *             unsigned bits; final.cu decodes it (FinalParams encoded + negate). */
+enum : int { kCanonL2 = 0, kCanonEuclid = 1, kCanonIp = 2, kCanonCosine = 3 };
+
+/* An entry not resolved yet (c still XKNN_CUDA_UNRESOLVED). For kCanonIp the bits must
+ * match exactly (a resolved key may read as a negative float); an order_enc key equal to
+ * them (value -1.0) is only computed again, to the same bits. */
+__device__ __forceinline__ bool cand_unresolved(float c, int kind)
+{
+    return kind == kCanonIp ? __float_as_uint(c) == __float_as_uint(XKNN_CUDA_UNRESOLVED) : c < 0.0f;
+}
 
 /* Sort key of a resolved candidate: canonical distance bits (non-negative float, so
  * unsigned order = float order; NaN from invalid input sorts last) above the local id.

@@ -246,7 +246,11 @@ struct Plan {
     int mma, wgmma; /* wgmma: the Hopper kernel of the tensor-core passes */
     int64_t nA, ga;
     size_t off_gmin, off_thr;
-    float la, ua;
+    float la, ua, ub;
+    /* what resolve computes (common.cuh's kCanon*); cosine's unit rows (ld dh) */
+    int kind;
+    int64_t dh;
+    size_t off_rhat, off_qhat;
 };
 
 void plan_bounds(Plan &p)
@@ -285,6 +289,10 @@ void plan_layout(Plan &p)
     if (p.mma) {
         p.off_gmin = take((size_t)p.QS * p.ga * sizeof(float));
         p.off_thr = take((size_t)p.QS * sizeof(float));
+    }
+    if (p.kind == kCanonCosine) {
+        p.off_rhat = take((size_t)p.RN * p.dh * sizeof(float));
+        p.off_qhat = take((size_t)p.QS * p.dh * sizeof(float));
     }
     p.bytes = o;
 }
@@ -335,17 +343,26 @@ int fused_supported(const xknn_params *prm, int64_t n, int64_t d, int64_t k)
            min64(k, n) <= kFusedMaxKeep / 2;
 }
 
-/* Tensor-core path: l2 / euclidean, d <= kMmaMaxD (queries resident in shared memory).
- * Chosen by XKNN_CUDA_PATH_MMA, or by AUTO wherever the fused path is not taken. It needs
- * the references resident (a streamed host search takes the cuBLAS TF32 path) and a GPU
- * of compute capability >= 8.0 with enough shared memory per block (plan_fit checks). */
+/* Tensor-core path: l2 / euclidean, ip and cosine, d <= kMmaMaxD (queries resident in
+ * shared memory). Chosen by XKNN_CUDA_PATH_MMA, or by AUTO wherever the fused path is not
+ * taken. It needs the references resident (a streamed host search takes the cuBLAS TF32
+ * path) and a GPU of compute capability >= 8.0 with enough shared memory per block
+ * (plan_fit checks). ip and cosine have no other GEMM path: where this one does not
+ * apply, host arrays take the canonical tiles (generic.cu) and device arrays an error. */
+int gemm_ipcos(const xknn_params *prm) { return prm->metric == XKNN_METRIC_IP || prm->metric == XKNN_METRIC_COSINE; }
+
 int mma_supported(const xknn_params *prm, int64_t d)
 {
-    return (prm->metric == XKNN_METRIC_L2 || prm->metric == XKNN_METRIC_EUCLIDEAN) && d <= kMmaMaxD;
+    return (prm->metric == XKNN_METRIC_L2 || prm->metric == XKNN_METRIC_EUCLIDEAN || gemm_ipcos(prm)) &&
+           d <= kMmaMaxD;
 }
 
 int choose_path(const xknn_params *prm, int64_t n, int64_t nq, int64_t d, int64_t k)
 {
+    if (gemm_ipcos(prm)) /* their only GEMM path; FP32 / TF32 asked: the canonical tiles */
+        return mma_supported(prm, d) && prm->cuda_path != XKNN_CUDA_PATH_FP32 && prm->cuda_path != XKNN_CUDA_PATH_TF32
+                   ? XKNN_CUDA_PATH_MMA
+                   : XKNN_CUDA_PATH_FP32;
     if (prm->cuda_path == XKNN_CUDA_PATH_FUSED || prm->cuda_path == XKNN_CUDA_PATH_AUTO) {
         if (fused_supported(prm, n, d, k) &&
             (prm->cuda_path == XKNN_CUDA_PATH_FUSED ||
@@ -376,6 +393,7 @@ Plan plan_init(const xknn_params *prm, int64_t n, int64_t nq, int64_t d, int64_t
     p.k = k;
     p.kk = min64(k, n);
     p.euclid = prm->metric == XKNN_METRIC_EUCLIDEAN;
+    p.kind = prm->metric == XKNN_METRIC_IP ? kCanonIp : prm->metric == XKNN_METRIC_COSINE ? kCanonCosine : p.euclid;
     return p;
 }
 
@@ -444,6 +462,43 @@ int plan_fused(const xknn_cuda_context *ctx, const xknn_params *prm, int64_t n, 
 static const double kMmaWitnessC = 200.0;
 static const int64_t kMmaMinPrefix = 8192;
 
+/* The epilogue constants (mma.cu's header) from mrel, mabs of the TF32 derivation, which
+ * give |2 acc - 2 P| <= mrel S + mabs for P = q.x exact, S = |q|^2 + |x|^2 exact.
+ *   l2, euclidean  U = (1 + mrel) s + mabs - 2 acc >= D; la = (1 - mrel) / 2.
+ *   ip       the order key is -f (f the canonical float); witnesses and the threshold
+ *            are in units of 2 (-f): U = m1 s + b1 - 2 acc >= -2 f, la = -m1 / 2, where
+ *            m1 = mrel + (d 2^-53 + 2^-24)(1 + 2^-20) and b1 = mabs + 2^-148 add
+ *            2 |P - f| (the double chain errs by d 2^-53 |q||x| <= d 2^-53 S / 2, the
+ *            float rounding by 2^-24 |P| + 2^-150), so the bound holds the canonical
+ *            value itself and any tau' >= tau is a valid threshold (mma_select_kernel).
+ *   cosine   the tensor cores see unit rows (launch_unit_rows: each element within
+ *            rho = 2^-24 + (d + 4) 2^-53 of x_t / |x|, relative), so P' = q'.x' is within
+ *            2 rho (1 + rho) of cos; the canonical c is within 2^-24 + (2 d + 5) 2^-53 of
+ *            1 - cos (double chain, sqrt, division, the float rounding of a value <= 2).
+ *            Units of 2 (c - 1): U = mrel s + b2 - 2 acc >= 2 (c - 1), la = -mrel / 2,
+ *            b2 = mabs + (2^-22 + 2^-23 + (2 d + 7) 2^-51 + d 2^-147)(1 + 2^-10) (the
+ *            last term: elements that underflow). Zero rows: P' = 0 and c = 1 exactly.
+ * ip and cosine: s is the sum of the float norms of the operands the tensor cores see,
+ * within 2^-23 of S (relative; double sums rounded once, d <= 128), so ua and |la|
+ * carry a factor 1 + 2^-12 and la < 0 keeps every rounding in the safe direction. */
+void mma_bounds(Plan &p)
+{
+    const double mrel = (double)p.mrel, mabs = (double)p.mabs, dd = (double)p.d;
+    if (p.kind == kCanonIp || p.kind == kCanonCosine) {
+        const double m = p.kind == kCanonIp ? mrel + (dd * 0x1p-53 + 0x1p-24) * (1.0 + 0x1p-20) : mrel;
+        const double b = p.kind == kCanonIp
+                             ? mabs + 0x1p-148
+                             : mabs + (0x1p-22 + 0x1p-23 + (2.0 * dd + 7.0) * 0x1p-51 + dd * 0x1p-147) * (1.0 + 0x1p-10);
+        p.ua = round_up_float(m * (1.0 + 0x1p-12));
+        p.la = round_down_float(-0.5 * m * (1.0 + 0x1p-12));
+        p.ub = round_up_float(b);
+    } else {
+        p.la = round_down_float(0.5 * (1.0 - mrel));
+        p.ua = round_up_float(1.0 + mrel);
+        p.ub = p.mabs;
+    }
+}
+
 int plan_mma(const xknn_cuda_context *ctx, const xknn_params *prm, int64_t n, int64_t nq, int64_t d, int64_t k,
              size_t limit, size_t per_query_extra, Plan *out)
 {
@@ -455,6 +510,7 @@ int plan_mma(const xknn_cuda_context *ctx, const xknn_params *prm, int64_t n, in
     p.tf32 = 1;
     p.mma = 1;
     p.S = 1;
+    p.dh = round_up(d, 4); /* cosine's unit rows: 16-byte rows for the vector loads */
     /* Hopper (sm_90a code in the build): wgmma; XKNN_CUDA_MMA_SYNC=1 (diagnostic) keeps
      * the mma.sync kernel, which every GPU of compute capability >= 8.0 runs */
     {
@@ -467,8 +523,7 @@ int plan_mma(const xknn_cuda_context *ctx, const xknn_params *prm, int64_t n, in
     plan_bounds(p);
     p.d = d;
     if (!(p.mabs < INFINITY)) return 0;
-    p.la = round_down_float(0.5 * (1.0 - (double)p.mrel));
-    p.ua = round_up_float(1.0 + (double)p.mrel);
+    mma_bounds(p);
     const double f = sqrt(kMmaWitnessC * (double)p.kk / (double)n);
     int64_t nA = (int64_t)ceil(f * (double)n);
     nA = max64(nA, max64(4 * kMmaGroup * p.kk, kMmaMinPrefix));
@@ -492,6 +547,20 @@ int plan_mma(const xknn_cuda_context *ctx, const xknn_params *prm, int64_t n, in
     }
 }
 
+/* Why ip / cosine cannot take the tensor-core path for this shape (plan_mma's shape
+ * conditions), or NULL when only memory could stop it. */
+const char *ipcos_why_not(const xknn_cuda_context *ctx, const xknn_params *prm, int64_t n, int64_t d, int64_t k)
+{
+    if (d > kMmaMaxD) return "the tensor-core path needs d <= 128";
+    if (ctx->cc_major < 8) return "the tensor-core path needs compute capability 8.0 or newer";
+    if (mma_smem_bytes(d) > ctx->smem_optin) return "the tensor-core kernel's shared memory exceeds the device's";
+    if (n > kMaxRefsPerCall - kMmaBN) return "too many references for one tensor-core call";
+    if (ceil_div(n, kMmaGroup) < 4 * min64(k, n))
+        return "the tensor-core path needs n >= 256 min(k, n) (4 k witness groups of 64 references)";
+    (void)prm;
+    return NULL;
+}
+
 /* The largest plan whose workspace plus QS * per_query_extra fits in `limit` bytes.
  * Resident: QS = QB. Streaming: QS (queries with live state, amortising each reference
  * pass) as large as fits, QB <= QS. Returns 0 and the minimum in *min_needed if none. */
@@ -501,6 +570,13 @@ int plan_fit(const xknn_cuda_context *ctx, const xknn_params *prm, int64_t n, in
     if (!streaming && choose_path(prm, n, nq, d, k) == XKNN_CUDA_PATH_MMA &&
         plan_mma(ctx, prm, n, nq, d, k, limit, per_query_extra, out))
         return 1;
+    if (gemm_ipcos(prm)) { /* no cuBLAS path for them (the filter is l2's) */
+        xknn_params one = *prm;
+        Plan q;
+        one.query_block = 1;
+        *min_needed = !streaming && plan_mma(ctx, &one, n, 1, d, k, SIZE_MAX / 4, 0, &q) ? q.bytes + per_query_extra : 0;
+        return 0;
+    }
     Plan p = plan_init(prm, n, nq, d, k);
     p.tf32 = choose_tf32(prm, n, nq, d);
     p.cap = 2 * p.kk + kCapSlack;
@@ -650,7 +726,7 @@ ResolveParams resolve_params(const Run &r, const float *Q, int64_t ldq, const fl
     rp.d = p.d;
     rp.S = p.S;
     rp.cap = (int)p.cap;
-    rp.euclid = p.euclid;
+    rp.kind = p.kind;
     return rp;
 }
 
@@ -677,7 +753,7 @@ MmaParams mma_params(const Run &r, const float *Q, int64_t ldq, int64_t qs, int 
     mp.cand = r.cand;
     mp.stats = r.stats;
     mp.ua = p.ua;
-    mp.ub = p.mabs;
+    mp.ub = p.ub;
     mp.la = p.la;
     mp.qs = (int)qs;
     mp.cap = (int)p.cap;
@@ -693,13 +769,28 @@ xknn_status mma_pass(const Run &r, const float *Q, int64_t ldq, int64_t qs, int 
     const int sms = r.ctx->sms;
     xknn_status st = XKNN_SUCCESS;
     MmaParams mp = mma_params(r, Q, ldq, qs, exclude, self_local0, R, ldr);
-    XKNN__CUDA_CHECK(launch_sqnorms(R, ldr, p.n, p.d, r.rn, r.st));
+    if (p.kind == kCanonCosine) {
+        /* the passes run on unit rows (mma_bounds); rescue and resolve on the inputs */
+        char *b = (char *)r.stats;
+        float *rh = (float *)(b + p.off_rhat), *qh = (float *)(b + p.off_qhat);
+        XKNN__CUDA_CHECK(launch_unit_rows(R, ldr, p.n, p.d, rh, p.dh, r.st));
+        XKNN__CUDA_CHECK(launch_unit_rows(Q, ldq, qs, p.d, qh, p.dh, r.st));
+        XKNN__CUDA_CHECK(launch_sqnorms(qh, p.dh, qs, p.d, r.qn, r.st));
+        mp.R = rh;
+        mp.Q = qh;
+        mp.ldr = mp.ldq = p.dh;
+    }
+    XKNN__CUDA_CHECK(launch_sqnorms(mp.R, mp.ldr, p.n, p.d, r.rn, r.st));
     mp.n = p.nA;
     XKNN__CUDA_CHECK(launch_mma_pass(mp, 0, sms, p.wgmma, r.st));
     XKNN__CUDA_CHECK(launch_mma_select(mp, (int)p.kk, sms, r.st));
     mp.n = p.n;
     XKNN__CUDA_CHECK(launch_mma_pass(mp, 1, sms, p.wgmma, r.st));
-    XKNN__CUDA_CHECK(launch_mma_rescue(mp, (int)p.kk, p.euclid, sms, r.st));
+    mp.R = R;
+    mp.Q = Q;
+    mp.ldr = ldr;
+    mp.ldq = ldq;
+    XKNN__CUDA_CHECK(launch_mma_rescue(mp, (int)p.kk, p.kind, sms, r.st));
     XKNN__CUDA_CHECK(launch_resolve(resolve_params(r, Q, ldq, R, ldr, 0), (int)qs, r.st));
 cleanup:
     return st;
@@ -786,6 +877,7 @@ xknn_status block_finish(const Run &r, int64_t qs, int64_t *ids, float *dist, in
     fp.S = p.S;
     fp.cap = (int)p.cap;
     fp.kk = (int)p.kk;
+    fp.encoded = fp.negate = p.kind == kCanonIp;
     XKNN__CUDA_CHECK(launch_final(fp, (int)qs, r.st));
 cleanup:
     return st;
@@ -1153,11 +1245,13 @@ cleanup:
 }
 
 /* ---- generic path: every other metric and dtype (generic.cu) ------------------------ */
-/* 1 when the job is not f32 l2/euclidean, the pair the certified fast paths cover. */
+/* 1 when the job is not f32 l2/euclidean/ip/cosine, the metrics the certified fast paths
+ * cover (ip and cosine only on the tensor-core path: host_search sends them back here
+ * where that does not apply). */
 int generic_job(const xknn__job *job)
 {
-    return job->dtype != XKNN_DTYPE_F32 ||
-           (job->params.metric != XKNN_METRIC_L2 && job->params.metric != XKNN_METRIC_EUCLIDEAN);
+    return job->dtype != XKNN_DTYPE_F32 || (job->params.metric != XKNN_METRIC_L2 &&
+                                            job->params.metric != XKNN_METRIC_EUCLIDEAN && !gemm_ipcos(&job->params));
 }
 
 /* Layout of the generic path's single device allocation. */
@@ -1600,6 +1694,7 @@ static const char *plan_sym(const xknn_cuda_context *ctx, const xknn__job *job, 
     const int64_t n = job->n, d = job->d, k = job->k;
     if (!(job->query == job->ref && job->ldq == job->ldr && job->nq == n)) return "the queries are not the references";
     if (prm->query_id_offset != prm->ref_id_offset) return "query_id_offset differs from ref_id_offset";
+    if (gemm_ipcos(prm)) return "the symmetric kernel covers l2 and euclidean";
     if (choose_path(prm, n, n, d, k) != XKNN_CUDA_PATH_MMA)
         return "the symmetric kernel is the tensor-core path's, and this shape takes another path";
     Plan p;
@@ -1702,7 +1797,7 @@ xknn_status host_sym(const xknn__job *job, xknn_cuda_context *ctx, int staged, s
     mp.n = n;
     XKNN__CUDA_CHECK(launch_mma_pass(mp, 2, ctx->sms, plan.wgmma, sc));
     if (ev[2]) XKNN__CUDA_CHECK(cudaEventRecord(ev[2], sc));
-    XKNN__CUDA_CHECK(launch_mma_rescue(mp, (int)plan.kk, plan.euclid, ctx->sms, sc));
+    XKNN__CUDA_CHECK(launch_mma_rescue(mp, (int)plan.kk, plan.kind, ctx->sms, sc));
     for (int64_t q0 = 0; q0 < n; q0 += block) {
         const int64_t qs = min64(block, n - q0);
         Run rb = run; /* the run's state from query q0 on */
@@ -1775,6 +1870,24 @@ xknn_status host_search(const xknn__job *job, Err er)
         int done = 0;
         st = host_sym(job, ctx, own_ctx == NULL, budget, &done, er);
         if (st != XKNN_SUCCESS || done) goto cleanup;
+    }
+
+    /* ip and cosine: the tensor-core path with the references resident, else the
+     * canonical tiles (on this context) */
+    if (gemm_ipcos(prm)) {
+        const size_t ref_bytes = (size_t)n * row_bytes;
+        if (!(budget > ref_bytes && plan_fit(ctx, prm, n, nq, d, k, n, budget - ref_bytes,
+                                             per_q_out + (self_res ? 0 : row_bytes), 0, &plan, &min_needed))) {
+            xknn__job on_ctx = *job;
+            on_ctx.params.cuda_context = ctx;
+            if (prm->verbose)
+                fprintf(stderr, "xknn: cuda: %s: %s; canonical tiles\n", xknn_metric_name(prm->metric),
+                        ipcos_why_not(ctx, prm, n, d, k) ? ipcos_why_not(ctx, prm, n, d, k)
+                                                         : "the tensor-core plan does not fit the memory budget");
+            st = host_generic(&on_ctx, er);
+            goto cleanup;
+        }
+        memset(&plan, 0, sizeof plan);
     }
 
     /* Fused path when chosen and the references fit the budget with the plan. */
@@ -2013,6 +2126,26 @@ cleanup:
 } // namespace
 
 /* ---- public and backend entry points ------------------------------------------------ */
+/* Device arrays: l2 and euclidean on every path, ip and cosine on the tensor-core path
+ * (no other GEMM path has their bound); INVALID_ARGUMENT with the reason otherwise. */
+xknn_status device_metric_check(Err er, const xknn_cuda_context *ctx, const xknn_params *prm, int64_t n, int64_t d,
+                                int64_t k, const char *fn)
+{
+    if (prm->metric == XKNN_METRIC_L2 || prm->metric == XKNN_METRIC_EUCLIDEAN) return XKNN_SUCCESS;
+    if (!gemm_ipcos(prm))
+        return failf(er, XKNN_ERROR_INVALID_ARGUMENT,
+                     "%s: metric %s on device arrays: l2, euclidean, ip and cosine only (xknn_search takes every "
+                     "metric on host arrays)",
+                     fn, xknn_metric_name(prm->metric));
+    const char *why = ipcos_why_not(ctx, prm, n, d, k);
+    if (!why && (prm->cuda_path == XKNN_CUDA_PATH_FP32 || prm->cuda_path == XKNN_CUDA_PATH_TF32))
+        why = "cuda_path FP32 and TF32 are l2's cuBLAS paths (ip and cosine: AUTO or MMA)";
+    if (why)
+        return failf(er, XKNN_ERROR_INVALID_ARGUMENT, "%s: metric %s on device arrays: %s (xknn_search takes it on host arrays)",
+                     fn, xknn_metric_name(prm->metric), why);
+    return XKNN_SUCCESS;
+}
+
 extern "C" {
 
 int xknn__cuda_built(void) { return 1; }
@@ -2145,6 +2278,7 @@ xknn_status xknn_cuda_workspace_size(xknn_cuda_context *ctx, const xknn_params *
         return finish_err(err, failf(er, XKNN_ERROR_INVALID_ARGUMENT, "xknn_cuda_workspace_size: ctx or bytes is NULL"));
     *bytes = 0;
     XKNN__TRY(check_sizes(er, &prm, n, nq, d, k, d, d));
+    XKNN__TRY(device_metric_check(er, ctx, &prm, n, d, k, "xknn_cuda_workspace_size"));
     if (!prm.device_memory_budget) XKNN__CUDA_CHECK(scope.enter(ctx->device));
     budget = budget_of(&prm, er, &st);
     if (st != XKNN_SUCCESS) goto cleanup;
@@ -2219,6 +2353,7 @@ xknn_status xknn_cuda_search(xknn_cuda_context *ctx, const xknn_params *params, 
         goto cleanup;
     }
     XKNN__TRY(check_sizes(er, &prm, n, nq, d, k, ldr, ldq));
+    XKNN__TRY(device_metric_check(er, ctx, &prm, n, d, k, "xknn_cuda_search"));
     avail = n;
     if (prm.exclude_self) {
         const int64_t q0 = prm.query_id_offset, q1 = q0 + nq, r0 = prm.ref_id_offset, r1 = r0 + n;

@@ -61,6 +61,40 @@ cudaError_t launch_sqnorms(const float *X, int64_t ld, int64_t rows, int64_t d, 
 }
 
 /* ---- state ------------------------------------------------------------------------ */
+/* Unit rows for cosine's tensor-core candidates: out row = x / |x| (0 for a zero row),
+ * ld_out >= d, the columns [d, ld_out) zero. One warp per row: the sum of squares in
+ * double (any order), inv = 1 / sqrt(sum) in double, each element (float)(x_t * inv).
+ * Every element is then x_t / |x| (1 + r), |r| <= 2^-24 + (d + 4) 2^-53 (plus an
+ * absolute 2^-150 where it underflows), the error engine.cu's cosine bound allows; no
+ * input can overflow it. */
+__global__ __launch_bounds__(kBlock) void unit_rows_kernel(const float *__restrict__ X, int64_t ld, int64_t rows,
+                                                           int64_t d, float *__restrict__ out, int64_t ld_out)
+{
+    const int64_t row = (int64_t)blockIdx.x * kNormRowsPerBlock + warp_id();
+    if (row >= rows) return;
+    const float *x = X + row * ld;
+    double acc = 0.0;
+    for (int64_t t = lane_id(); t < d; t += kWarp) {
+        const double v = (double)__ldg(x + t);
+        acc = __fma_rn(v, v, acc);
+    }
+#pragma unroll
+    for (int o = kWarp / 2; o > 0; o >>= 1) acc = __dadd_rn(acc, __shfl_xor_sync(0xffffffffu, acc, o));
+    const double inv = acc > 0.0 ? __drcp_rn(__dsqrt_rn(acc)) : 0.0;
+    float *y = out + row * ld_out;
+    for (int64_t t = lane_id(); t < ld_out; t += kWarp)
+        y[t] = t < d ? __double2float_rn(__dmul_rn((double)__ldg(x + t), inv)) : 0.0f;
+}
+
+cudaError_t launch_unit_rows(const float *X, int64_t ld, int64_t rows, int64_t d, float *out, int64_t ld_out,
+                             cudaStream_t st)
+{
+    if (rows <= 0) return cudaSuccess;
+    const int64_t blocks = (rows + kNormRowsPerBlock - 1) / kNormRowsPerBlock;
+    unit_rows_kernel<<<(unsigned)blocks, kBlock, 0, st>>>(X, ld, rows, d, out, ld_out);
+    return cudaGetLastError();
+}
+
 /* tau = +inf, buffer counts = 0. Grid-stride, 256 threads. */
 __global__ __launch_bounds__(kBlock) void init_state_kernel(float *tau, int *cnt, int qs, int S)
 {
@@ -298,7 +332,7 @@ __global__ __launch_bounds__(kBlock) void resolve_kernel(const ResolveParams p)
     if (bc == 0) return;
     bc = compact_cands(sm.scan, seg, bc, [&](Cand &e) { return e.lo <= tp; });
     __syncthreads();
-    BlockResolve::run(sm.res, seg, bc, tp, p.Q + (int64_t)qi * p.ldq, p.d, p.R, p.ldr, p.r_local0, p.euclid);
+    BlockResolve::run(sm.res, seg, bc, tp, p.Q + (int64_t)qi * p.ldq, p.d, p.R, p.ldr, p.r_local0, p.kind);
     if (threadIdx.x == 0) *cntp = bc;
 }
 

@@ -62,7 +62,7 @@ struct ResolveParams {
     int64_t ldr;
     int64_t r_local0;
     int64_t d;
-    int S, cap, euclid;
+    int S, cap, kind; /* kind: common.cuh's kCanon* */
 };
 
 /* Final selection: per query, the sorted first kk of its candidates, written with pad. */
@@ -214,9 +214,12 @@ size_t mma_sym_smem_extra(void);    /* added to either in mode 2 (thr ring, p_i)
 int mma_wgmma_built(void);          /* 1 when the build holds sm_90a code (gpu_arch has 90) */
 cudaError_t launch_mma_pass(const MmaParams &p, int mode, int sms, int wgmma, cudaStream_t st);
 cudaError_t launch_mma_select(const MmaParams &p, int kk, int sms, cudaStream_t st);
-cudaError_t launch_mma_rescue(const MmaParams &p, int kk, int euclid, int sms, cudaStream_t st);
+cudaError_t launch_mma_rescue(const MmaParams &p, int kk, int kind, int sms, cudaStream_t st);
 
 cudaError_t launch_sqnorms(const float *X, int64_t ld, int64_t rows, int64_t d, float *out, cudaStream_t st);
+/* rows of X scaled to unit length (cosine's tensor-core operands; see filter.cu) */
+cudaError_t launch_unit_rows(const float *X, int64_t ld, int64_t rows, int64_t d, float *out, int64_t ld_out,
+                             cudaStream_t st);
 cudaError_t launch_init_state(float *tau, int *cnt, int qs, int S, cudaStream_t st);
 cudaError_t launch_filter(const FilterParams &p, int qb, cudaStream_t st);
 cudaError_t launch_resolve(const ResolveParams &p, int qs, cudaStream_t st);

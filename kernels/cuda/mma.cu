@@ -688,7 +688,11 @@ __global__ __launch_bounds__(kThreads, 1) void wgmma_kernel(const MmaParams p)
 
 /* tau = kk-th smallest witness of each query (+inf when fewer than kk groups), and the
  * pass-B threshold thr = (mabs + tau') / 2 rounded up. One block per query (grid-stride);
- * 4 radix passes over the query's ga witnesses (float bits: all >= 0 or +inf). */
+ * 4 radix passes over the query's ga witnesses as order_enc keys (ip's witnesses may be
+ * negative; a witness is NaN only when every pair of its group is, and order_enc puts
+ * the canonical NaN last). tau' = tau_prime(tau) for tau >= 0 (l2: the canonical float
+ * gap, see the header); a negative tau (ip, cosine, whose bounds already cover the
+ * canonical rounding: engine.cu's plan_mma) is used as it is. */
 __global__ __launch_bounds__(kBlock) void mma_select_kernel(const MmaParams p, int kk)
 {
     __shared__ BlockRadixSelect<unsigned>::TempStorage sm;
@@ -699,12 +703,13 @@ __global__ __launch_bounds__(kBlock) void mma_select_kernel(const MmaParams p, i
             const unsigned K = BlockRadixSelect<unsigned>::select(
                 sm,
                 [&](auto f) {
-                    for (int64_t i = threadIdx.x; i < p.ga; i += kBlock) f(__float_as_uint(w[i]));
+                    for (int64_t i = threadIdx.x; i < p.ga; i += kBlock) f(order_enc(w[i]));
                 },
                 kk);
-            tau = __uint_as_float(K);
+            tau = order_dec(K);
         }
-        if (threadIdx.x == 0) p.thr[q] = __fmul_ru(0.5f, __fadd_ru(p.ub, tau_prime(tau)));
+        const float tp = tau >= 0.0f ? tau_prime(tau) : tau;
+        if (threadIdx.x == 0) p.thr[q] = __fmul_ru(0.5f, __fadd_ru(p.ub, tp));
         __syncthreads();
     }
 }
@@ -719,7 +724,7 @@ union RescueSm {
     BlockResolve::TempStorage res;
 };
 
-__global__ __launch_bounds__(kBlock) void mma_rescue_kernel(const MmaParams p, int kk, int euclid)
+__global__ __launch_bounds__(kBlock) void mma_rescue_kernel(const MmaParams p, int kk, int kind)
 {
     __shared__ RescueSm sm;
     const int tid = (int)threadIdx.x;
@@ -740,7 +745,7 @@ __global__ __launch_bounds__(kBlock) void mma_rescue_kernel(const MmaParams p, i
             int total;
             const int pos = BlockScan::exclusive(sm.scan, take ? 1 : 0, total);
             if (bc + total > p.cap) {
-                BlockResolve::run(sm.res, seg, bc, INFINITY, qrow, p.d, p.R, p.ldr, 0, euclid);
+                BlockResolve::run(sm.res, seg, bc, INFINITY, qrow, p.d, p.R, p.ldr, 0, kind);
                 __syncthreads();
                 const unsigned long long K = BlockRadixSelect<unsigned long long>::select(
                     sm.sel,
@@ -847,10 +852,10 @@ cudaError_t launch_mma_select(const MmaParams &p, int kk, int sms, cudaStream_t 
     return cudaGetLastError();
 }
 
-cudaError_t launch_mma_rescue(const MmaParams &p, int kk, int euclid, int sms, cudaStream_t st)
+cudaError_t launch_mma_rescue(const MmaParams &p, int kk, int kind, int sms, cudaStream_t st)
 {
     const int blocks = p.qs < 2 * sms ? p.qs : 2 * sms;
-    mma_rescue_kernel<<<blocks, kBlock, 0, st>>>(p, kk, euclid);
+    mma_rescue_kernel<<<blocks, kBlock, 0, st>>>(p, kk, kind);
     return cudaGetLastError();
 }
 

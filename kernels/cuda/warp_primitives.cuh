@@ -6,8 +6,9 @@
  *                           the r-th key, and the key's rank within it
  *   WarpBitonic64           sort of up to 64 unique 64-bit keys, 2 per lane, registers
  *                           only (every register index is a compile-time constant)
- *   WarpCanonical           canonical squared distances of one query to up to 32
- *                           reference rows, one row per lane, dimension order, double
+ *   WarpCanonical           canonical values (squared distances, ip, cosine) of one
+ *                           query to up to 32 reference rows, one row per lane,
+ *                           dimension order, double
  *   WarpKeys<R>             sort / bitonic clean / merge of 32R 64-bit keys held striped
  *                           in registers (element i: lane i % 32, register i / 32)
  *
@@ -17,6 +18,7 @@
 #define XKNN_CUDA_WARP_PRIMITIVES_CUH
 
 #include "common.cuh"
+#include "xknn/impl/canonical_math.h"
 
 namespace xknn_cuda {
 
@@ -148,6 +150,40 @@ struct WarpCanonical {
             __syncwarp();
         }
         return acc;
+    }
+
+    /* The resolved c (common.cuh, kCanon*) of lane < nrows's row against q, the CPU's
+     * operations in the CPU's order: l2/euclidean as sqdist; ip acc = fma(q_t, x_t, acc);
+     * cosine also nq = fma(q_t, q_t, nq), nx = fma(x_t, x_t, nx), then
+     * xknn__cm_cosine. Same contract as sqdist; 0 for lanes >= nrows. */
+    template <int KIND>
+    __device__ __forceinline__ static float value(TempStorage &ts, const float *__restrict__ q, int64_t d, int nrows)
+    {
+        if (KIND == kCanonL2 || KIND == kCanonEuclid) return finish_metric(sqdist(ts, q, d, nrows), KIND);
+        const int lane = lane_id();
+        double acc = 0.0, nq = 0.0, nx = 0.0;
+        for (int64_t t0 = 0; t0 < d; t0 += kWarp) {
+            const int64_t t = t0 + lane;
+            const bool in = t < d;
+            ts.qs[lane] = in ? __ldg(q + t) : 0.0f;
+#pragma unroll 8
+            for (int r = 0; r < nrows; ++r) ts.xs[r][lane] = in ? __ldg(ts.rows[r] + t) : 0.0f;
+            __syncwarp();
+            const int lim = (d - t0) < kWarp ? (int)(d - t0) : kWarp;
+            if (lane < nrows) {
+                for (int tt = 0; tt < lim; ++tt) {
+                    const double a = (double)ts.qs[tt], b = (double)ts.xs[lane][tt];
+                    acc = __fma_rn(a, b, acc);
+                    if (KIND == kCanonCosine) {
+                        nq = __fma_rn(a, a, nq);
+                        nx = __fma_rn(b, b, nx);
+                    }
+                }
+            }
+            __syncwarp();
+        }
+        if (KIND == kCanonCosine) return __double2float_rn(xknn__cm_cosine(acc, nq, nx));
+        return __uint_as_float(order_enc(__fsub_rn(0.0f, __double2float_rn(acc)))); /* kCanonIp */
     }
 };
 
