@@ -16,6 +16,10 @@
  * Printed per run: median and min of --repeats timed searches (after one warm-up), the
  * rate in distance pairs per second (bin: also bit operations per second, n nq d / t),
  * and #wrong: sampled queries whose ids or distance bits differ from the CPU backend's.
+ * On a GPU, for f32 l2, euclidean, ip and cosine (the metrics of xknn_cuda_search), also
+ * the device-resident time: CUDA events around xknn_cuda_search with the inputs already
+ * on the device (the way PyTorch peers are timed), whose results must equal the host-array
+ * run's byte for byte (exit status 1 otherwise, as for #wrong).
  */
 #define _POSIX_C_SOURCE 200809L
 #include <stdint.h>
@@ -27,7 +31,79 @@
 #include "xknn.h"
 #include "xknn/cuda.h"
 
+#ifdef XKNN_BENCH_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
 #define PROG "bench_metrics"
+
+#ifdef XKNN_BENCH_CUDA
+#define CUDA_DIE(call)                                                                                       \
+    do {                                                                                                     \
+        cudaError_t e_ = (call);                                                                             \
+        if (e_ != cudaSuccess) bench_die(PROG, "%s: %s", #call, cudaGetErrorString(e_));                    \
+    } while (0)
+
+/* Device-resident timing (f32 l2, euclidean, ip, cosine: the metrics xknn_cuda_search
+ * takes): inputs already on the device, CUDA events around xknn_cuda_search on a stream
+ * with the preferred workspace; median of `repeats` after one warm-up. The last run's
+ * results must equal the host-array run's (ids, dist) byte for byte: *same. */
+static double device_median(xknn_cuda_context *ctx, const xknn_params *prm, const float *ref, int64_t n,
+                            const float *qry, int64_t nq, int64_t d, int64_t k, int repeats, const int64_t *ids,
+                            const float *dist, int *same)
+{
+    float *dr, *dq, *dd;
+    int64_t *di;
+    void *ws;
+    size_t bytes = 0;
+    cudaStream_t s;
+    cudaEvent_t e0, e1;
+    xknn_error err;
+    double t[64];
+    int64_t *hi = (int64_t *)bench_xmalloc((size_t)(nq * k) * sizeof(int64_t), "ids");
+    float *hd = (float *)bench_xmalloc((size_t)(nq * k) * sizeof(float), "dist");
+    xknn_matrix R = XKNN_MATRIX_F32(NULL, n, d), Q = XKNN_MATRIX_F32(NULL, nq, d);
+    int r;
+    if (xknn_cuda_workspace_size(ctx, prm, n, nq, d, k, &bytes, &err) != XKNN_SUCCESS)
+        bench_die(PROG, "xknn_cuda_workspace_size: %s", err.message);
+    CUDA_DIE(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    CUDA_DIE(cudaEventCreate(&e0));
+    CUDA_DIE(cudaEventCreate(&e1));
+    CUDA_DIE(cudaMalloc((void **)&dr, (size_t)(n * d) * sizeof(float)));
+    CUDA_DIE(cudaMalloc((void **)&dq, (size_t)(nq * d) * sizeof(float)));
+    CUDA_DIE(cudaMalloc((void **)&di, (size_t)(nq * k) * sizeof(int64_t)));
+    CUDA_DIE(cudaMalloc((void **)&dd, (size_t)(nq * k) * sizeof(float)));
+    CUDA_DIE(cudaMalloc(&ws, bytes));
+    CUDA_DIE(cudaMemcpy(dr, ref, (size_t)(n * d) * sizeof(float), cudaMemcpyHostToDevice));
+    CUDA_DIE(cudaMemcpy(dq, qry, (size_t)(nq * d) * sizeof(float), cudaMemcpyHostToDevice));
+    R.data = dr;
+    Q.data = dq;
+    for (r = -1; r < repeats; r++) {
+        float ms = 0.0f;
+        CUDA_DIE(cudaEventRecord(e0, s));
+        if (xknn_cuda_search(ctx, prm, &R, &Q, k, di, dd, ws, bytes, &err, s) != XKNN_SUCCESS)
+            bench_die(PROG, "xknn_cuda_search: %s", err.message);
+        CUDA_DIE(cudaEventRecord(e1, s));
+        CUDA_DIE(cudaEventSynchronize(e1));
+        CUDA_DIE(cudaEventElapsedTime(&ms, e0, e1));
+        if (r >= 0) t[r] = ms * 1e-3;
+    }
+    CUDA_DIE(cudaMemcpy(hi, di, (size_t)(nq * k) * sizeof(int64_t), cudaMemcpyDeviceToHost));
+    CUDA_DIE(cudaMemcpy(hd, dd, (size_t)(nq * k) * sizeof(float), cudaMemcpyDeviceToHost));
+    *same = !memcmp(hi, ids, (size_t)(nq * k) * sizeof(int64_t)) && !memcmp(hd, dist, (size_t)(nq * k) * sizeof(float));
+    CUDA_DIE(cudaFree(ws));
+    CUDA_DIE(cudaFree(dd));
+    CUDA_DIE(cudaFree(di));
+    CUDA_DIE(cudaFree(dq));
+    CUDA_DIE(cudaFree(dr));
+    CUDA_DIE(cudaEventDestroy(e1));
+    CUDA_DIE(cudaEventDestroy(e0));
+    CUDA_DIE(cudaStreamDestroy(s));
+    free(hi);
+    free(hd);
+    return bench_median(t, repeats);
+}
+#endif
 
 static uint64_t mix(uint64_t x)
 {
@@ -190,7 +266,8 @@ int main(int argc, char **argv)
         int64_t *ids = (int64_t *)bench_xmalloc((size_t)(nq * k) * sizeof(int64_t), "ids");
         float *dist = (float *)bench_xmalloc((size_t)(nq * k) * sizeof(float), "dist");
         int64_t wrong = 0;
-        double med, mn, pairs;
+        double med, mn, pairs, dev_med = 0.0;
+        int dev_same = 1;
         char date[32];
 
         if (prefix) {
@@ -222,6 +299,13 @@ int main(int argc, char **argv)
         }
         med = bench_median(t, repeats);
         mn = bench_min(t, repeats);
+#ifdef XKNN_BENCH_CUDA
+        if (ctx && dt == XKNN_DTYPE_F32 &&
+            (metric == XKNN_METRIC_L2 || metric == XKNN_METRIC_EUCLIDEAN || metric == XKNN_METRIC_IP ||
+             metric == XKNN_METRIC_COSINE))
+            dev_med = device_median(ctx, &prm, (const float *)ref, n, (const float *)qry, nq, d, k, repeats, ids, dist,
+                                    &dev_same);
+#endif
 
         /* check: sampled queries against the CPU backend (its own exact paths) */
         if (check > 0) {
@@ -256,15 +340,19 @@ int main(int argc, char **argv)
                med * 1e3, mn * 1e3, pairs / med);
         if (dt == XKNN_DTYPE_BIN) printf(", %.3g bit-ops/s", pairs * (double)d / med);
         printf(", #wrong %lld of %lld sampled\n", (long long)wrong, (long long)check);
+        if (dev_med > 0.0)
+            printf("  device arrays (xknn_cuda_search, events): median %.2f ms, results %s the host-array run's\n",
+                   dev_med * 1e3, dev_same ? "identical to" : "DIFFERENT from");
         if (json) {
             FILE *f = fopen(json, "a");
             if (!f) bench_die(PROG, "cannot open %s", json);
             fprintf(f,
                     "{\"program\": \"bench_metrics\", \"date\": \"%s\", \"commit\": \"%s\", \"backend\": \"%s\", "
                     "\"metric\": \"%s\", \"dtype\": \"%s\", \"n\": %lld, \"nq\": %lld, \"d\": %lld, \"k\": %lld, "
-                    "\"median_ms\": %.4f, \"min_ms\": %.4f, \"repeats\": %d, \"wrong\": %lld, \"checked\": %lld}\n",
+                    "\"median_ms\": %.4f, \"min_ms\": %.4f, \"device_median_ms\": %.4f, \"repeats\": %d, "
+                    "\"wrong\": %lld, \"checked\": %lld}\n",
                     date, bench_commit(), ctx ? "cuda" : "cpu", xknn_metric_name(metric), xknn_dtype_name(dt),
-                    (long long)n, (long long)nq, (long long)d, (long long)k, med * 1e3, mn * 1e3, repeats,
+                    (long long)n, (long long)nq, (long long)d, (long long)k, med * 1e3, mn * 1e3, dev_med * 1e3, repeats,
                     (long long)wrong, (long long)check);
             fclose(f);
         }
@@ -274,6 +362,6 @@ int main(int argc, char **argv)
         free(ids);
         free(dist);
         free(w);
-        return wrong ? 1 : 0;
+        return wrong || !dev_same ? 1 : 0;
     }
 }

@@ -55,6 +55,7 @@ row hamming bin 1024 10 "$REPEATS" hamming
 row l2 u8 128 10 "$REPEATS" l2
 row ip i8 128 10 "$REPEATS"
 row l2 u8 128 100 3
+row l2 f32 128 10 3 l2
 row l1 f32 128 10 3 l1
 row cosine f32 128 10 3 cosine
 row ip f32 128 10 3 ip

@@ -53,7 +53,8 @@ def main():
     R, n, d = read_bin(a.data + ".ref.bin", a.dtype)
     Q, nq, _ = read_bin(a.data + ".query.bin", a.dtype)
     method = {"l1": "cdist(p=1)+topk", "cosine": "normalised mm+topk", "ip": "mm+topk",
-              "l2": "int8 _int_mm+topk", "hamming": "fp16 mm on unpacked bits+topk"}[a.metric]
+              "l2": "int8 _int_mm+topk" if a.dtype == "u8" else "mm+topk (fp32)",
+              "hamming": "fp16 mm on unpacked bits+topk"}[a.metric]
 
     if a.metric == "hamming":
         def unpack(x):
@@ -62,9 +63,14 @@ def main():
         r, q = unpack(R), unpack(Q)
         rn = r.float().sum(1)
         qn = q.float().sum(1)
+    elif a.metric == "l2" and a.dtype == "f32":
+        r = torch.from_numpy(R.astype(np.float32)).to(dev)
+        q = torch.from_numpy(Q.astype(np.float32)).to(dev)
+        rn = (r * r).sum(1)
+        qn = (q * q).sum(1)
     elif a.metric == "l2":
         if a.dtype != "u8":
-            sys.exit("l2 peer: u8 data only")
+            sys.exit("l2 peer: u8 or f32 data only")
         r = torch.from_numpy((R.astype(np.int16) - 128).astype(np.int8)).to(dev)
         q = torch.from_numpy((Q.astype(np.int16) - 128).astype(np.int8)).to(dev)
         rn = (r.int() * r.int()).sum(1)
@@ -77,7 +83,7 @@ def main():
             q = torch.nn.functional.normalize(q, dim=1)
     rt = r.t().contiguous() if a.metric != "l1" else None
     qb = max(1, min(nq, int(a.block_bytes // (4 * n))))
-    if a.metric == "l2":
+    if a.metric == "l2" and a.dtype == "u8":
         qb = max(32, qb // 8 * 8)
 
     def search():
@@ -89,7 +95,7 @@ def main():
                 out.append(torch.topk(v, a.k, dim=1, largest=False))
             elif a.metric in ("cosine", "ip"):
                 out.append(torch.topk(qq @ rt, a.k, dim=1, largest=True))
-            elif a.metric == "l2":
+            elif a.metric == "l2" and a.dtype == "u8":
                 m = qq.shape[0]
                 if m % 8 or m <= 16:  # _int_mm shape rules: pad the block
                     pad = max(24, (m + 7) // 8 * 8) - m
