@@ -62,13 +62,18 @@
  *     backend computes the same bits.
  *   - The CUDA backend covers every metric and dtype. f32 l2/euclidean take its
  *     certified fast paths (tensor-core, cuBLAS or fused candidates, canonical re-rank);
+ *     f32 ip/cosine its tensor-core path (TF32 candidates with a proven bound that
+ *     covers the canonical rounding, cosine on unit-length copies of the rows, then the
+ *     canonical re-rank) where it applies: d <= 128, at least 4k witness groups of 64
+ *     references, the references resident in the memory budget;
  *     u8/i8 l2/euclidean/ip and hamming are exact integers on the integer tensor cores
  *     (int8, or 1-bit AND + popcount) when k is small enough for witnesses (at least 4k
  *     groups of 64 references) and 256 query rows fit shared memory (H100: d <= 512
  *     for 8-bit, 4096 bits);
  *     everything else is computed as canonical values on the device itself (tiles of
  *     double-precision steps, popcounts for bits) with the selection fused in. The
- *     embedding API of xknn/cuda.h takes f32 l2/euclidean only.
+ *     embedding API of xknn/cuda.h takes f32 l2/euclidean, and ip/cosine where the
+ *     tensor-core path applies (INVALID_ARGUMENT with the reason otherwise).
  *   - CPU paths (identical results): f32 l2/euclidean and f32 ip/cosine take sgemm
  *     candidates with a proven error bound and a canonical re-rank (with CBLAS); u8/i8
  *     l2/euclidean/ip the integer path below; everything else the canonical double loop

@@ -60,7 +60,13 @@ struct CUstream_st; /* = cudaStream_t's pointee; NULL means the legacy default s
  * that, or when its workspace does not fit, FUSED behaves as AUTO on the GEMM paths.
  * MMA is supported for metric l2 / euclidean and d <= 128 on GPUs of compute capability
  * 8.0 or newer, with the references resident in device memory; otherwise (or when its
- * workspace does not fit) it behaves as TF32. */
+ * workspace does not fit) it behaves as TF32.
+ * Metrics ip and cosine (f32) have one GEMM path, MMA (AUTO, FUSED and MMA choose it):
+ * d <= 128, compute capability 8.0 or newer, at least 4 min(k, n) witness groups (n >=
+ * 256 min(k, n)); cosine runs the tensor cores on unit-length copies of the rows (their
+ * n d floats are part of the workspace). FP32 / TF32, or a shape the path does not
+ * take, send host-array searches to the canonical tiles below and make the embedding
+ * API answer INVALID_ARGUMENT with the reason. */
 #define XKNN_CUDA_PATH_AUTO 0  /* see above                                                 */
 #define XKNN_CUDA_PATH_FP32 1  /* cuBLAS SGEMM, pedantic FP32 (no tensor cores)              */
 #define XKNN_CUDA_PATH_TF32 2  /* cuBLAS GEMM on TF32 tensor cores, wider certified margin   */
@@ -150,6 +156,8 @@ XKNN_API xknn_status xknn_cuda_workspace_size(xknn_cuda_context *ctx, const xknn
  *              (xknn_cuda_workspace_size gives the preferred size); must stay allocated
  *              and untouched until the work on `stream` has completed
  *   stream     the caller's stream (last argument); all work is enqueued on it
+ * metric: l2, euclidean; ip and cosine on the MMA path (see above); any other metric is
+ * INVALID_ARGUMENT (xknn_search takes every metric on host arrays).
  * params: metric, exclude_self, pad_missing, ref_id_offset, query_id_offset, query_block
  * (queries per block), ref_block (tile width), cuda_path are honoured; backend, device,
  * num_threads, cpu_path, cuda_context are ignored (the context decides the device).
