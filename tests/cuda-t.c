@@ -174,7 +174,7 @@ static const char *const tiny_cases[] = {
     "d=3 k=16", "d=32 k=100 fp32", "dups exact compaction", "d=100 k=4096", "blocks 7 x 129",
     "self k=n-1", "pad_missing self", "stream 1 MB ties", "fused d=3 k=16", "fused dups d=3 k=100",
     "fused blocks 7 x 129", "fused pad_missing self", "mma d=3 k=16", "mma dups re-run", "mma self k=n-1 falls back",
-    "mma ld+3 d=17", "mma ip dups re-run", "mma ip offsets exclude",
+    "mma ld+3 d=17", "mma ip dups re-run", "mma ip offsets exclude", "mma d=128 k=1",
 };
 
 static int skipped_by_quick(const tcase *c)

@@ -82,7 +82,9 @@ struct CUstream_st; /* = cudaStream_t's pointee; NULL means the legacy default s
                                   again exactly (RERUNS). No distance tile is written.
                                   Hopper builds (gpu_arch 90, sm_90a code) run it on wgmma,
                                   other GPUs on mma.sync; the environment variable
-                                  XKNN_CUDA_MMA_SYNC=1 forces mma.sync (diagnostics).      */
+                                  XKNN_CUDA_MMA_SYNC=1 forces mma.sync, and
+                                  XKNN_CUDA_WGMMA_KB32=1 the wgmma kernel's 32-dimension
+                                  stages everywhere (diagnostics).                          */
 /* Host-array searches of other metrics and dtypes (xknn_search with backend cuda or auto)
  * take kernels/cuda/imma.cu (u8/i8 l2, euclidean, ip; hamming: exact integer tensor cores
  * with fused candidate selection) or kernels/cuda/generic.cu (everything else: canonical

@@ -516,7 +516,7 @@ int plan_mma(const xknn_cuda_context *ctx, const xknn_params *prm, int64_t n, in
     {
         const char *ms = getenv("XKNN_CUDA_MMA_SYNC");
         p.wgmma = ctx->cc_major == 9 && ctx->cc_minor == 0 && mma_wgmma_built() && !(ms && *ms && *ms != '0') &&
-                  wgmma_smem_bytes(d) <= ctx->smem_optin;
+                  wgmma_smem_bytes(d, 0) <= ctx->smem_optin;
     }
     /* the bound of engine.cu's TF32 derivation for the padded depth */
     p.d = round_up(d, 32);
@@ -1700,7 +1700,7 @@ static const char *plan_sym(const xknn_cuda_context *ctx, const xknn__job *job, 
     Plan p;
     if (!plan_mma(ctx, prm, n, n, d, k, SIZE_MAX / 4, 0, &p))
         return "no tensor-core plan (device, d, or fewer than 4k witness groups of 64 references)";
-    if ((p.wgmma ? wgmma_smem_bytes(d) : mma_smem_bytes(d)) + mma_sym_smem_extra() > ctx->smem_optin)
+    if ((p.wgmma ? wgmma_smem_bytes(d, 1) : mma_smem_bytes(d)) + mma_sym_smem_extra() > ctx->smem_optin)
         return "the symmetric kernel's shared memory exceeds the device's";
     const double expect = 3.0 * (double)p.kk * (double)n / (double)p.nA + 256.0;
     p.cap = round_up(max64((int64_t)(1.25 * expect) + 512, p.kk + kBlock + 256), 256);

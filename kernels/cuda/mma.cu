@@ -80,6 +80,11 @@ constexpr int kRowB = kBK + 4; /* floats per staged reference row (16-byte align
 constexpr int kThreads = kMmaThreads;
 constexpr int kGStages = 3; /* wgmma kernel: cp.async ring depth */
 
+/* wgmma kernel: dimensions per ring stage, KB = 64 where the padded depth is a multiple of
+ * 64 (one barrier and one wgmma drain per 64 dimensions instead of per 32), else 32. Mode
+ * 2 keeps 32: its extra rings would not fit next to 64-dimension stages at d = 128. */
+__host__ __device__ constexpr int wgmma_chunk_of(int64_t dpad, bool sym) { return !sym && dpad % 64 == 0 ? 64 : 32; }
+
 __device__ __forceinline__ float to_tf32(float x)
 {
     unsigned r;
@@ -454,10 +459,14 @@ __global__ __launch_bounds__(kThreads, 1) void mma_kernel(const MmaParams p)
  * apart (leading byte offset), those adjacent in rows (8 rows on) are kp * 128 bytes
  * apart (stride byte offset), kp = k-groups of 4 per row of the stored block. The
  * accumulator fragment of a warp (rows 16w .. 16w+15 of an m64 block) has the mma.sync
- * m16n8 layout repeated over the 16 n8 blocks. Reference chunks arrive by cp.async
- * (generic proxy): every thread fences them (fence.proxy.async) before the barrier that
- * precedes the wgmma reading them. Witness groups are the two 64-column halves of a tile.
- * Launch: 256 threads, 1 CTA per SM (~180 KB of shared memory at d = 128). */
+ * m16n8 layout repeated over the 16 n8 blocks. Reference chunks of KB dimensions
+ * (wgmma_chunk_of: 64 where the padded depth allows, 32 otherwise and in mode 2) arrive
+ * by cp.async (generic proxy): every thread fences them (fence.proxy.async) before the
+ * barrier that precedes the wgmma reading them; each chunk's wgmma are drained before
+ * the next barrier, so 64-dimension chunks halve the drains and barriers per tile (W1 on
+ * an H100: 22.7 against 24.6 ms in the same call). Witness groups are the two 64-column
+ * halves of a tile. Launch: 256 threads, 1 CTA per SM (227 KB of shared memory at
+ * d = 128 with KB = 64, the whole opt-in; 179 KB with KB = 32). */
 #ifdef XKNN__HAVE_WGMMA
 /* max that returns NaN when either operand is NaN */
 __device__ __forceinline__ float max_nan(float a, float b)
@@ -504,22 +513,22 @@ __device__ __forceinline__ void wgmma_m64n128k8(float (&d)[64], uint64_t da, uin
 }
 #endif
 
-/* One 32-dimension chunk of tile `tile` in the core-matrix layout (16-byte chunk (j, c4)
+/* One KB-dimension chunk of tile `tile` in the core-matrix layout (16-byte chunk (j, c4)
  * to core matrix (j / 8, c4), row j % 8); zero-filled past n and d. 8 consecutive threads
  * fill one core matrix (conflict-free stores). Norms as in load_stage. */
-template <int MODE, bool VEC>
+template <int MODE, bool VEC, int KB>
 __device__ __forceinline__ void gload_stage(float *stage, float *rn_ring, const MmaParams &p, int64_t tile, int kc)
 {
     const int tid = (int)threadIdx.x;
     const int64_t ref0 = tile * kBN;
-    const int k0 = kc * kBK;
+    const int k0 = kc * KB;
     if (kc == 0) load_tile_terms<MODE>(rn_ring, p, tile);
 #pragma unroll
-    for (int i = 0; i < kBN * kBK / 4 / kThreads; ++i) {
+    for (int i = 0; i < kBN * KB / 4 / kThreads; ++i) {
         const int idx = tid + i * kThreads;
-        const int jr = idx & 7, c4 = (idx >> 3) & 7, jg = idx >> 6;
+        const int jr = idx & 7, c4 = (idx >> 3) & (KB / 4 - 1), jg = idx / (2 * KB);
         const int row = jg * 8 + jr;
-        float *dst = stage + (jg * (kBK / 4) + c4) * 32 + jr * 4;
+        float *dst = stage + (jg * (KB / 4) + c4) * 32 + jr * 4;
         const int64_t j = ref0 + row;
         const int col = k0 + 4 * c4;
         if (VEC) {
@@ -535,16 +544,16 @@ __device__ __forceinline__ void gload_stage(float *stage, float *rn_ring, const 
     }
 }
 
-template <int MODE, bool VEC>
+template <int MODE, bool VEC, int KB>
 __global__ __launch_bounds__(kThreads, 1) void wgmma_kernel(const MmaParams p)
 {
 #ifdef XKNN__HAVE_WGMMA
     extern __shared__ __align__(16) float smem[];
-    const int dpad = (int)((p.d + kBK - 1) / kBK * kBK);
+    const int dpad = (int)((p.d + kBK - 1) / kBK * kBK); /* a multiple of KB (wgmma_chunk_of) */
     const int kp = dpad / 4; /* k-groups of a query row */
     float *Qs = smem;                          /* kBM x dpad, core-matrix layout */
-    float *Rs = Qs + kBM * dpad;               /* kGStages x kBN x kBK, core-matrix layout */
-    float *row_s = Rs + kGStages * kBN * kBK;  /* kBM */
+    float *Rs = Qs + kBM * dpad;               /* kGStages x kBN x KB, core-matrix layout */
+    float *row_s = Rs + kGStages * kBN * KB;   /* kBM */
     float *rn_s = row_s + kBM;                 /* kRnSlots x kBN */
     float *prow_s = rn_s + 2 * kRnSlots * kBN; /* mode 2: after the thr ring, kBM p_i */
 
@@ -556,12 +565,12 @@ __global__ __launch_bounds__(kThreads, 1) void wgmma_kernel(const MmaParams p)
     const int64_t t0 = (MODE == 2 ? (int64_t)q0 / kBN : 0) + (int64_t)blockIdx.y * p.tiles_per_cta;
     const int64_t t1 = t0 + p.tiles_per_cta < RT ? t0 + p.tiles_per_cta : RT;
     if (t0 >= t1) return;
-    const int KC = dpad / kBK;
+    const int KC = dpad / KB;
     const int64_t total = (t1 - t0) * KC;
 
 #pragma unroll
     for (int s = 0; s < kGStages - 1; ++s) {
-        if (s < total) gload_stage<MODE, VEC>(Rs + s * kBN * kBK, rn_s, p, t0 + s / KC, s % KC);
+        if (s < total) gload_stage<MODE, VEC, KB>(Rs + s * kBN * KB, rn_s, p, t0 + s / KC, s % KC);
         cp_async_commit();
     }
     for (int idx = tid; idx < kBM * dpad; idx += kThreads) {
@@ -592,18 +601,18 @@ __global__ __launch_bounds__(kThreads, 1) void wgmma_kernel(const MmaParams p)
         {
             const int64_t nx = it + kGStages - 1;
             if (nx < total)
-                gload_stage<MODE, VEC>(Rs + (int)(nx % kGStages) * kBN * kBK, rn_s, p, t0 + nx / KC, (int)(nx % KC));
+                gload_stage<MODE, VEC, KB>(Rs + (int)(nx % kGStages) * kBN * KB, rn_s, p, t0 + nx / KC, (int)(nx % KC));
             cp_async_commit();
         }
         const int kc = (int)(it % KC);
-        const float *Bst = Rs + (int)(it % kGStages) * kBN * kBK;
+        const float *Bst = Rs + (int)(it % kGStages) * kBN * KB;
         asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 #pragma unroll
-        for (int s = 0; s < kBK / 8; ++s) {
-            const uint64_t db = gmma_desc(Bst + 2 * s * 32, 128u, (kBK / 4) * 128u);
+        for (int s = 0; s < KB / 8; ++s) {
+            const uint64_t db = gmma_desc(Bst + 2 * s * 32, 128u, (KB / 4) * 128u);
 #pragma unroll
             for (int mb = 0; mb < 2; ++mb)
-                wgmma_m64n128k8(acc[mb], gmma_desc(Am[mb] + (kc * (kBK / 4) + 2 * s) * 32, 128u, sboA), db);
+                wgmma_m64n128k8(acc[mb], gmma_desc(Am[mb] + (kc * (KB / 4) + 2 * s) * 32, 128u, sboA), db);
         }
         asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
         asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
@@ -777,9 +786,13 @@ __global__ __launch_bounds__(kBlock) void mma_rescue_kernel(const MmaParams p, i
 template <int MODE, bool VEC>
 cudaError_t launch_one(const MmaParams &p, int sms, int wgmma, cudaStream_t st)
 {
-    const size_t smem = (wgmma ? wgmma_smem_bytes(p.d) : mma_smem_bytes(p.d)) + (MODE == 2 ? mma_sym_smem_extra() : 0);
-    cudaError_t e = wgmma ? cudaFuncSetAttribute(wgmma_kernel<MODE, VEC>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem)
-                          : cudaFuncSetAttribute(mma_kernel<MODE, VEC>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    const size_t smem = (wgmma ? wgmma_smem_bytes(p.d, MODE == 2) : mma_smem_bytes(p.d)) + (MODE == 2 ? mma_sym_smem_extra() : 0);
+    constexpr int KB2 = MODE == 2 ? 32 : 64; /* no 64-dimension instance of mode 2 */
+    const char *kb32 = getenv("XKNN_CUDA_WGMMA_KB32"); /* diagnostic: the 32-dimension stages everywhere */
+    const bool kb64 = wgmma_chunk_of((p.d + kBK - 1) / kBK * kBK, MODE == 2) == 64 && !(kb32 && *kb32 && *kb32 != '0');
+    cudaError_t e = !wgmma ? cudaFuncSetAttribute(mma_kernel<MODE, VEC>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem)
+                    : kb64 ? cudaFuncSetAttribute(wgmma_kernel<MODE, VEC, KB2>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem)
+                           : cudaFuncSetAttribute(wgmma_kernel<MODE, VEC, 32>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess) return e;
     const int64_t qt = (p.qs + kBM - 1) / kBM;
     const int64_t RT = (p.n + kBN - 1) / kBN;
@@ -804,8 +817,10 @@ cudaError_t launch_one(const MmaParams &p, int sms, int wgmma, cudaStream_t st)
         q.tiles_per_cta = (int)((RT + Z - 1) / Z);
         Z = (RT + q.tiles_per_cta - 1) / q.tiles_per_cta;
     }
-    if (wgmma)
-        wgmma_kernel<MODE, VEC><<<dim3((unsigned)qt, (unsigned)Z), kThreads, smem, st>>>(q);
+    if (wgmma && kb64)
+        wgmma_kernel<MODE, VEC, KB2><<<dim3((unsigned)qt, (unsigned)Z), kThreads, smem, st>>>(q);
+    else if (wgmma)
+        wgmma_kernel<MODE, VEC, 32><<<dim3((unsigned)qt, (unsigned)Z), kThreads, smem, st>>>(q);
     else
         mma_kernel<MODE, VEC><<<dim3((unsigned)qt, (unsigned)Z), kThreads, smem, st>>>(q);
     return cudaGetLastError();
@@ -813,10 +828,10 @@ cudaError_t launch_one(const MmaParams &p, int sms, int wgmma, cudaStream_t st)
 
 } // namespace
 
-size_t wgmma_smem_bytes(int64_t d)
+size_t wgmma_smem_bytes(int64_t d, int sym)
 {
     const int64_t dpad = (d + kBK - 1) / kBK * kBK;
-    return sizeof(float) * (size_t)(kBM * dpad + kGStages * kBN * kBK + kBM + kRnSlots * kBN);
+    return sizeof(float) * (size_t)(kBM * dpad + kGStages * kBN * wgmma_chunk_of(dpad, sym != 0) + kBM + kRnSlots * kBN);
 }
 
 size_t mma_sym_smem_extra(void) { return sizeof(float) * (size_t)(kRnSlots * kBN + kBM); }
