@@ -307,6 +307,59 @@ static void run_case(const tcase *c)
     free(wd);
 }
 
+/* ---- ip and cosine on extreme magnitudes (4 tests) ------------------------------------
+ * Every 7th reference row times 1e18 (|x|^2 above the 5e36 where the tensor-core
+ * epilogue gives up bounding a pair: such pairs are always candidates), every 5th times
+ * 1e-38 (subnormal elements, which the tensor cores may flush), every 3rd query times
+ * 1e-30. The canonical value must still decide, equal to the oracle and the CPU backend. */
+#define NEXTREME 4
+static void run_extreme(void)
+{
+    const int64_t n = 20011, nq = 60, d = 64, k = 5;
+    float *ref = make_matrix(DATA_GAUSSIAN, n, d, d, 31), *qry = make_matrix(DATA_GAUSSIAN, nq, d, d, 32);
+    int64_t *ids = (int64_t *)xmalloc((size_t)(nq * k) * sizeof(int64_t)), *wid = (int64_t *)xmalloc((size_t)(nq * k) * sizeof(int64_t));
+    float *dist = (float *)xmalloc((size_t)(nq * k) * sizeof(float)), *wd = (float *)xmalloc((size_t)(nq * k) * sizeof(float));
+    xknn_matrix r = XKNN_MATRIX_F32(ref, n, d), q = XKNN_MATRIX_F32(qry, nq, d);
+    int64_t i, t;
+    int m;
+    for (i = 0; i < n; i++)
+        for (t = 0; t < d; t++) ref[i * d + t] *= i % 7 == 0 ? 1e18f : i % 5 == 0 ? 1e-38f : 1.0f;
+    for (i = 0; i < nq; i += 3)
+        for (t = 0; t < d; t++) qry[i * d + t] *= 1e-30f;
+    for (m = 0; m < 2; m++) {
+        const xknn_metric metric = m ? XKNN_METRIC_COSINE : XKNN_METRIC_IP;
+        xknn_params p = XKNN_PARAMS_INIT;
+        xknn_error err;
+        xknn_status st;
+        ref_spec spec;
+        memset(&spec, 0, sizeof spec);
+        spec.metric = (int)metric;
+        spec.dtype = REF_F32;
+        if (ref_knn_ex(&spec, ref, n, d, qry, nq, d, d, k, 0, 0, 0, wid, wd) != 0) bail("oracle out of memory");
+        p.backend = XKNN_BACKEND_CUDA;
+        p.metric = metric;
+        p.cuda_path = XKNN_CUDA_PATH_MMA;
+        p.verbose = getenv("XKNN_CUDA_TEST_VERBOSE") != NULL;
+        st = xknn_search(&p, &r, &q, k, ids, dist, &err);
+        if (st != XKNN_SUCCESS)
+            ok(0, "%s, extreme magnitudes, mma: %s", xknn_metric_name(metric), err.message);
+        else
+            is_knn_equal(ids, dist, wid, wd, nq, k, "%s, extreme magnitudes (1e18, 1e-38, 1e-30 rows), mma vs oracle",
+                         xknn_metric_name(metric));
+        p.backend = XKNN_BACKEND_CPU;
+        p.verbose = 0;
+        st = xknn_search(&p, &r, &q, k, wid, wd, &err);
+        if (st != XKNN_SUCCESS) bail("cpu backend failed: %s", err.message);
+        is_knn_equal(ids, dist, wid, wd, nq, k, "%s, extreme magnitudes, mma vs cpu backend", xknn_metric_name(metric));
+    }
+    free(ref);
+    free(qry);
+    free(ids);
+    free(wid);
+    free(dist);
+    free(wd);
+}
+
 /* ---- errors and the host path's knobs (7 tests) ----------------------------------- */
 static void run_errors(void)
 {
@@ -615,8 +668,9 @@ int main(void)
     int i;
     if (!xknn_backend_built(XKNN_BACKEND_CUDA) || xknn_cuda_device_count() == 0) skip_all("no CUDA device");
     quick = getenv("XKNN_CUDA_TEST_QUICK") ? atoi(getenv("XKNN_CUDA_TEST_QUICK")) : 0;
-    plan(2 * NCASES + NERRORS + NDEVICE);
+    plan(2 * NCASES + NEXTREME + NERRORS + NDEVICE);
     for (i = 0; i < NCASES; i++) run_case(&cases[i]);
+    run_extreme();
     run_errors();
     run_device_api();
     return tap_done();
