@@ -786,10 +786,11 @@ __global__ __launch_bounds__(kBlock) void mma_rescue_kernel(const MmaParams p, i
 template <int MODE, bool VEC>
 cudaError_t launch_one(const MmaParams &p, int sms, int wgmma, cudaStream_t st)
 {
-    const size_t smem = (wgmma ? wgmma_smem_bytes(p.d, MODE == 2) : mma_smem_bytes(p.d)) + (MODE == 2 ? mma_sym_smem_extra() : 0);
     constexpr int KB2 = MODE == 2 ? 32 : 64; /* no 64-dimension instance of mode 2 */
     const char *kb32 = getenv("XKNN_CUDA_WGMMA_KB32"); /* diagnostic: the 32-dimension stages everywhere */
     const bool kb64 = wgmma_chunk_of((p.d + kBK - 1) / kBK * kBK, MODE == 2) == 64 && !(kb32 && *kb32 && *kb32 != '0');
+    /* (the 32-dimension layout's bytes are those of mode 2's stages) */
+    const size_t smem = (wgmma ? wgmma_smem_bytes(p.d, !kb64) : mma_smem_bytes(p.d)) + (MODE == 2 ? mma_sym_smem_extra() : 0);
     cudaError_t e = !wgmma ? cudaFuncSetAttribute(mma_kernel<MODE, VEC>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem)
                     : kb64 ? cudaFuncSetAttribute(wgmma_kernel<MODE, VEC, KB2>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem)
                            : cudaFuncSetAttribute(wgmma_kernel<MODE, VEC, 32>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
