@@ -36,19 +36,25 @@ namespace xknn_cuda {
  * Any order is fine here: the norms only enter the bound, whose derivation allows a
  * relative error of u + d 2^-53. Launch: 256 threads = 8 rows per block, grid rows/8;
  * no shared memory, ~30 registers: full occupancy; memory-bound, coalesced. */
-__global__ __launch_bounds__(kBlock) void sqnorm_kernel(const float *__restrict__ X, int64_t ld, int64_t rows,
-                                                        int64_t d, float *__restrict__ out)
+/* The double sum of squares of row x (d elements), on every lane of the warp. */
+__device__ __forceinline__ double warp_row_sumsq(const float *__restrict__ x, int64_t d)
 {
-    const int64_t row = (int64_t)blockIdx.x * kNormRowsPerBlock + warp_id();
-    if (row >= rows) return;
-    const float *x = X + row * ld;
     double acc = 0.0;
     for (int64_t t = lane_id(); t < d; t += kWarp) {
         const double v = (double)__ldg(x + t);
         acc = __fma_rn(v, v, acc);
     }
 #pragma unroll
-    for (int o = kWarp / 2; o > 0; o >>= 1) acc = __dadd_rn(acc, __shfl_down_sync(0xffffffffu, acc, o));
+    for (int o = kWarp / 2; o > 0; o >>= 1) acc = __dadd_rn(acc, __shfl_xor_sync(0xffffffffu, acc, o));
+    return acc;
+}
+
+__global__ __launch_bounds__(kBlock) void sqnorm_kernel(const float *__restrict__ X, int64_t ld, int64_t rows,
+                                                        int64_t d, float *__restrict__ out)
+{
+    const int64_t row = (int64_t)blockIdx.x * kNormRowsPerBlock + warp_id();
+    if (row >= rows) return;
+    const double acc = warp_row_sumsq(X + row * ld, d);
     if (lane_id() == 0) out[row] = __double2float_rn(acc);
 }
 
@@ -73,13 +79,7 @@ __global__ __launch_bounds__(kBlock) void unit_rows_kernel(const float *__restri
     const int64_t row = (int64_t)blockIdx.x * kNormRowsPerBlock + warp_id();
     if (row >= rows) return;
     const float *x = X + row * ld;
-    double acc = 0.0;
-    for (int64_t t = lane_id(); t < d; t += kWarp) {
-        const double v = (double)__ldg(x + t);
-        acc = __fma_rn(v, v, acc);
-    }
-#pragma unroll
-    for (int o = kWarp / 2; o > 0; o >>= 1) acc = __dadd_rn(acc, __shfl_xor_sync(0xffffffffu, acc, o));
+    const double acc = warp_row_sumsq(x, d);
     const double inv = acc > 0.0 ? __drcp_rn(__dsqrt_rn(acc)) : 0.0;
     float *y = out + row * ld_out;
     for (int64_t t = lane_id(); t < ld_out; t += kWarp)

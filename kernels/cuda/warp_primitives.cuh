@@ -126,42 +126,17 @@ struct WarpCanonical {
         const float *rows[kWarp];
     };
 
-    /* rows[0..nrows) must be set in ts.rows before the call (any lanes), followed by
-     * __syncwarp(). Returns the double sum for lane < nrows (0 for the others). */
-    __device__ __forceinline__ static double sqdist(TempStorage &ts, const float *__restrict__ q, int64_t d,
-                                                    int nrows)
-    {
-        const int lane = lane_id();
-        double acc = 0.0;
-        for (int64_t t0 = 0; t0 < d; t0 += kWarp) {
-            const int64_t t = t0 + lane;
-            const bool in = t < d;
-            ts.qs[lane] = in ? __ldg(q + t) : 0.0f;
-#pragma unroll 8
-            for (int r = 0; r < nrows; ++r) ts.xs[r][lane] = in ? __ldg(ts.rows[r] + t) : 0.0f;
-            __syncwarp();
-            const int lim = (d - t0) < kWarp ? (int)(d - t0) : kWarp;
-            if (lane < nrows) {
-                for (int tt = 0; tt < lim; ++tt) {
-                    const double diff = __dsub_rn((double)ts.qs[tt], (double)ts.xs[lane][tt]);
-                    acc = __fma_rn(diff, diff, acc);
-                }
-            }
-            __syncwarp();
-        }
-        return acc;
-    }
-
-    /* The resolved c (common.cuh, kCanon*) of lane < nrows's row against q, the CPU's
-     * operations in the CPU's order: l2/euclidean as sqdist; ip acc = fma(q_t, x_t, acc);
-     * cosine also nq = fma(q_t, q_t, nq), nx = fma(x_t, x_t, nx), then
-     * xknn__cm_cosine. Same contract as sqdist; 0 for lanes >= nrows. */
+    /* The double sums of lane < nrows's row against q in dimension order (0 for the other
+     * lanes): l2/euclidean acc = fma(q_t - x_t, q_t - x_t, acc); ip and cosine acc =
+     * fma(q_t, x_t, acc), cosine also nq = fma(q_t, q_t, nq), nx = fma(x_t, x_t, nx).
+     * rows[0..nrows) must be set in ts.rows before the call (any lanes), followed by
+     * __syncwarp(). */
     template <int KIND>
-    __device__ __forceinline__ static float value(TempStorage &ts, const float *__restrict__ q, int64_t d, int nrows)
+    __device__ __forceinline__ static void sums(TempStorage &ts, const float *__restrict__ q, int64_t d, int nrows,
+                                                double &acc, double &nq, double &nx)
     {
-        if (KIND == kCanonL2 || KIND == kCanonEuclid) return finish_metric(sqdist(ts, q, d, nrows), KIND);
         const int lane = lane_id();
-        double acc = 0.0, nq = 0.0, nx = 0.0;
+        acc = nq = nx = 0.0;
         for (int64_t t0 = 0; t0 < d; t0 += kWarp) {
             const int64_t t = t0 + lane;
             const bool in = t < d;
@@ -173,15 +148,31 @@ struct WarpCanonical {
             if (lane < nrows) {
                 for (int tt = 0; tt < lim; ++tt) {
                     const double a = (double)ts.qs[tt], b = (double)ts.xs[lane][tt];
-                    acc = __fma_rn(a, b, acc);
-                    if (KIND == kCanonCosine) {
-                        nq = __fma_rn(a, a, nq);
-                        nx = __fma_rn(b, b, nx);
+                    if (KIND == kCanonL2 || KIND == kCanonEuclid) {
+                        const double diff = __dsub_rn(a, b);
+                        acc = __fma_rn(diff, diff, acc);
+                    } else {
+                        acc = __fma_rn(a, b, acc);
+                        if (KIND == kCanonCosine) {
+                            nq = __fma_rn(a, a, nq);
+                            nx = __fma_rn(b, b, nx);
+                        }
                     }
                 }
             }
             __syncwarp();
         }
+    }
+
+    /* The resolved c (common.cuh, kCanon*) of lane < nrows's row against q, the CPU's
+     * operations in the CPU's order (sums, then the metric's finish; cosine through
+     * xknn__cm_cosine); 0 for lanes >= nrows. */
+    template <int KIND>
+    __device__ __forceinline__ static float value(TempStorage &ts, const float *__restrict__ q, int64_t d, int nrows)
+    {
+        double acc, nq, nx;
+        sums<KIND>(ts, q, d, nrows, acc, nq, nx);
+        if (KIND == kCanonL2 || KIND == kCanonEuclid) return finish_metric(acc, KIND);
         if (KIND == kCanonCosine) return __double2float_rn(xknn__cm_cosine(acc, nq, nx));
         return __uint_as_float(order_enc(__fsub_rn(0.0f, __double2float_rn(acc)))); /* kCanonIp */
     }
