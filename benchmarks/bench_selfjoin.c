@@ -39,7 +39,7 @@ static void usage(FILE *f)
             "  --n N           points (K/M suffixes; default 100k)\n"
             "  --d D           dimensions (default 128)\n"
             "  --k K           neighbours per point (default 16)\n"
-            "  --metric M      l2 or euclidean (default l2)\n"
+            "  --metric M      l2, euclidean, ip or cosine (default l2)\n"
             "  --backend B     cuda or cpu (default cuda)\n"
             "  --repeats R     timed runs per path after one warm-up (default 3; median)\n"
             "  --check S       rows compared with the CPU backend (default 64; 0: none)\n"
@@ -123,8 +123,10 @@ int main(int argc, char **argv)
         }
     }
     if (k > n - 1) bench_die(PROG, "--k %lld: need k <= n - 1", (long long)k);
-    if (strcmp(metric, "l2") && strcmp(metric, "euclidean")) bench_die(PROG, "--metric %s: l2 or euclidean", metric);
-    p.metric = strcmp(metric, "l2") ? XKNN_METRIC_EUCLIDEAN : XKNN_METRIC_L2;
+    p.metric = xknn_metric_from_name(metric);
+    if ((p.metric != XKNN_METRIC_L2 && p.metric != XKNN_METRIC_EUCLIDEAN && p.metric != XKNN_METRIC_IP &&
+         p.metric != XKNN_METRIC_COSINE))
+        bench_die(PROG, "--metric %s: l2, euclidean, ip or cosine", metric);
     p.verbose = verbose;
     if (!strcmp(backend, "cuda")) {
         p.backend = XKNN_BACKEND_CUDA;

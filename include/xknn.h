@@ -91,7 +91,8 @@
  *     dtype this way except the paths whose fast kernels are not symmetric yet: u8/i8
  *     l2/euclidean/ip (exact integer path), f32 ip/cosine with CBLAS (sgemm inner-
  *     product path), cpu_path INT8. The CUDA backend does it on its tensor-core path
- *     (f32 l2/euclidean, d <= 128, the state of all n points in device memory): the CTA
+ *     (f32 l2/euclidean/ip/cosine, d <= 128, the state of all n points in device
+ *     memory, for cosine also unit-length copies of the rows): the CTA
  *     of each row block takes the tiles from its diagonal on, and each off-diagonal
  *     tile's bounds feed both its rows' and its columns' candidates. Other cases run
  *     the plain search; xknn_self_join_why_plain() says which, and params.verbose
@@ -778,8 +779,9 @@ const char *xknn_self_join_why_plain(const xknn_params *params, xknn_dtype dtype
     const xknn_params p = xknn__resolved(params);
     if (p.self_join == XKNN_SELF_JOIN_PLAIN) return "self_join plain asked for";
     if (xknn__takes_cuda(&p)) {
-        if (dtype != XKNN_DTYPE_F32 || (p.metric != XKNN_METRIC_L2 && p.metric != XKNN_METRIC_EUCLIDEAN))
-            return "the cuda backend's symmetric kernel takes f32 l2/euclidean only: plain search";
+        if (dtype != XKNN_DTYPE_F32 || (p.metric != XKNN_METRIC_L2 && p.metric != XKNN_METRIC_EUCLIDEAN &&
+                                        p.metric != XKNN_METRIC_IP && p.metric != XKNN_METRIC_COSINE))
+            return "the cuda backend's symmetric kernel takes f32 l2/euclidean/ip/cosine only: plain search";
         if (d > 128) return "the cuda backend's symmetric kernel takes d <= 128: plain search";
         return NULL;
     }

@@ -1,6 +1,6 @@
 /* cuda-sym-t: the symmetric self-join of the CUDA backend (the triangle of tensor-core
- * tiles, mma.cu mode 2) against the plain self-join on the same device and against the
- * oracle, byte for byte (ids and distance bits).
+ * tiles, mma.cu mode 2; l2, euclidean, ip, cosine) against the plain self-join on the same
+ * device and against the oracle, byte for byte (ids and distance bits).
  *
  * The symmetric cases run with XKNN_CUDA_SYM_REQUIRE=1, so a shape that silently fell
  * back to the plain search would fail here instead of passing as plain; the fallback
@@ -23,7 +23,7 @@ typedef struct {
     const char *what;
     data_kind kind;
     int64_t n, d, k;   /* k <= 0: n - 1 */
-    int euclid;
+    int metric;        /* xknn_metric: l2, euclidean, ip, cosine */
     int64_t ldpad;     /* extra floats per row */
     int64_t off;       /* ref_id_offset (a self-join's query ids follow it) */
     size_t budget;     /* device_memory_budget, 0 = default */
@@ -31,7 +31,7 @@ typedef struct {
 } scase;
 
 static const scase cases[] = {
-    /* what                         kind            n      d    k   eu ldp off      budget    sym */
+    /* what                         kind            n      d    k   met ldp off     budget    sym */
     {"k=1, n not a tile multiple", DATA_UNIFORM, 1000, 3, 1, 0, 0, 0, 0, 1},
     {"ties, integer data", DATA_INTEGER, 3001, 32, 8, 0, 0, 0, 0, 1},
     {"ties d=1: buffers overflow, exact re-run", DATA_INTEGER, 4100, 1, 10, 1, 0, 0, 0, 1},
@@ -40,6 +40,14 @@ static const scase cases[] = {
     {"ld = d + 3, d=17 (4-byte loads), id offset", DATA_UNIFORM, 2177, 17, 4, 0, 3, 1000000, 0, 1},
     {"clustered d=128 k=30", DATA_CLUSTERED, 9000, 128, 30, 0, 0, 0, 0, 1},
     {"uniform d=64 k=16, several chunks per tile row", DATA_UNIFORM, 12000, 64, 16, 0, 0, 0, 0, 1},
+    /* ip and cosine (cosine's tensor cores see unit-length rows): ties, zero rows,
+     * duplicates, offsets */
+    {"ip, ties, integer data", DATA_INTEGER, 3001, 32, 8, XKNN_METRIC_IP, 0, 0, 0, 1},
+    {"ip gaussian d=100", DATA_GAUSSIAN, 5000, 100, 16, XKNN_METRIC_IP, 0, 0, 0, 1},
+    {"ip ld = d + 3, d=17, id offset", DATA_UNIFORM, 2177, 17, 4, XKNN_METRIC_IP, 3, 1000000, 0, 1},
+    {"cosine, ties and zero rows d=3", DATA_INTEGER, 4100, 3, 10, XKNN_METRIC_COSINE, 0, 0, 0, 1},
+    {"cosine duplicates", DATA_DUPLICATES, 2600, 16, 9, XKNN_METRIC_COSINE, 0, 0, 0, 1},
+    {"cosine clustered d=128 k=30", DATA_CLUSTERED, 9000, 128, 30, XKNN_METRIC_COSINE, 0, 0, 0, 1},
     {"k=n-1: plain (too few witness groups)", DATA_INTEGER, 300, 8, -1, 0, 0, 0, 0, 0},
     {"1 MiB budget: plain", DATA_UNIFORM, 4000, 32, 5, 0, 0, 0, (size_t)1 << 20, 0},
 };
@@ -61,7 +69,7 @@ static xknn_status self_join(const scase *c, const float *x, int64_t ld, int64_t
     xknn_matrix r = XKNN_MATRIX_F32(x, c->n, c->d);
     r.ld = ld;
     p.backend = XKNN_BACKEND_CUDA;
-    p.metric = c->euclid ? XKNN_METRIC_EUCLIDEAN : XKNN_METRIC_L2;
+    p.metric = (xknn_metric)c->metric;
     p.cuda_path = XKNN_CUDA_PATH_MMA;
     p.self_join = mode;
     p.ref_id_offset = c->off;
@@ -88,9 +96,13 @@ static void run_case(const scase *c)
     xknn_error serr, perr;
     xknn_status sst, pst;
     int64_t i, t;
+    ref_spec spec;
 
+    memset(&spec, 0, sizeof spec);
+    spec.metric = c->metric; /* REF_* numbers are xknn_metric's */
+    spec.dtype = REF_F32;
     snprintf(name, sizeof name, "%s: %s n=%lld d=%lld k=%lld %s", c->what, ref_data_name(c->kind), (long long)n,
-             (long long)d, (long long)k, c->euclid ? "euclidean" : "l2");
+             (long long)d, (long long)k, xknn_metric_name((xknn_metric)c->metric));
     ref_make_data(c->kind, tight, n, d, 7);
     for (i = 0; i < n; i++)
         for (t = 0; t < ld; t++) x[i * ld + t] = t < d ? tight[i * d + t] : 1e30f;
@@ -99,7 +111,7 @@ static void run_case(const scase *c)
     sst = self_join(c, x, ld, k, XKNN_SELF_JOIN_AUTO, sid, sd, &serr);
     unsetenv("XKNN_CUDA_SYM_REQUIRE");
     pst = self_join(c, x, ld, k, XKNN_SELF_JOIN_PLAIN, pid, pd, &perr);
-    if (ref_knn(c->euclid ? REF_EUCLIDEAN : REF_L2, x, n, ld, NULL, n, ld, d, k, 1, c->off, c->off, wid, wd) != 0)
+    if (ref_knn_ex(&spec, x, n, ld, NULL, n, ld, d, k, 1, c->off, c->off, wid, wd) != 0)
         bail("oracle out of memory");
     if (sst != XKNN_SUCCESS)
         ok(0, "%s: %s vs oracle: %s", name, c->sym ? "symmetric" : "self-join (auto)", serr.message);

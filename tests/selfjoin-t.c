@@ -160,7 +160,7 @@ int main(void)
     const mcase l2 = {XKNN_METRIC_L2, 0}, eu = {XKNN_METRIC_EUCLIDEAN, 0};
     /* every real metric x dtype x shape, the bit metrics x shape (2 tests each), the
      * loop kernel for f32 l2/euclidean, two larger BLAS cases, pairs, path choice */
-    plan((9 * NDT * NSHAPES + 2 * NSHAPES) * 2 + 2 * NSHAPES * 2 + 2 * 2 + 4 + 9);
+    plan((9 * NDT * NSHAPES + 2 * NSHAPES) * 2 + 2 * NSHAPES * 2 + 2 * 2 + 4 + 10);
 
     for (mi = 0; mi < NMETRICS; mi++) {
         const int bin = metrics[mi].metric == XKNN_METRIC_HAMMING || metrics[mi].metric == XKNN_METRIC_WHAMMING;
@@ -199,6 +199,8 @@ int main(void)
         p.metric = XKNN_METRIC_L1;
         p.backend = XKNN_BACKEND_CUDA;
         ok(xknn_self_join_why_plain(&p, XKNN_DTYPE_F32, 8) != NULL, "backend cuda, l1: plain");
+        p.metric = XKNN_METRIC_COSINE;
+        ok(xknn_self_join_why_plain(&p, XKNN_DTYPE_F32, 8) == NULL, "backend cuda, f32 cosine: the symmetric kernel");
     }
     return tap_done();
 }

@@ -90,8 +90,8 @@ struct CUstream_st; /* = cudaStream_t's pointee; NULL means the legacy default s
  * with fused candidate selection) or kernels/cuda/generic.cu (everything else: canonical
  * FP64 / popcount tiles with fused selection). Environment (diagnostics):
  * XKNN_CUDA_NO_IMMA=1 sends the integer jobs to the canonical tiles.
- * A host-array self-join (query NULL, self_join auto) of f32 l2/euclidean on the MMA
- * path runs symmetric: pass B over the triangle of tiles, each off-diagonal tile feeding
+ * A host-array self-join (query NULL, self_join auto) of f32 l2/euclidean/ip/cosine on
+ * the MMA path runs symmetric: pass B over the triangle of tiles, each off-diagonal tile feeding
  * its rows' and its columns' candidates, with the state of all n points on the device
  * (about n (16 cap + 4 groups + 32) bytes; verbose prints the plan). Where that does not
  * apply it runs the plain search; XKNN_CUDA_SYM_REQUIRE=1 (diagnostics, the tests) makes

@@ -247,8 +247,9 @@ struct Plan {
     int64_t nA, ga;
     size_t off_gmin, off_thr;
     float la, ua, ub;
-    /* what resolve computes (common.cuh's kCanon*); cosine's unit rows (ld dh) */
-    int kind;
+    /* what resolve computes (common.cuh's kCanon*); cosine's unit rows (ld dh; sym: the
+     * queries are the references, no query copy) */
+    int kind, sym;
     int64_t dh;
     size_t off_rhat, off_qhat;
 };
@@ -292,7 +293,7 @@ void plan_layout(Plan &p)
     }
     if (p.kind == kCanonCosine) {
         p.off_rhat = take((size_t)p.RN * p.dh * sizeof(float));
-        p.off_qhat = take((size_t)p.QS * p.dh * sizeof(float));
+        p.off_qhat = take(p.sym ? 0 : (size_t)p.QS * p.dh * sizeof(float));
     }
     p.bytes = o;
 }
@@ -1694,7 +1695,6 @@ static const char *plan_sym(const xknn_cuda_context *ctx, const xknn__job *job, 
     const int64_t n = job->n, d = job->d, k = job->k;
     if (!(job->query == job->ref && job->ldq == job->ldr && job->nq == n)) return "the queries are not the references";
     if (prm->query_id_offset != prm->ref_id_offset) return "query_id_offset differs from ref_id_offset";
-    if (gemm_ipcos(prm)) return "the symmetric kernel covers l2 and euclidean";
     if (choose_path(prm, n, n, d, k) != XKNN_CUDA_PATH_MMA)
         return "the symmetric kernel is the tensor-core path's, and this shape takes another path";
     Plan p;
@@ -1705,6 +1705,7 @@ static const char *plan_sym(const xknn_cuda_context *ctx, const xknn__job *job, 
     const double expect = 3.0 * (double)p.kk * (double)n / (double)p.nA + 256.0;
     p.cap = round_up(max64((int64_t)(1.25 * expect) + 512, p.kk + kBlock + 256), 256);
     p.QS = round_up(n, kMmaBN); /* thr and the norms are read a whole tile at a time */
+    p.sym = 1;
     plan_layout(p);
     const int64_t block = min64(n, kMaxStateQueries);
     const size_t need = p.bytes + (size_t)n * (size_t)d * sizeof(float) +
@@ -1782,9 +1783,21 @@ xknn_status host_sym(const xknn__job *job, xknn_cuda_context *ctx, int staged, s
     run = run_bind(ctx, &plan, hb.dWs, sc);
     XKNN__TRY(run_start(run, er));
     XKNN__CUDA_CHECK(launch_init_state(run.tau, run.cnt, (int)n, 1, sc));
-    XKNN__CUDA_CHECK(launch_sqnorms(hb.dR, d, n, d, run.rn, sc));
-    run.qn = run.rn; /* the queries are the references */
-    mp = mma_params(run, hb.dR, d, n, prm->exclude_self, 0, hb.dR, d);
+    {
+        /* the tensor cores' operand: the rows, or for cosine their unit-length copies
+         * (mma_bounds); rescue and resolve read the rows themselves */
+        const float *X = hb.dR;
+        int64_t ldx = d;
+        if (plan.kind == kCanonCosine) {
+            float *xh = (float *)((char *)run.stats + plan.off_rhat);
+            XKNN__CUDA_CHECK(launch_unit_rows(hb.dR, d, n, d, xh, plan.dh, sc));
+            X = xh;
+            ldx = plan.dh;
+        }
+        XKNN__CUDA_CHECK(launch_sqnorms(X, ldx, n, d, run.rn, sc));
+        run.qn = run.rn; /* the queries are the references */
+        mp = mma_params(run, X, ldx, n, prm->exclude_self, 0, X, ldx);
+    }
     /* thresholds past n are read with their tile (and masked): defined values */
     XKNN__CUDA_CHECK(cudaMemsetAsync(mp.thr, 0, (size_t)plan.QS * sizeof(float), sc));
     if (prm->verbose)
@@ -1797,6 +1810,8 @@ xknn_status host_sym(const xknn__job *job, xknn_cuda_context *ctx, int staged, s
     mp.n = n;
     XKNN__CUDA_CHECK(launch_mma_pass(mp, 2, ctx->sms, plan.wgmma, sc));
     if (ev[2]) XKNN__CUDA_CHECK(cudaEventRecord(ev[2], sc));
+    mp.Q = mp.R = hb.dR;
+    mp.ldq = mp.ldr = d;
     XKNN__CUDA_CHECK(launch_mma_rescue(mp, (int)plan.kk, plan.kind, ctx->sms, sc));
     for (int64_t q0 = 0; q0 < n; q0 += block) {
         const int64_t qs = min64(block, n - q0);
