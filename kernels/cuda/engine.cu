@@ -550,7 +550,7 @@ int plan_mma(const xknn_cuda_context *ctx, const xknn_params *prm, int64_t n, in
 
 /* Why ip / cosine cannot take the tensor-core path for this shape (plan_mma's shape
  * conditions), or NULL when only memory could stop it. */
-const char *ipcos_why_not(const xknn_cuda_context *ctx, const xknn_params *prm, int64_t n, int64_t d, int64_t k)
+const char *ipcos_why_not(const xknn_cuda_context *ctx, int64_t n, int64_t d, int64_t k)
 {
     if (d > kMmaMaxD) return "the tensor-core path needs d <= 128";
     if (ctx->cc_major < 8) return "the tensor-core path needs compute capability 8.0 or newer";
@@ -558,7 +558,6 @@ const char *ipcos_why_not(const xknn_cuda_context *ctx, const xknn_params *prm, 
     if (n > kMaxRefsPerCall - kMmaBN) return "too many references for one tensor-core call";
     if (ceil_div(n, kMmaGroup) < 4 * min64(k, n))
         return "the tensor-core path needs n >= 256 min(k, n) (4 k witness groups of 64 references)";
-    (void)prm;
     return NULL;
 }
 
@@ -1897,7 +1896,7 @@ xknn_status host_search(const xknn__job *job, Err er)
             on_ctx.params.cuda_context = ctx;
             if (prm->verbose)
                 fprintf(stderr, "xknn: cuda: %s: %s; canonical tiles\n", xknn_metric_name(prm->metric),
-                        ipcos_why_not(ctx, prm, n, d, k) ? ipcos_why_not(ctx, prm, n, d, k)
+                        ipcos_why_not(ctx, n, d, k) ? ipcos_why_not(ctx, n, d, k)
                                                          : "the tensor-core plan does not fit the memory budget");
             st = host_generic(&on_ctx, er);
             goto cleanup;
@@ -2152,7 +2151,7 @@ xknn_status device_metric_check(Err er, const xknn_cuda_context *ctx, const xknn
                      "%s: metric %s on device arrays: l2, euclidean, ip and cosine only (xknn_search takes every "
                      "metric on host arrays)",
                      fn, xknn_metric_name(prm->metric));
-    const char *why = ipcos_why_not(ctx, prm, n, d, k);
+    const char *why = ipcos_why_not(ctx, n, d, k);
     if (!why && (prm->cuda_path == XKNN_CUDA_PATH_FP32 || prm->cuda_path == XKNN_CUDA_PATH_TF32))
         why = "cuda_path FP32 and TF32 are l2's cuBLAS paths (ip and cosine: AUTO or MMA)";
     if (why)
