@@ -54,6 +54,9 @@
  *       - tau', i.e. L = s (1 - mrel) - mabs - 2 acc > tau' and D >= L > tau'.
  * Norms above 5e36, NaN or infinite become NaN: such pairs are never witnesses and always
  * candidates (the canonical value decides; huge inputs stay exact, only slower).
+ * ip and cosine run the same kernels with other constants (engine.cu's mma_bounds): U and
+ * the threshold are in units of twice the order key, ua is the relative margin itself
+ * and la < 0; every rounding above keeps its direction whatever the signs.
  *
  * THE KERNEL. A CTA keeps kMmaBM = 256 queries resident in shared memory (TF32, rows of
  * dpad + 4 floats: the padding makes the fragment loads conflict-free) and streams its
