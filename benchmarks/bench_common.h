@@ -119,4 +119,14 @@ void *bench_xmalloc(size_t bytes, const char *what);
 /* Prints "prog: message" on stderr and exits with status 2 (usage/setup errors). */
 BENCH_NORETURN void bench_die(const char *prog, const char *fmt, ...) BENCH_PRINTF(2, 3);
 
+#ifdef XKNN_BENCH_CUDA
+#include <cuda_runtime_api.h>
+/* A CUDA runtime call that must succeed: bench_die names the call, the error and the line. */
+#define BENCH_CUDA_DIE(prog, call)                                                                          \
+    do {                                                                                                    \
+        cudaError_t e_ = (call);                                                                            \
+        if (e_ != cudaSuccess) bench_die((prog), "%s: %s (line %d)", #call, cudaGetErrorString(e_), __LINE__); \
+    } while (0)
+#endif
+
 #endif

@@ -440,11 +440,7 @@ typedef struct gpu {
     int copies;
 } gpu;
 
-#define CUDA_DIE(call)                                                                                \
-    do {                                                                                              \
-        cudaError_t e_ = (call);                                                                      \
-        if (e_ != cudaSuccess) bench_die(PROG, "%s: %s (line %d)", #call, cudaGetErrorString(e_), __LINE__); \
-    } while (0)
+#define CUDA_DIE(call) BENCH_CUDA_DIE(PROG, call)
 
 static void gpu_init(gpu *g, int device, meta *m)
 {

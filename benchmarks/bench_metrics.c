@@ -38,11 +38,7 @@
 #define PROG "bench_metrics"
 
 #ifdef XKNN_BENCH_CUDA
-#define CUDA_DIE(call)                                                                                       \
-    do {                                                                                                     \
-        cudaError_t e_ = (call);                                                                             \
-        if (e_ != cudaSuccess) bench_die(PROG, "%s: %s", #call, cudaGetErrorString(e_));                    \
-    } while (0)
+#define CUDA_DIE(call) BENCH_CUDA_DIE(PROG, call)
 
 /* Device-resident timing (f32 l2, euclidean, ip, cosine: the metrics xknn_cuda_search
  * takes): inputs already on the device, CUDA events around xknn_cuda_search on a stream
