@@ -28,6 +28,45 @@ __device__ __forceinline__ void cp_async_wait()
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
+/* mbarrier (shared-memory transaction barrier, sm_80+): init by one thread before a CTA
+ * barrier; arrive; arrive when all the calling thread's earlier cp.async have landed
+ * (noinc: the init count includes these arrivals); wait for the phase of the given parity
+ * to complete. */
+__device__ __forceinline__ void mbar_init(uint64_t *bar, unsigned count)
+{
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t *bar)
+{
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(bar)) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive_cp_async(uint64_t *bar)
+{
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_addr(bar)) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint64_t *bar, unsigned parity)
+{
+    asm volatile("{\n"
+                 ".reg .pred done;\n"
+                 "XKNN_MBAR_WAIT:\n"
+                 "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+                 "@!done bra XKNN_MBAR_WAIT;\n"
+                 "}\n" ::"r"(smem_addr(bar)),
+                 "r"(parity)
+                 : "memory");
+}
+
+/* Named CTA barriers over `count` threads (ids 1..15; 0 is __syncthreads): sync waits,
+ * arrive only signals. */
+__device__ __forceinline__ void named_sync(unsigned id, unsigned count)
+{
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+__device__ __forceinline__ void named_arrive(unsigned id, unsigned count)
+{
+    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+
 /* wgmma needs sm_90a code (the architecture-specific feature set). */
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define XKNN__HAVE_WGMMA 1

@@ -512,8 +512,10 @@ int plan_mma(const xknn_cuda_context *ctx, const xknn_params *prm, int64_t n, in
     p.mma = 1;
     p.S = 1;
     p.dh = round_up(d, 4); /* cosine's unit rows: 16-byte rows for the vector loads */
-    /* Hopper (sm_90a code in the build): wgmma; XKNN_CUDA_MMA_SYNC=1 (diagnostic) keeps
-     * the mma.sync kernel, which every GPU of compute capability >= 8.0 runs */
+    /* Hopper (sm_90a code in the build): wgmma (mma.cu's warp-specialized kernel where
+     * the rows are 16-byte aligned; XKNN_CUDA_WGMMA_WS=0, a diagnostic, keeps the
+     * single-schedule one); XKNN_CUDA_MMA_SYNC=1 (diagnostic) keeps the mma.sync kernel,
+     * which every GPU of compute capability >= 8.0 runs */
     {
         const char *ms = getenv("XKNN_CUDA_MMA_SYNC");
         p.wgmma = ctx->cc_major == 9 && ctx->cc_minor == 0 && mma_wgmma_built() && !(ms && *ms && *ms != '0') &&

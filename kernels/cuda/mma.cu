@@ -115,15 +115,15 @@ constexpr int kRnSlots = 4;
 /* Mode 2 also brings the tile's thresholds thr_x, into a second ring right after the
  * norms' (p.thr has round_up(n, kMmaBN) entries; those past n are masked later). */
 template <int MODE>
-__device__ __forceinline__ void load_tile_terms(float *rn_ring, const MmaParams &p, int64_t tile)
+__device__ __forceinline__ void load_tile_terms(float *rn_ring, const MmaParams &p, int64_t tile, int tid = (int)threadIdx.x,
+                                                int slots = kRnSlots)
 {
-    const int tid = (int)threadIdx.x;
     const int64_t ref0 = tile * kBN;
-    const int slot = (int)(tile % kRnSlots) * kBN;
+    const int slot = (int)(tile % slots) * kBN;
     if (tid < kBN / 4)
         cp_async16(rn_ring + slot + 4 * tid, p.rn + ref0 + 4 * tid, 16);
     else if (MODE == 2 && tid < kBN / 2)
-        cp_async16(rn_ring + kRnSlots * kBN + slot + 4 * (tid - kBN / 4), p.thr + ref0 + 4 * (tid - kBN / 4), 16);
+        cp_async16(rn_ring + slots * kBN + slot + 4 * (tid - kBN / 4), p.thr + ref0 + 4 * (tid - kBN / 4), 16);
 }
 
 template <int MODE, bool VEC>
@@ -547,6 +547,81 @@ __device__ __forceinline__ void gload_stage(float *stage, float *rn_ring, const 
     }
 }
 
+#ifdef XKNN__HAVE_WGMMA
+/* The epilogue of reference tile `tile` for warp wi of warpgroup wg (the mma_kernel
+ * contract): pass A witnesses, pass B candidates, mode 2 both sides. rnt / thrt: the
+ * tile's norms and (mode 2) thresholds in shared memory. Leaves acc as it found it. */
+template <int MODE>
+__device__ __forceinline__ void wg_epilogue(const MmaParams &p, float (&acc)[2][64], int64_t tile, const float *rnt,
+                                            const float *thrt, const float *row_s, const float *prow_s, int wg,
+                                            int wi, int g, int t, int q0)
+{
+    const int64_t ref0 = tile * kBN;
+    if constexpr (MODE == 2) {
+        sym_epilogue_wg(p, acc, rnt, thrt, row_s, prow_s, wg * 128 + wi * 16 + g, q0, ref0, t,
+                        tile * kBN >= (int64_t)q0 + kBM);
+    } else {
+        float cv[16][2];
+#pragma unroll
+        for (int nb = 0; nb < 16; ++nb) {
+            const float2 r2 = *reinterpret_cast<const float2 *>(rnt + nb * 8 + 2 * t);
+#pragma unroll
+            for (int c = 0; c < 2; ++c) cv[nb][c] = col_term<MODE>(p, ref0 + nb * 8 + 2 * t + c, c ? r2.y : r2.x);
+        }
+#pragma unroll
+        for (int mb = 0; mb < 2; ++mb)
+#pragma unroll
+            for (int hh = 0; hh < 2; ++hh) {
+                const int r = wg * 128 + mb * 64 + wi * 16 + g + 8 * hh;
+                const int q = q0 + r;
+                const float rc = row_s[r];
+                if (MODE == 0) {
+                    const int64_t s0 = p.self_local0 + q0;
+                    const bool diag = p.exclude && ref0 < s0 + kBM && s0 < ref0 + kBN;
+                    /* min_j fma_ru(acc, -2, C_j), then U = fadd_ru(A_i, min): the same
+                     * value as the per-pair U of mma_kernel (rounding up is monotone) */
+                    float mn[2] = {INFINITY, INFINITY};
+#pragma unroll
+                    for (int nb = 0; nb < 16; ++nb)
+#pragma unroll
+                        for (int c = 0; c < 2; ++c) {
+                            float u = __fmaf_ru(acc[mb][4 * nb + 2 * hh + c], -2.0f, cv[nb][c]);
+                            if (diag && ref0 + nb * 8 + 2 * t + c == p.self_local0 + q)
+                                u = __int_as_float(0x7fffffff);
+                            mn[nb >> 3] = fminf(mn[nb >> 3], u);
+                        }
+#pragma unroll
+                    for (int h2 = 0; h2 < 2; ++h2) {
+                        float m = __fadd_ru(rc, mn[h2]);
+                        m = fminf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+                        m = fminf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+                        const int64_t grp = ref0 / kMmaGroup + h2;
+                        if (t == 0 && q < p.qs && grp < p.ga) p.gmin[(int64_t)q * p.ga + grp] = m;
+                    }
+                } else {
+                    /* not a candidate <=> fadd_ru(acc, -c_j) < r_i (then acc < c_j + r_i
+                     * <= la s - thr exactly); the row maximum decides for all 32 pairs at
+                     * once (max.NaN keeps NaN: such pairs are candidates) */
+                    float m = -INFINITY;
+#pragma unroll
+                    for (int nb = 0; nb < 16; ++nb)
+#pragma unroll
+                        for (int c = 0; c < 2; ++c) m = max_nan(m, __fadd_ru(acc[mb][4 * nb + 2 * hh + c], -cv[nb][c]));
+                    if (m < rc || q >= p.qs) continue;
+                    unsigned mask = 0; /* bit 2 nb + c: a candidate */
+#pragma unroll
+                    for (int nb = 0; nb < 16; ++nb)
+#pragma unroll
+                        for (int c = 0; c < 2; ++c)
+                            mask |= (unsigned)!(__fadd_ru(acc[mb][4 * nb + 2 * hh + c], -cv[nb][c]) < rc) << (2 * nb + c);
+                    if (mask) append_cands(p, q, ref0 + 2 * t, mask);
+                }
+            }
+    }
+}
+
+#endif
+
 template <int MODE, bool VEC, int KB>
 __global__ __launch_bounds__(kThreads, 1) void wgmma_kernel(const MmaParams p)
 {
@@ -621,71 +696,10 @@ __global__ __launch_bounds__(kThreads, 1) void wgmma_kernel(const MmaParams p)
         asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
         if (kc != KC - 1) continue;
 
-        /* ---- epilogue of reference tile `tile` (the mma_kernel contract) ---- */
+        /* ---- epilogue of reference tile `tile` ---- */
         const int64_t tile = t0 + it / KC;
-        const int64_t ref0 = tile * kBN;
-        const float *rnt = rn_s + (int)(tile % kRnSlots) * kBN;
-        if (MODE == 2) {
-            sym_epilogue_wg(p, acc, rnt, rn_s + kRnSlots * kBN + (int)(tile % kRnSlots) * kBN, row_s, prow_s,
-                            wg * 128 + wi * 16 + g, q0, ref0, t, tile * kBN >= (int64_t)q0 + kBM);
-        } else {
-        float cv[16][2];
-#pragma unroll
-        for (int nb = 0; nb < 16; ++nb) {
-            const float2 r2 = *reinterpret_cast<const float2 *>(rnt + nb * 8 + 2 * t);
-#pragma unroll
-            for (int c = 0; c < 2; ++c) cv[nb][c] = col_term<MODE>(p, ref0 + nb * 8 + 2 * t + c, c ? r2.y : r2.x);
-        }
-#pragma unroll
-        for (int mb = 0; mb < 2; ++mb)
-#pragma unroll
-            for (int hh = 0; hh < 2; ++hh) {
-                const int r = wg * 128 + mb * 64 + wi * 16 + g + 8 * hh;
-                const int q = q0 + r;
-                const float rc = row_s[r];
-                if (MODE == 0) {
-                    const int64_t s0 = p.self_local0 + q0;
-                    const bool diag = p.exclude && ref0 < s0 + kBM && s0 < ref0 + kBN;
-                    /* min_j fma_ru(acc, -2, C_j), then U = fadd_ru(A_i, min): the same
-                     * value as the per-pair U of mma_kernel (rounding up is monotone) */
-                    float mn[2] = {INFINITY, INFINITY};
-#pragma unroll
-                    for (int nb = 0; nb < 16; ++nb)
-#pragma unroll
-                        for (int c = 0; c < 2; ++c) {
-                            float u = __fmaf_ru(acc[mb][4 * nb + 2 * hh + c], -2.0f, cv[nb][c]);
-                            if (diag && ref0 + nb * 8 + 2 * t + c == p.self_local0 + q)
-                                u = __int_as_float(0x7fffffff);
-                            mn[nb >> 3] = fminf(mn[nb >> 3], u);
-                        }
-#pragma unroll
-                    for (int h2 = 0; h2 < 2; ++h2) {
-                        float m = __fadd_ru(rc, mn[h2]);
-                        m = fminf(m, __shfl_xor_sync(0xffffffffu, m, 1));
-                        m = fminf(m, __shfl_xor_sync(0xffffffffu, m, 2));
-                        const int64_t grp = ref0 / kMmaGroup + h2;
-                        if (t == 0 && q < p.qs && grp < p.ga) p.gmin[(int64_t)q * p.ga + grp] = m;
-                    }
-                } else {
-                    /* not a candidate <=> fadd_ru(acc, -c_j) < r_i (then acc < c_j + r_i
-                     * <= la s - thr exactly); the row maximum decides for all 32 pairs at
-                     * once (max.NaN keeps NaN: such pairs are candidates) */
-                    float m = -INFINITY;
-#pragma unroll
-                    for (int nb = 0; nb < 16; ++nb)
-#pragma unroll
-                        for (int c = 0; c < 2; ++c) m = max_nan(m, __fadd_ru(acc[mb][4 * nb + 2 * hh + c], -cv[nb][c]));
-                    if (m < rc || q >= p.qs) continue;
-                    unsigned mask = 0; /* bit 2 nb + c: a candidate */
-#pragma unroll
-                    for (int nb = 0; nb < 16; ++nb)
-#pragma unroll
-                        for (int c = 0; c < 2; ++c)
-                            mask |= (unsigned)!(__fadd_ru(acc[mb][4 * nb + 2 * hh + c], -cv[nb][c]) < rc) << (2 * nb + c);
-                    if (mask) append_cands(p, q, ref0 + 2 * t, mask);
-                }
-            }
-        }
+        const int slot = (int)(tile % kRnSlots) * kBN;
+        wg_epilogue<MODE>(p, acc, tile, rn_s + slot, rn_s + kRnSlots * kBN + slot, row_s, prow_s, wg, wi, g, t, q0);
 #pragma unroll
         for (int mb = 0; mb < 2; ++mb)
 #pragma unroll
@@ -694,6 +708,190 @@ __global__ __launch_bounds__(kThreads, 1) void wgmma_kernel(const MmaParams p)
     cp_async_wait<0>();
 #else
     (void)p;
+    __trap(); /* never launched: the host takes this kernel only for sm_90a code */
+#endif
+}
+
+/* ---- Hopper, warp-specialized: the same passes with a producer and ping-pong consumers ----
+ * wgmma_kernel's two warpgroups wait for their tensor work and then run the epilogue
+ * together, so the tensor pipe idles through every epilogue (ncu on W1's pass B: 28 % of
+ * its peak, 70 % of cycles without an eligible warp). Here a CTA has three warpgroups:
+ *   producer  (warpgroup 0, 40 registers): streams 32-dimension reference chunks by
+ *             cp.async into an S-deep ring; each stage has a `full` mbarrier (its 128
+ *             threads arrive when their copies land) and an `empty` one (the 8 consumer
+ *             warps arrive when their wgmma reading it are done);
+ *   consumers (warpgroups 1 and 2, 232 registers): 128 resident queries each, as in
+ *             wgmma_kernel, taking turns on the tensor pipe: consumer 1 issues tile T's
+ *             wgmma only after consumer 0 has issued its own (named barrier 2), and
+ *             consumer 0 those of tile T + 1 only after consumer 1 has issued T's
+ *             (named barrier 1). So one consumer's epilogue runs while the other's wgmma
+ *             execute, and the tensor pipe sees the two in a fixed alternation.
+ * A chunk is released as soon as the wgmma reading it complete (one wgmma group kept in
+ * flight), so the producer refills while the later consumer still works on the tile.
+ * The norms (and mode 2's thresholds) of a tile ride with its first chunk, in a ring of
+ * S + 1 slots: the producer runs at most S chunks ahead of the slower consumer's
+ * releases, so a slot is not refilled while a consumer's epilogue reads it. The chunks
+ * land in the generic proxy; each consumer fences (fence.proxy.async) after its `full`
+ * wait, before the wgmma that read them. Same bounds, same epilogue (wg_epilogue), same
+ * candidates and witnesses as wgmma_kernel: only the schedule differs. Launch: 384
+ * threads, S from the shared memory left after the queries (5 at d = 128). */
+constexpr int kWsThreads = 384;
+constexpr int kWsMaxStages = 12;
+
+/* wgmma_ws_kernel's shared memory with S stages: queries, row constants (mode 2's p_i
+ * too), S chunks, S + 1 norm-ring slots (mode 2: norms and thresholds), barriers. */
+__host__ __device__ constexpr size_t ws_smem_bytes(int64_t dpad, int sym, int S)
+{
+    return sizeof(float) * (size_t)(kBM * dpad + 2 * kBM + (int64_t)S * kBN * 32 + (int64_t)(S + 1) * kBN * (sym ? 2 : 1)) +
+           2 * kWsMaxStages * sizeof(uint64_t);
+}
+
+/* The producer's copy of one 32-dimension chunk of tile `tile` (gload_stage's layout and
+ * zero fill, 128 threads): thread tid owns row tid % 8 of core-matrix column (tid / 8) % 8
+ * of row blocks tid / 64 + 2 i, i < 8, so its 8 sources are 16 rows apart. */
+template <int MODE>
+__device__ __forceinline__ void ws_load_chunk(float *stage, float *rn_ring, const MmaParams &p, int64_t tile, int kc,
+                                              int tid, int slots)
+{
+    if (kc == 0) load_tile_terms<MODE>(rn_ring, p, tile, tid, slots);
+    const int jr = tid & 7, c4 = (tid >> 3) & 7, jg = tid >> 6;
+    const int col = kc * 32 + 4 * c4;
+    const int64_t j = tile * kBN + jg * 8 + jr;
+    const float *src = p.R + j * p.ldr + col;
+    const int64_t step = 16 * p.ldr;
+    float *dst = stage + (jg * 8 + c4) * 32 + jr * 4;
+    const bool colok = col < p.d;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        const bool ok = colok && j + 16 * i < p.n;
+        cp_async16(dst + 512 * i, ok ? src : p.R, ok ? 16 : 0);
+        src += step;
+    }
+}
+
+template <int MODE>
+__global__ __launch_bounds__(kWsThreads, 1) void wgmma_ws_kernel(const MmaParams p, int S)
+{
+#ifdef XKNN__HAVE_WGMMA
+    constexpr int KB = 32;
+    extern __shared__ __align__(16) float smem[];
+    const int dpad = (int)((p.d + kBK - 1) / kBK * kBK);
+    const int kp = dpad / 4;
+    const int NS = S + 1; /* norm-ring slots */
+    float *Qs = smem;                       /* kBM x dpad, core-matrix layout */
+    float *Rs = Qs + kBM * dpad;            /* S x kBN x KB, core-matrix layout */
+    float *row_s = Rs + S * kBN * KB;       /* kBM */
+    float *prow_s = row_s + kBM;            /* kBM (mode 2) */
+    float *rn_s = prow_s + kBM;             /* NS x kBN norms, then (mode 2) NS x kBN thresholds */
+    uint64_t *full = reinterpret_cast<uint64_t *>(rn_s + (MODE == 2 ? 2 : 1) * NS * kBN);
+    uint64_t *empty = full + kWsMaxStages;
+
+    const int tid = (int)threadIdx.x, warp = tid >> 5;
+    const int role = warp >> 2; /* 0 producer, 1 and 2 consumers */
+    const int q0 = (int)blockIdx.x * kBM;
+    const int64_t RT = (p.n + kBN - 1) / kBN;
+    const int64_t t0 = (MODE == 2 ? (int64_t)q0 / kBN : 0) + (int64_t)blockIdx.y * p.tiles_per_cta;
+    const int64_t t1 = t0 + p.tiles_per_cta < RT ? t0 + p.tiles_per_cta : RT;
+    if (t0 >= t1) return;
+    const int KC = dpad / KB;
+    const int64_t total = (t1 - t0) * KC;
+
+    if (tid == 0) {
+        for (int s = 0; s < S; ++s) {
+            mbar_init(full + s, 128); /* the producer's threads, one cp.async arrival each */
+            mbar_init(empty + s, 8);  /* the consumer warps */
+        }
+    }
+    __syncthreads();
+
+    if (role == 0) {
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 56;\n" ::: "memory");
+        const int ptid = tid; /* 0..127 */
+#pragma unroll 1
+        for (int64_t it = 0; it < total; ++it) {
+            const int s = (int)(it % S);
+            const int64_t round = it / S;
+            if (round > 0) mbar_wait(empty + s, (unsigned)((round - 1) & 1));
+            ws_load_chunk<MODE>(Rs + s * kBN * KB, rn_s, p, t0 + it / KC, (int)(it % KC), ptid, NS);
+            mbar_arrive_cp_async(full + s);
+        }
+        cp_async_wait<0>();
+        return;
+    }
+
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 224;\n" ::: "memory");
+    const int ctid = tid - 128; /* 0..255 */
+    const int lane = tid & 31, g = lane >> 2, t = lane & 3;
+    const int wg = role - 1, wi = warp & 3;
+    for (int idx = ctid; idx < kBM * dpad; idx += 256) {
+        const int r = idx / dpad, c = idx - r * dpad;
+        const int q = q0 + r;
+        const float v = (q < p.qs && c < p.d) ? p.Q[(int64_t)q * p.ldq + c] : 0.0f;
+        Qs[((r >> 3) * kp + (c >> 2)) * 32 + (r & 7) * 4 + (c & 3)] = to_tf32(v);
+    }
+    for (int r = ctid; r < kBM; r += 256) {
+        const int q = q0 + r;
+        const float qv = q < p.qs ? norm_or_nan(p.qn[q]) : __int_as_float(0x7fffffff);
+        if (MODE == 0)
+            row_s[r] = __fmaf_ru(p.ua, qv, p.ub);
+        else
+            row_s[r] = q < p.qs ? __fsub_rd(__fmul_rd(p.la, qv), p.thr[q]) : INFINITY;
+        if (MODE == 2) prow_s[r] = q < p.qs ? __fmul_rd(p.la, qv) : INFINITY;
+    }
+    named_sync(3, 256); /* the queries and row constants are in place */
+
+    float acc[2][64];
+#pragma unroll
+    for (int mb = 0; mb < 2; ++mb)
+#pragma unroll
+        for (int e = 0; e < 64; ++e) acc[mb][e] = 0.0f;
+    const float *Am[2] = {Qs + ((wg * 128) >> 3) * kp * 32, Qs + ((wg * 128 + 64) >> 3) * kp * 32};
+    const unsigned sboA = (unsigned)kp * 128u;
+
+    int64_t it = 0;
+#pragma unroll 1
+    for (int64_t tile = t0; tile < t1; ++tile) {
+        if (wg == 1 || tile != t0) named_sync(wg == 0 ? 1 : 2, 256); /* this consumer's turn */
+        int prev = -1;
+#pragma unroll 1
+        for (int kc = 0; kc < KC; ++kc, ++it) {
+            const int s = (int)(it % S);
+            mbar_wait(full + s, (unsigned)((it / S) & 1));
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+            const float *Bst = Rs + s * kBN * KB;
+            asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+            for (int k8 = 0; k8 < KB / 8; ++k8) {
+                const uint64_t db = gmma_desc(Bst + 2 * k8 * 32, 128u, (KB / 4) * 128u);
+#pragma unroll
+                for (int mb = 0; mb < 2; ++mb)
+                    wgmma_m64n128k8(acc[mb], gmma_desc(Am[mb] + (kc * (KB / 4) + 2 * k8) * 32, 128u, sboA), db);
+            }
+            asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+            if (prev >= 0) {
+                asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+                if (lane == 0) mbar_arrive(empty + prev);
+            }
+            prev = s;
+        }
+        /* the other consumer's turn: consumer 1 does not signal after the last tile */
+        if (wg == 0)
+            named_arrive(2, 256);
+        else if (tile + 1 < t1)
+            named_arrive(1, 256);
+        asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+        if (lane == 0) mbar_arrive(empty + prev);
+
+        const int slot = (int)(tile % NS) * kBN;
+        wg_epilogue<MODE>(p, acc, tile, rn_s + slot, rn_s + NS * kBN + slot, row_s, prow_s, wg, wi, g, t, q0);
+#pragma unroll
+        for (int mb = 0; mb < 2; ++mb)
+#pragma unroll
+            for (int e = 0; e < 64; ++e) acc[mb][e] = 0.0f;
+    }
+#else
+    (void)p;
+    (void)S;
     __trap(); /* never launched: the host takes this kernel only for sm_90a code */
 #endif
 }
@@ -786,6 +984,16 @@ __global__ __launch_bounds__(kBlock) void mma_rescue_kernel(const MmaParams p, i
     }
 }
 
+/* Stages of wgmma_ws_kernel that fit in `optin` bytes of shared memory (at most
+ * kWsMaxStages); 0 when fewer than 3 fit. */
+int ws_stages(int64_t d, int sym, size_t optin)
+{
+    const int64_t dpad = (d + kBK - 1) / kBK * kBK;
+    int S = kWsMaxStages;
+    while (S >= 3 && ws_smem_bytes(dpad, sym, S) > optin) --S;
+    return S >= 3 ? S : 0;
+}
+
 template <int MODE, bool VEC>
 cudaError_t launch_one(const MmaParams &p, int sms, int wgmma, cudaStream_t st)
 {
@@ -820,6 +1028,22 @@ cudaError_t launch_one(const MmaParams &p, int sms, int wgmma, cudaStream_t st)
         Z = choose_slices(qt, RT, sms);
         q.tiles_per_cta = (int)((RT + Z - 1) / Z);
         Z = (RT + q.tiles_per_cta - 1) / q.tiles_per_cta;
+    }
+    /* the warp-specialized kernel unless asked not to (diagnostic XKNN_CUDA_WGMMA_WS=0) */
+    const char *ws = getenv("XKNN_CUDA_WGMMA_WS");
+    if (wgmma && VEC && !(ws && *ws == '0')) {
+        int dev = 0, optin = 0;
+        e = cudaGetDevice(&dev);
+        if (e == cudaSuccess) e = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+        if (e != cudaSuccess) return e;
+        const int S = ws_stages(p.d, MODE == 2, (size_t)optin);
+        if (S) {
+            const size_t wsm = ws_smem_bytes((p.d + kBK - 1) / kBK * kBK, MODE == 2, S);
+            e = cudaFuncSetAttribute(wgmma_ws_kernel<MODE>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)wsm);
+            if (e != cudaSuccess) return e;
+            wgmma_ws_kernel<MODE><<<dim3((unsigned)qt, (unsigned)Z), kWsThreads, wsm, st>>>(q, S);
+            return cudaGetLastError();
+        }
     }
     if (wgmma && kb64)
         wgmma_kernel<MODE, VEC, KB2><<<dim3((unsigned)qt, (unsigned)Z), kThreads, smem, st>>>(q);
