@@ -6,7 +6,8 @@
  * back to the plain search would fail here instead of passing as plain; the fallback
  * cases run without it and must still be exact. XKNN_CUDA_MMA_SYNC=1 (meson test
  * cuda-sym-mma-sync) takes the mma.sync kernel instead of wgmma; XKNN_CUDA_TEST_QUICK=1
- * (compute-sanitizer) skips the cases above 6000 points. Skips everything
+ * (compute-sanitizer) skips the cases above 6000 points; XKNN_CUDA_TEST_ONLY=TEXT runs only
+ * the cases whose description contains TEXT (the others skip). Skips everything
  * (1..0 # SKIP) when the CUDA backend is not built or no device is present. */
 #define _POSIX_C_SOURCE 200809L
 #include <stdint.h>
@@ -138,10 +139,13 @@ int main(void)
 {
     int i;
     if (!xknn_backend_built(XKNN_BACKEND_CUDA) || xknn_cuda_device_count() == 0) skip_all("no CUDA device");
+    const char *only = getenv("XKNN_CUDA_TEST_ONLY");
     quick = getenv("XKNN_CUDA_TEST_QUICK") ? atoi(getenv("XKNN_CUDA_TEST_QUICK")) : 0;
     plan(3 * NCASES);
     for (i = 0; i < NCASES; i++) {
-        if (quick && cases[i].n > 6000)
+        if (only && *only && !strstr(cases[i].what, only))
+            skip(3, "%s: not selected by XKNN_CUDA_TEST_ONLY", cases[i].what);
+        else if (quick && cases[i].n > 6000)
             skip(3, "%s n=%lld: not with XKNN_CUDA_TEST_QUICK", cases[i].what, (long long)cases[i].n);
         else
             run_case(&cases[i]);

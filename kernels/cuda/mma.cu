@@ -190,11 +190,10 @@ __device__ __forceinline__ float col_term(const MmaParams &p, int64_t j, float x
     return j < p.n ? __fmul_rd(p.la, x) : INFINITY; /* modes 1 and 2 */
 }
 
-/* Candidate idx into the buffer of list (a state query): one slot by atomic; a full
- * buffer only counts (the query is re-run exactly). */
-__device__ __forceinline__ void put_cand(const MmaParams &p, int64_t list, int idx)
+/* Candidate entry idx at slot pos of list (a state query); a slot past cap is not
+ * written: the buffer only counts then (the query is re-run exactly). */
+__device__ __forceinline__ void put_cand_at(const MmaParams &p, int64_t list, int pos, int idx)
 {
-    const int pos = atomicAdd(p.cnt + list, 1);
     if (pos < p.cap) {
         Cand e;
         e.lo = -INFINITY;
@@ -207,27 +206,37 @@ __device__ __forceinline__ void put_cand(const MmaParams &p, int64_t list, int i
 
 /* Appends the candidates of one row: bit 2 b + c of mask is column j0 + 8 b + c (rare:
  * about kk n / nA per query in all). Columns past n and the query itself are dropped
- * here, never in the hot test. One call site per row (a call per pair, or passing the
- * accumulators, cost registers in the hot loop). */
+ * here, never in the hot test. One atomic reserves the row's slots (a round trip to L2
+ * per candidate, one after the other, was most of the epilogue's stall time). One call
+ * site per row (a call per pair, or passing the accumulators, cost registers in the hot
+ * loop). */
 __device__ __noinline__ void append_cands(const MmaParams &p, int q, int64_t j0, unsigned mask)
 {
     const int64_t self = p.exclude ? p.self_local0 + q : -1;
-    for (; mask; mask &= mask - 1) {
-        const int bit = __ffs(mask) - 1;
+    unsigned keep = 0;
+    for (unsigned m = mask; m; m &= m - 1) {
+        const int bit = __ffs(m) - 1;
         const int64_t j = j0 + (bit >> 1) * 8 + (bit & 1);
-        if (j < p.n && j != self) put_cand(p, q, (int)j);
+        if (j < p.n && j != self) keep |= 1u << bit;
+    }
+    if (!keep) return;
+    int pos = atomicAdd(p.cnt + q, __popc(keep));
+    for (; keep; keep &= keep - 1, ++pos) {
+        const int bit = __ffs(keep) - 1;
+        put_cand_at(p, q, pos, (int)(j0 + (bit >> 1) * 8 + (bit & 1)));
     }
 }
 
 /* Mode 2: query qid (a local id, as Q = R) joins the buffers of the columns in mask (bit
  * 2 b + c is column j0 + 8 b + c). Columns past n are dropped; none is qid itself (the
- * column side runs on off-diagonal tiles only). */
+ * column side runs on off-diagonal tiles only). Each column is its own list, one atomic
+ * each (issuing four before writing any was not faster on the 1M self-join). */
 __device__ __noinline__ void append_cols(const MmaParams &p, int qid, int64_t j0, unsigned mask)
 {
     for (; mask; mask &= mask - 1) {
         const int bit = __ffs(mask) - 1;
         const int64_t j = j0 + (bit >> 1) * 8 + (bit & 1);
-        if (j < p.n) put_cand(p, j, qid);
+        if (j < p.n) put_cand_at(p, j, atomicAdd(p.cnt + j, 1), qid);
     }
 }
 
