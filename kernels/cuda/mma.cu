@@ -725,11 +725,11 @@ __global__ __launch_bounds__(kThreads, 1) void wgmma_kernel(const MmaParams p)
  * wgmma_kernel's two warpgroups wait for their tensor work and then run the epilogue
  * together, so the tensor pipe idles through every epilogue (ncu on W1's pass B: 28 % of
  * its peak, 70 % of cycles without an eligible warp). Here a CTA has three warpgroups:
- *   producer  (warpgroup 0, 40 registers): streams 32-dimension reference chunks by
+ *   producer  (warpgroup 0, 56 registers): streams 32-dimension reference chunks by
  *             cp.async into an S-deep ring; each stage has a `full` mbarrier (its 128
  *             threads arrive when their copies land) and an `empty` one (the 8 consumer
  *             warps arrive when their wgmma reading it are done);
- *   consumers (warpgroups 1 and 2, 232 registers): 128 resident queries each, as in
+ *   consumers (warpgroups 1 and 2, 224 registers): 128 resident queries each, as in
  *             wgmma_kernel, taking turns on the tensor pipe: consumer 1 issues tile T's
  *             wgmma only after consumer 0 has issued its own (named barrier 2), and
  *             consumer 0 those of tile T + 1 only after consumer 1 has issued T's
