@@ -81,6 +81,16 @@ __device__ __forceinline__ uint64_t gmma_desc(const void *smem, unsigned lbo, un
     return ((a & 0x3FFFFu) >> 4) | ((uint64_t)((lbo >> 4) & 0x3FFFu) << 16) | ((uint64_t)((sbo >> 4) & 0x3FFFu) << 32);
 }
 
+/* The same for the 128-byte-swizzled K-major layout (layout type 1): rows of 128 bytes,
+ * 8-row groups 1024 bytes apart (stride byte offset), the 16-byte piece c of row r stored
+ * at piece c ^ (r % 8) of a 1024-aligned group; the leading byte offset is unused (1). A
+ * k-step inside the 128 bytes moves the start address. */
+__device__ __forceinline__ uint64_t gmma_desc_sw128(const void *smem)
+{
+    const uint64_t a = smem_addr(smem);
+    return ((a & 0x3FFFFu) >> 4) | ((uint64_t)1 << 16) | ((uint64_t)(1024 >> 4) << 32) | ((uint64_t)1 << 62);
+}
+
 } // namespace xknn_cuda
 
 #endif

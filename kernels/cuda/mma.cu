@@ -748,16 +748,18 @@ constexpr int kWsThreads = 384;
 constexpr int kWsMaxStages = 12;
 
 /* wgmma_ws_kernel's shared memory with S stages: queries, row constants (mode 2's p_i
- * too), S chunks, S + 1 norm-ring slots (mode 2: norms and thresholds), barriers. */
+ * too), S chunks, S + 1 norm-ring slots (mode 2: norms and thresholds), barriers, and
+ * up to 1024 bytes to align the operands. */
 __host__ __device__ constexpr size_t ws_smem_bytes(int64_t dpad, int sym, int S)
 {
     return sizeof(float) * (size_t)(kBM * dpad + 2 * kBM + (int64_t)S * kBN * 32 + (int64_t)(S + 1) * kBN * (sym ? 2 : 1)) +
-           2 * kWsMaxStages * sizeof(uint64_t);
+           2 * kWsMaxStages * sizeof(uint64_t) + 1024;
 }
 
 /* The producer's copy of one 32-dimension chunk of tile `tile` (gload_stage's layout and
- * zero fill, 128 threads): thread tid owns row tid % 8 of core-matrix column (tid / 8) % 8
- * of row blocks tid / 64 + 2 i, i < 8, so its 8 sources are 16 rows apart. */
+ * zero fill, 128 threads) in the 128-byte-swizzled layout: row j's 128 bytes at 128 j, its
+ * 16-byte piece c at piece c ^ (j % 8). Thread tid owns piece (tid / 8) % 8 of rows
+ * 8 (tid / 64) + tid % 8 + 16 i, i < 8, so its 8 sources are 16 rows apart. */
 template <int MODE>
 __device__ __forceinline__ void ws_load_chunk(float *stage, float *rn_ring, const MmaParams &p, int64_t tile, int kc,
                                               int tid, int slots)
@@ -768,7 +770,7 @@ __device__ __forceinline__ void ws_load_chunk(float *stage, float *rn_ring, cons
     const int64_t j = tile * kBN + jg * 8 + jr;
     const float *src = p.R + j * p.ldr + col;
     const int64_t step = 16 * p.ldr;
-    float *dst = stage + (jg * 8 + c4) * 32 + jr * 4;
+    float *dst = stage + (jg * 8 + jr) * 32 + (c4 ^ jr) * 4; /* 128-byte swizzle: row % 8 == jr */
     const bool colok = col < p.d;
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
@@ -783,12 +785,12 @@ __global__ __launch_bounds__(kWsThreads, 1) void wgmma_ws_kernel(const MmaParams
 {
 #ifdef XKNN__HAVE_WGMMA
     constexpr int KB = 32;
-    extern __shared__ __align__(16) float smem[];
+    extern __shared__ __align__(16) float smem_raw[];
     const int dpad = (int)((p.d + kBK - 1) / kBK * kBK);
-    const int kp = dpad / 4;
     const int NS = S + 1; /* norm-ring slots */
-    float *Qs = smem;                       /* kBM x dpad, core-matrix layout */
-    float *Rs = Qs + kBM * dpad;            /* S x kBN x KB, core-matrix layout */
+    /* the swizzle pattern follows address bits, so both operands start 1024-aligned */
+    float *Qs = reinterpret_cast<float *>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~(uintptr_t)1023);
+    float *Rs = Qs + kBM * dpad;            /* S x kBN x KB: swizzled rows of 128 bytes */
     float *row_s = Rs + S * kBN * KB;       /* kBM */
     float *prow_s = row_s + kBM;            /* kBM (mode 2) */
     float *rn_s = prow_s + kBM;             /* NS x kBN norms, then (mode 2) NS x kBN thresholds */
@@ -836,7 +838,8 @@ __global__ __launch_bounds__(kWsThreads, 1) void wgmma_ws_kernel(const MmaParams
         const int r = idx / dpad, c = idx - r * dpad;
         const int q = q0 + r;
         const float v = (q < p.qs && c < p.d) ? p.Q[(int64_t)q * p.ldq + c] : 0.0f;
-        Qs[((r >> 3) * kp + (c >> 2)) * 32 + (r & 7) * 4 + (c & 3)] = to_tf32(v);
+        /* 32-dimension block c / 32: kBM swizzled rows of 128 bytes */
+        Qs[((c >> 5) * kBM + r) * 32 + ((((c >> 2) & 7) ^ (r & 7)) << 2) + (c & 3)] = to_tf32(v);
     }
     for (int r = ctid; r < kBM; r += 256) {
         const int q = q0 + r;
@@ -854,8 +857,7 @@ __global__ __launch_bounds__(kWsThreads, 1) void wgmma_ws_kernel(const MmaParams
     for (int mb = 0; mb < 2; ++mb)
 #pragma unroll
         for (int e = 0; e < 64; ++e) acc[mb][e] = 0.0f;
-    const float *Am[2] = {Qs + ((wg * 128) >> 3) * kp * 32, Qs + ((wg * 128 + 64) >> 3) * kp * 32};
-    const unsigned sboA = (unsigned)kp * 128u;
+    const float *Am[2] = {Qs + (wg * 128) * 32, Qs + (wg * 128 + 64) * 32};
 
     int64_t it = 0;
 #pragma unroll 1
@@ -871,10 +873,11 @@ __global__ __launch_bounds__(kWsThreads, 1) void wgmma_ws_kernel(const MmaParams
             asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 #pragma unroll
             for (int k8 = 0; k8 < KB / 8; ++k8) {
-                const uint64_t db = gmma_desc(Bst + 2 * k8 * 32, 128u, (KB / 4) * 128u);
+                /* k-step k8 is 32 bytes into each swizzled row */
+                const uint64_t db = gmma_desc_sw128(Bst + 8 * k8);
 #pragma unroll
                 for (int mb = 0; mb < 2; ++mb)
-                    wgmma_m64n128k8(acc[mb], gmma_desc(Am[mb] + (kc * (KB / 4) + 2 * k8) * 32, 128u, sboA), db);
+                    wgmma_m64n128k8(acc[mb], gmma_desc_sw128(Am[mb] + kc * kBM * 32 + 8 * k8), db);
             }
             asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
             if (prev >= 0) {
