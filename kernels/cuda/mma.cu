@@ -154,15 +154,26 @@ __device__ __forceinline__ void load_stage(float *stage, float *rn_ring, const M
     }
 }
 
+/* The reference tiles [t0, t1) of this CTA: slice blockIdx.y of p.tiles_per_cta tiles;
+ * mode 2's slices start at the CTA's own rows (the triangle). */
+template <int MODE>
+__device__ __forceinline__ void cta_tiles(const MmaParams &p, int q0, int64_t &t0, int64_t &t1)
+{
+    const int64_t RT = (p.n + kBN - 1) / kBN;
+    t0 = (MODE == 2 ? (int64_t)q0 / kBN : 0) + (int64_t)blockIdx.y * p.tiles_per_cta;
+    t1 = t0 + p.tiles_per_cta < RT ? t0 + p.tiles_per_cta : RT;
+}
+
 /* Per-row epilogue constants of rows [0, bm) of the CTA's query tile (see mma_kernel):
  * pass A  A_i = fma_ru(ua, |q|^2, ub)  (NaN for padding rows);
  * pass B  r_i = fsub_rd(fmul_rd(la, |q|^2), thr)  (+inf for padding rows: never a
- * candidate); mode 2 also p_i = fmul_rd(la, |q|^2) in prow_s (+inf for padding rows). */
+ * candidate); mode 2 also p_i = fmul_rd(la, |q|^2) in prow_s (+inf for padding rows).
+ * Thread `first` of the nt that share the work starts at row first. */
 template <int MODE>
 __device__ __forceinline__ void stage_row_consts(float *row_s, float *prow_s, const MmaParams &p, int q0, int bm,
-                                                 int nt)
+                                                 int nt, int first = (int)threadIdx.x)
 {
-    for (int r = (int)threadIdx.x; r < bm; r += nt) {
+    for (int r = first; r < bm; r += nt) {
         const int q = q0 + r;
         const float qv = q < p.qs ? norm_or_nan(p.qn[q]) : __int_as_float(0x7fffffff);
         if (MODE == 0)
@@ -320,9 +331,8 @@ __global__ __launch_bounds__(kThreads, 1) void mma_kernel(const MmaParams p)
     const int g = lane >> 2, t = lane & 3;
     const int wm = warp >> 1, wn = warp & 1;
     const int q0 = (int)blockIdx.x * kBM;
-    const int64_t RT = (p.n + kBN - 1) / kBN;
-    const int64_t t0 = (MODE == 2 ? (int64_t)q0 / kBN : 0) + (int64_t)blockIdx.y * p.tiles_per_cta;
-    const int64_t t1 = t0 + p.tiles_per_cta < RT ? t0 + p.tiles_per_cta : RT;
+    int64_t t0, t1;
+    cta_tiles<MODE>(p, q0, t0, t1);
     if (t0 >= t1) return;
     const int KC = dpad / kBK;
     const int64_t total = (t1 - t0) * KC;
@@ -648,9 +658,8 @@ __global__ __launch_bounds__(kThreads, 1) void wgmma_kernel(const MmaParams p)
     const int g = lane >> 2, t = lane & 3;
     const int wg = warp >> 2, wi = warp & 3;
     const int q0 = (int)blockIdx.x * kBM;
-    const int64_t RT = (p.n + kBN - 1) / kBN;
-    const int64_t t0 = (MODE == 2 ? (int64_t)q0 / kBN : 0) + (int64_t)blockIdx.y * p.tiles_per_cta;
-    const int64_t t1 = t0 + p.tiles_per_cta < RT ? t0 + p.tiles_per_cta : RT;
+    int64_t t0, t1;
+    cta_tiles<MODE>(p, q0, t0, t1);
     if (t0 >= t1) return;
     const int KC = dpad / KB;
     const int64_t total = (t1 - t0) * KC;
@@ -802,9 +811,8 @@ __global__ __launch_bounds__(kWsThreads, 1) void wgmma_ws_kernel(const MmaParams
     const int tid = (int)threadIdx.x, warp = tid >> 5;
     const int role = warp >> 2; /* 0 producer, 1 and 2 consumers */
     const int q0 = (int)blockIdx.x * kBM;
-    const int64_t RT = (p.n + kBN - 1) / kBN;
-    const int64_t t0 = (MODE == 2 ? (int64_t)q0 / kBN : 0) + (int64_t)blockIdx.y * p.tiles_per_cta;
-    const int64_t t1 = t0 + p.tiles_per_cta < RT ? t0 + p.tiles_per_cta : RT;
+    int64_t t0, t1;
+    cta_tiles<MODE>(p, q0, t0, t1);
     if (t0 >= t1) return;
     const int KC = dpad / KB;
     const int64_t total = (t1 - t0) * KC;
@@ -843,15 +851,7 @@ __global__ __launch_bounds__(kWsThreads, 1) void wgmma_ws_kernel(const MmaParams
         /* 32-dimension block c / 32: kBM swizzled rows of 128 bytes */
         Qs[((c >> 5) * kBM + r) * 32 + ((((c >> 2) & 7) ^ (r & 7)) << 2) + (c & 3)] = to_tf32(v);
     }
-    for (int r = ctid; r < kBM; r += 256) {
-        const int q = q0 + r;
-        const float qv = q < p.qs ? norm_or_nan(p.qn[q]) : __int_as_float(0x7fffffff);
-        if (MODE == 0)
-            row_s[r] = __fmaf_ru(p.ua, qv, p.ub);
-        else
-            row_s[r] = q < p.qs ? __fsub_rd(__fmul_rd(p.la, qv), p.thr[q]) : INFINITY;
-        if (MODE == 2) prow_s[r] = q < p.qs ? __fmul_rd(p.la, qv) : INFINITY;
-    }
+    stage_row_consts<MODE>(row_s, prow_s, p, q0, kBM, 256, ctid);
     named_sync(3, 256); /* the queries and row constants are in place */
 
     float acc[2][64];
