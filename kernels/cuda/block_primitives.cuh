@@ -9,7 +9,8 @@
  *   compact_cands       in-order in-place compaction of a candidate buffer
  *   block_bitonic_sort  ascending sort of a power-of-two array in shared memory
  *   BlockResolve        canonical distances for the buffer entries that need one, each
- *                       warp packing 32 of them per WarpCanonical batch
+ *                       warp packing 32 of them per WarpCanonical batch (PF: with the
+ *                       register prefetch; false where registers are scarce)
  */
 #ifndef XKNN_CUDA_BLOCK_PRIMITIVES_CUH
 #define XKNN_CUDA_BLOCK_PRIMITIVES_CUH
@@ -113,13 +114,15 @@ __device__ __forceinline__ int compact_cands(BlockScan::TempStorage &ts, Cand *b
     return out;
 }
 
-/* Ascending bitonic sort of s[0, P), P a power of two <= kBlockSortMax. The caller puts
- * a barrier between filling s and the call; the call ends with one. */
+/* Ascending bitonic sort of s[0, P), P a power of two <= kBlockSortMax, by a block of NT
+ * threads. The caller puts a barrier between filling s and the call; the call ends with
+ * one. */
+template <int NT = kBlock>
 __device__ __forceinline__ void block_bitonic_sort(unsigned long long *s, int P)
 {
     for (int size = 2; size <= P; size <<= 1) {
         for (int stride = size >> 1; stride > 0; stride >>= 1) {
-            for (int t = (int)threadIdx.x; t < P / 2; t += kBlock) {
+            for (int t = (int)threadIdx.x; t < P / 2; t += NT) {
                 const int lo = 2 * stride * (t / stride) + (t % stride);
                 const int hi = lo + stride;
                 const bool asc = (lo & size) == 0;
@@ -143,21 +146,23 @@ struct BlockResolve {
         int pos[kWarpsPerBlock][kWarp];
     };
 
+    template <bool PF>
     __device__ __forceinline__ static void flush(WarpCanonical::TempStorage &wt, const int *pos, int n, Cand *buf,
                                                  const float *q, int64_t d, int kind)
     {
         __syncwarp();
         float v;
         switch (kind) {
-        case kCanonIp: v = WarpCanonical::value<kCanonIp>(wt, q, d, n); break;
-        case kCanonCosine: v = WarpCanonical::value<kCanonCosine>(wt, q, d, n); break;
-        case kCanonEuclid: v = WarpCanonical::value<kCanonEuclid>(wt, q, d, n); break;
-        default: v = WarpCanonical::value<kCanonL2>(wt, q, d, n); break;
+        case kCanonIp: v = WarpCanonical::value<kCanonIp, PF>(wt, q, d, n); break;
+        case kCanonCosine: v = WarpCanonical::value<kCanonCosine, PF>(wt, q, d, n); break;
+        case kCanonEuclid: v = WarpCanonical::value<kCanonEuclid, PF>(wt, q, d, n); break;
+        default: v = WarpCanonical::value<kCanonL2, PF>(wt, q, d, n); break;
         }
         if (lane_id() < n) buf[pos[lane_id()]].c = v;
         __syncwarp();
     }
 
+    template <bool PF = true>
     __device__ __forceinline__ static void run(TempStorage &ts, Cand *buf, int count, float tp,
                                                const float *__restrict__ q, int64_t d, const float *__restrict__ R,
                                                int64_t ldr, int64_t r_local0, int kind)
@@ -178,7 +183,7 @@ struct BlockResolve {
             const unsigned m = __ballot_sync(0xffffffffu, need);
             const int nm = __popc(m);
             if (pending + nm > kWarp) {
-                flush(wt, pos, pending, buf, q, d, kind);
+                flush<PF>(wt, pos, pending, buf, q, d, kind);
                 pending = 0;
             }
             if (need) {
@@ -189,7 +194,7 @@ struct BlockResolve {
             pending += nm;
             __syncwarp();
         }
-        if (pending) flush(wt, pos, pending, buf, q, d, kind);
+        if (pending) flush<PF>(wt, pos, pending, buf, q, d, kind);
     }
 };
 

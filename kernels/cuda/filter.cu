@@ -260,7 +260,7 @@ __global__ __launch_bounds__(kBlock, 3) void filter_kernel(const FilterParams p)
             if (bc + total > p.cap) {
                 /* (2) exact compaction of the buffer to its canonical top kk */
                 __syncthreads();
-                BlockResolve::run(sm.res, seg, bc, INFINITY, p.Q + (int64_t)qi * p.ldq, p.d, p.R, p.ldr,
+                BlockResolve::run<false>(sm.res, seg, bc, INFINITY, p.Q + (int64_t)qi * p.ldq, p.d, p.R, p.ldr,
                                   p.r_local0, p.euclid);
                 __syncthreads();
                 const unsigned long long K = BlockRadixSelect<unsigned long long>::select(

@@ -117,8 +117,9 @@ struct WarpBitonic64 {
  * exactly the CPU's value (same operations, same order; explicit _rn intrinsics so that
  * no contraction or reassociation can change them). Rows are staged through shared
  * memory 32 dimensions at a time: lane l loads dimension t0 + l of every row (one
- * coalesced 128-byte line per row), then each lane walks its own row sequentially. The
- * row pitch of 33 words makes both the stores and the per-lane reads conflict-free. */
+ * coalesced 128-byte line per row), then each lane walks its own row sequentially; the
+ * next 32 dimensions are loaded into registers meanwhile. The row pitch of 33 words makes
+ * both the stores and the per-lane reads conflict-free. */
 struct WarpCanonical {
     struct TempStorage {
         float xs[kWarp][kWarp + 1];
@@ -131,47 +132,85 @@ struct WarpCanonical {
      * fma(q_t, x_t, acc), cosine also nq = fma(q_t, q_t, nq), nx = fma(x_t, x_t, nx).
      * rows[0..nrows) must be set in ts.rows before the call (any lanes), followed by
      * __syncwarp(). */
-    template <int KIND>
+    template <int KIND, bool PF = true>
     __device__ __forceinline__ static void sums(TempStorage &ts, const float *__restrict__ q, int64_t d, int nrows,
                                                 double &acc, double &nq, double &nx)
     {
         const int lane = lane_id();
         acc = nq = nx = 0.0;
-        for (int64_t t0 = 0; t0 < d; t0 += kWarp) {
-            const int64_t t = t0 + lane;
-            const bool in = t < d;
-            ts.qs[lane] = in ? __ldg(q + t) : 0.0f;
+        if (!PF) {
+            for (int64_t t0 = 0; t0 < d; t0 += kWarp) {
+                const int64_t t = t0 + lane;
+                const bool in = t < d;
+                ts.qs[lane] = in ? __ldg(q + t) : 0.0f;
 #pragma unroll 8
-            for (int r = 0; r < nrows; ++r) ts.xs[r][lane] = in ? __ldg(ts.rows[r] + t) : 0.0f;
+                for (int r = 0; r < nrows; ++r) ts.xs[r][lane] = in ? __ldg(ts.rows[r] + t) : 0.0f;
+                __syncwarp();
+                chunk<KIND>(ts, d - t0, nrows, acc, nq, nx);
+            }
+            return;
+        }
+        /* PF: the next chunk's 32 row elements are loaded into registers (all 32 loads in
+         * flight) while the lanes walk the current chunk; the gather is latency-bound
+         * otherwise (8 lines in flight per warp). About 40 more registers. */
+        float nxt[kWarp];
+        float qn;
+        {
+            const bool in = lane < d;
+            qn = in ? __ldg(q + lane) : 0.0f;
+#pragma unroll
+            for (int r = 0; r < kWarp; ++r) nxt[r] = in && r < nrows ? __ldg(ts.rows[r] + lane) : 0.0f;
+        }
+        for (int64_t t0 = 0; t0 < d; t0 += kWarp) {
+            ts.qs[lane] = qn;
+#pragma unroll
+            for (int r = 0; r < kWarp; ++r) ts.xs[r][lane] = nxt[r];
             __syncwarp();
-            const int lim = (d - t0) < kWarp ? (int)(d - t0) : kWarp;
-            if (lane < nrows) {
-                for (int tt = 0; tt < lim; ++tt) {
-                    const double a = (double)ts.qs[tt], b = (double)ts.xs[lane][tt];
-                    if (KIND == kCanonL2 || KIND == kCanonEuclid) {
-                        const double diff = __dsub_rn(a, b);
-                        acc = __fma_rn(diff, diff, acc);
-                    } else {
-                        acc = __fma_rn(a, b, acc);
-                        if (KIND == kCanonCosine) {
-                            nq = __fma_rn(a, a, nq);
-                            nx = __fma_rn(b, b, nx);
-                        }
+            const int64_t tn = t0 + kWarp + lane;
+            if (t0 + kWarp < d) {
+                const bool in = tn < d;
+                qn = in ? __ldg(q + tn) : 0.0f;
+#pragma unroll
+                for (int r = 0; r < kWarp; ++r) nxt[r] = in && r < nrows ? __ldg(ts.rows[r] + tn) : 0.0f;
+            }
+            chunk<KIND>(ts, d - t0, nrows, acc, nq, nx);
+        }
+    }
+
+    /* Lane < nrows walks its staged row over the chunk's min(left, 32) dimensions, then
+     * the warp syncs (the staging may be overwritten after). */
+    template <int KIND>
+    __device__ __forceinline__ static void chunk(TempStorage &ts, int64_t left, int nrows, double &acc, double &nq,
+                                                 double &nx)
+    {
+        const int lane = lane_id();
+        const int lim = left < kWarp ? (int)left : kWarp;
+        if (lane < nrows) {
+            for (int tt = 0; tt < lim; ++tt) {
+                const double a = (double)ts.qs[tt], b = (double)ts.xs[lane][tt];
+                if (KIND == kCanonL2 || KIND == kCanonEuclid) {
+                    const double diff = __dsub_rn(a, b);
+                    acc = __fma_rn(diff, diff, acc);
+                } else {
+                    acc = __fma_rn(a, b, acc);
+                    if (KIND == kCanonCosine) {
+                        nq = __fma_rn(a, a, nq);
+                        nx = __fma_rn(b, b, nx);
                     }
                 }
             }
-            __syncwarp();
         }
+        __syncwarp();
     }
 
     /* The resolved c (common.cuh, kCanon*) of lane < nrows's row against q, the CPU's
      * operations in the CPU's order (sums, then the metric's finish; cosine through
      * xknn__cm_cosine); 0 for lanes >= nrows. */
-    template <int KIND>
+    template <int KIND, bool PF = true>
     __device__ __forceinline__ static float value(TempStorage &ts, const float *__restrict__ q, int64_t d, int nrows)
     {
         double acc, nq, nx;
-        sums<KIND>(ts, q, d, nrows, acc, nq, nx);
+        sums<KIND, PF>(ts, q, d, nrows, acc, nq, nx);
         if (KIND == kCanonL2 || KIND == kCanonEuclid) return finish_metric(acc, KIND);
         if (KIND == kCanonCosine) return __double2float_rn(xknn__cm_cosine(acc, nq, nx));
         return __uint_as_float(order_enc(__fsub_rn(0.0f, __double2float_rn(acc)))); /* kCanonIp */
