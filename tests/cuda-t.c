@@ -123,6 +123,10 @@ static const tcase cases[] = {
     {"mma d=128 k=1", DATA_UNIFORM, 40000, 513, 128, 1, 0, L2, MM, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
     {"mma d=128 k=1024", DATA_UNIFORM, 270000, 65, 128, 1024, 0, L2, MM, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1},
     {"mma k=1024 small n falls back", DATA_UNIFORM, 25000, 65, 128, 1024, 0, L2, MM, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    /* between 2 kk and 4 kk witness groups: the loosest thresholds the path takes */
+    {"mma ties k=100 2k groups", DATA_INTEGER, 12900, 70, 20, 100, 0, L2, MM, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"mma d=128 k=1024 2k groups", DATA_UNIFORM, 140000, 40, 128, 1024, 0, EU, MM, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1},
+    {"mma ip k=64 2k groups", DATA_GAUSSIAN, 8200, 50, 64, 64, 0, IP, MM, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
     {"mma d=100 k=4096", DATA_UNIFORM, 1100003, 8, 100, 4096, 0, EU, MM, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1},
     {"mma ties d=32", DATA_INTEGER, 30000, 140, 32, 100, 0, L2, MM, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
     {"mma dups re-run", DATA_DUPLICATES, 20000, 20, 8, 16, 0, L2, MM, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},

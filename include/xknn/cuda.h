@@ -62,8 +62,8 @@ struct CUstream_st; /* = cudaStream_t's pointee; NULL means the legacy default s
  * 8.0 or newer, with the references resident in device memory; otherwise (or when its
  * workspace does not fit) it behaves as TF32.
  * Metrics ip and cosine (f32) have one GEMM path, MMA (AUTO, FUSED and MMA choose it):
- * d <= 128, compute capability 8.0 or newer, at least 4 min(k, n) witness groups (n >=
- * 256 min(k, n)); cosine runs the tensor cores on unit-length copies of the rows (their
+ * d <= 128, compute capability 8.0 or newer, at least 2 min(k, n) witness groups (n >=
+ * 128 min(k, n)); cosine runs the tensor cores on unit-length copies of the rows (their
  * n d floats are part of the workspace). FP32 / TF32, or a shape the path does not
  * take, send host-array searches to the canonical tiles below and make the embedding
  * API answer INVALID_ARGUMENT with the reason. */

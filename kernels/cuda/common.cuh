@@ -30,8 +30,9 @@ enum : int {
      *   M <= kWarpSortMax      one warp, bitonic network in registers (2 keys per lane)
      *   M <= kBlockSortMax     one block, bitonic network in shared memory (32 KiB)
      *   M >  kBlockSortMax     one block: sorted runs of kBlockSortMax keys in shared
-     *                          memory, then merge passes in global memory, each run cut
-     *                          to its first k keys (only the first k are ever needed). */
+     *                          memory, merged in shared memory (k <= kBlockSortMax) or
+     *                          by passes in global memory, each run cut to its first k
+     *                          keys (only the first k are ever needed). */
     kWarpSortMax = 64,
     kBlockSortMax = 4096,
     /* Radix select digit width (8 bits: 256 shared-memory bins). */
@@ -70,6 +71,10 @@ enum : int {
     kMmaThreads = 256,
     kMmaGroup = 64,
     kMmaMaxD = 128,
+    /* witness groups per kept neighbour: the kk-th smallest of ga >= 2 kk group minima
+     * sits at most at their median, so about ga ln(ga / (ga - kk)) <= 1.39 kk references
+     * of the prefix pass it (fewer groups: a looser threshold, more re-ranking) */
+    kMmaWitnessRatio = 2,
 };
 
 /* Integer tensor-core path (imma.cu): witness groups of kImmaGroup references. */

@@ -457,7 +457,8 @@ int plan_fused(const xknn_cuda_context *ctx, const xknn_params *prm, int64_t n, 
  * Witness prefix nA = f n with f = sqrt(kMmaWitnessC kk / n): pass A costs f of the GEMM,
  * and about kk / f references per query then pass the threshold, each re-ranked by
  * gathering its row (d floats); the constant balances the two on an H100 (TF32 rate over
- * memory bandwidth). At least 4 kk witness groups, at least kMmaMinPrefix references.
+ * memory bandwidth). At least kMmaWitnessRatio kk witness groups, at least kMmaMinPrefix
+ * references.
  * cap: twice the expected candidates (times 3 for the bound's band) plus slack; a query
  * that overflows it is re-run exactly (counted in XKNN_CUDA_STAT_RERUNS). */
 static const double kMmaWitnessC = 200.0;
@@ -504,9 +505,9 @@ int plan_mma(const xknn_cuda_context *ctx, const xknn_params *prm, int64_t n, in
              size_t limit, size_t per_query_extra, Plan *out)
 {
     if (ctx->cc_major < 8 || mma_smem_bytes(d) > ctx->smem_optin || n > kMaxRefsPerCall - kMmaBN) return 0;
-    /* witnesses need groups: with fewer than 4 kk groups in all the threshold would be
+    /* witnesses need groups: with fewer than 2 kk groups in all the threshold would be
      * loose or infinite (every query re-run), so such shapes take the cuBLAS path */
-    if (ceil_div(n, kMmaGroup) < 4 * min64(k, n)) return 0;
+    if (ceil_div(n, kMmaGroup) < kMmaWitnessRatio * min64(k, n)) return 0;
     Plan p = plan_init(prm, n, nq, d, k);
     p.tf32 = 1;
     p.mma = 1;
@@ -529,7 +530,7 @@ int plan_mma(const xknn_cuda_context *ctx, const xknn_params *prm, int64_t n, in
     mma_bounds(p);
     const double f = sqrt(kMmaWitnessC * (double)p.kk / (double)n);
     int64_t nA = (int64_t)ceil(f * (double)n);
-    nA = max64(nA, max64(4 * kMmaGroup * p.kk, kMmaMinPrefix));
+    nA = max64(nA, max64(kMmaWitnessRatio * kMmaGroup * p.kk, kMmaMinPrefix));
     nA = round_up(nA, kMmaBN);
     p.nA = min64(nA, n);
     p.ga = ceil_div(p.nA, kMmaGroup);
@@ -558,8 +559,8 @@ const char *ipcos_why_not(const xknn_cuda_context *ctx, int64_t n, int64_t d, in
     if (ctx->cc_major < 8) return "the tensor-core path needs compute capability 8.0 or newer";
     if (mma_smem_bytes(d) > ctx->smem_optin) return "the tensor-core kernel's shared memory exceeds the device's";
     if (n > kMaxRefsPerCall - kMmaBN) return "too many references for one tensor-core call";
-    if (ceil_div(n, kMmaGroup) < 4 * min64(k, n))
-        return "the tensor-core path needs n >= 256 min(k, n) (4 k witness groups of 64 references)";
+    if (ceil_div(n, kMmaGroup) < kMmaWitnessRatio * min64(k, n))
+        return "the tensor-core path needs n >= 128 min(k, n) (2 k witness groups of 64 references)";
     return NULL;
 }
 
@@ -880,6 +881,7 @@ xknn_status block_finish(const Run &r, int64_t qs, int64_t *ids, float *dist, in
     fp.cap = (int)p.cap;
     fp.kk = (int)p.kk;
     fp.encoded = fp.negate = p.kind == kCanonIp;
+    fp.smem_merge = r.ctx->smem_optin >= kFinalMergeSmem;
     XKNN__CUDA_CHECK(launch_final(fp, (int)qs, r.st));
 cleanup:
     return st;
@@ -1300,7 +1302,7 @@ void gen_layout(GenPlan &g, int64_t n, int64_t d, int64_t k, size_t row_bytes, i
 /* Padded row bytes when the job takes the int8 tensor-core path, else 0: u8/i8 with l2,
  * euclidean or ip, d <= XKNN_INT8_EXACT_MAX_D, or hamming on bit-packed rows (b1 tensor
  * cores); the resident queries within shared memory,
- * at least 4 kk witness groups (as the TF32 path). XKNN_CUDA_NO_IMMA=1 (diagnostic)
+ * at least kMmaWitnessRatio kk witness groups (as the TF32 path). XKNN_CUDA_NO_IMMA=1 (diagnostic)
  * keeps the canonical tiles. */
 int64_t imma_rows(const xknn__job *job, const xknn_cuda_context *ctx)
 {
@@ -1314,7 +1316,7 @@ int64_t imma_rows(const xknn__job *job, const xknn_cuda_context *ctx)
         return 0;
     if (ctx->cc_major < 8 || job->n > kMaxRefsPerCall - kMmaBN) return 0;
     if (bin ? job->d > (int64_t)1 << 29 : job->d > XKNN_INT8_EXACT_MAX_D) return 0;
-    if (ceil_div(job->n, kImmaGroup) < 4 * min64(job->k, job->n)) return 0;
+    if (ceil_div(job->n, kImmaGroup) < kMmaWitnessRatio * min64(job->k, job->n)) return 0;
     const int64_t dp = round_up(bin ? (job->d + 63) / 64 * 8 : job->d, 128);
     return imma_smem_bytes(dp) <= ctx->smem_optin ? dp : 0;
 }
@@ -1344,7 +1346,7 @@ xknn_status host_imma(const xknn__job *job, xknn_cuda_context *ctx, size_t budge
     hb.s = sc;
     {
         const double f = sqrt(200.0 * (double)kk / (double)n);
-        nA = max64((int64_t)ceil(f * (double)n), max64(4 * kMmaGroup * kk, 8192));
+        nA = max64((int64_t)ceil(f * (double)n), max64(kMmaWitnessRatio * kMmaGroup * kk, 8192));
         nA = min64(round_up(nA, kMmaBN), n);
         ga = ceil_div(nA, kImmaGroup);
         const double expect = (double)kk * (double)n / (double)nA + 256.0;
@@ -1407,6 +1409,7 @@ xknn_status host_imma(const xknn__job *job, xknn_cuda_context *ctx, size_t budge
         FinalParams fp;
         memset(&ip, 0, sizeof ip);
         memset(&fp, 0, sizeof fp);
+        fp.smem_merge = ctx->smem_optin >= kFinalMergeSmem;
         if (self_res) {
             ip.Q = (const signed char *)(b + off_R) + q0 * dp;
             ip.qsum = (const int *)(b + off_rsum) + q0;
@@ -1593,6 +1596,7 @@ xknn_status host_generic(const xknn__job *job, Err er)
         FinalParams fp;
         memset(&gp, 0, sizeof gp);
         memset(&fp, 0, sizeof fp);
+        fp.smem_merge = ctx->smem_optin >= kFinalMergeSmem;
         if (g.resident && self_res) {
             gp.Q = b + g.off_ref + (size_t)q0 * row_bytes;
             gp.qnorm = (const double *)(b + g.off_rnorm) + q0;

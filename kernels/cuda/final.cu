@@ -6,9 +6,11 @@
  *            local id) packed at the start of the query's buffer region: M keys
  *   sort     M <= 64:    the same warp, bitonic network in registers
  *            M <= 4096:  one block, bitonic network in shared memory
- *            otherwise:  one block, 4096-key runs sorted in shared memory, then merge
- *                        passes in global memory (the region's second half is the other
- *                        buffer), every run cut to its first kk keys
+ *            otherwise:  one block, 4096-key runs sorted in shared memory, then
+ *                        kk <= 4096: each run merged into the running first kk keys in
+ *                        shared memory (block_merge_kernel, a launch of its own)
+ *                        kk > 4096: merge passes in global memory (the region's second
+ *                        half is the other buffer), every run cut to its first kk keys
  *   write    the first min(M, kk) as (ref_id_offset + id, distance), then id -1 / +inf
  *            up to k (pad_missing; M < kk only when fewer references are available).
  * Keys are unique (ids), so the order is total and the result is the exact top k.
@@ -114,6 +116,7 @@ __global__ __launch_bounds__(kBlock) void block_sort_kernel(const FinalParams p)
     if (M <= kWarpSortMax) return;
     const int64_t kk = p.kk;
     const int64_t have = M < kk ? M : kk;
+    if (M > kBlockSortMax && kk <= kBlockSortMax && p.smem_merge) return; /* block_merge_kernel's */
     unsigned long long *keys = region_keys(p, qi);
     unsigned long long *src = keys;
     if (M <= kBlockSortMax) {
@@ -163,6 +166,74 @@ __global__ __launch_bounds__(kBlock) void block_sort_kernel(const FinalParams p)
     for (int64_t j = have + tid; j < p.k; j += kBlock) write_pad(p, qi, j);
 }
 
+/* Lower bound: the number of keys of s[0, n) (ascending, unique) below key. */
+__device__ __forceinline__ int smem_rank(const unsigned long long *s, int n, unsigned long long key)
+{
+    int lo = 0, hi = n;
+    while (lo < hi) {
+        const int mid = (lo + hi) >> 1;
+        if (s[mid] < key)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+/*
+ * The queries with M > kBlockSortMax when kk <= kBlockSortMax (k up to 4096; M is then
+ * about 2 kk): runs of kBlockSortMax keys are sorted in shared memory one after the
+ * other and each is merged into the running first kk keys, also in shared memory (rank
+ * of every key in the other list by binary search; keys are unique). The global-memory
+ * merge passes of block_sort_kernel did the same with every probe a round trip to
+ * memory. Launch: kMergeThreads = 1024 threads (the network's barriers are the cost: two
+ * blocks fill an SM), 3 kBlockSortMax keys of dynamic shared memory (96 KiB: run,
+ * running list, merged list), grid qs; every other query returns at once.
+ */
+static const int kMergeThreads = 1024;
+
+__global__ __launch_bounds__(kMergeThreads) void block_merge_kernel(const FinalParams p)
+{
+    extern __shared__ unsigned long long smk[];
+    const int qi = (int)blockIdx.x, tid = (int)threadIdx.x;
+    const int64_t M = p.mcount[qi];
+    const int kk = (int)p.kk;
+    if (M <= kBlockSortMax || kk > kBlockSortMax || !p.smem_merge) return;
+    const unsigned long long *keys = region_keys(p, qi);
+    unsigned long long *run = smk, *acc = smk + kBlockSortMax, *out = smk + 2 * kBlockSortMax;
+    int la = 0;
+    for (int64_t r0 = 0; r0 < M; r0 += kBlockSortMax) {
+        const int len = (int)(M - r0 < kBlockSortMax ? M - r0 : kBlockSortMax);
+        int P = kWarpSortMax;
+        while (P < len) P <<= 1;
+        unsigned long long *dst = r0 == 0 ? acc : run;
+        for (int i = tid; i < P; i += kMergeThreads) dst[i] = i < len ? keys[r0 + i] : ~0ull;
+        __syncthreads();
+        block_bitonic_sort<kMergeThreads>(dst, P);
+        const int lr = len < kk ? len : kk;
+        if (r0 == 0) {
+            la = lr;
+            continue;
+        }
+        const int lo = la + lr < kk ? la + lr : kk;
+        for (int i = tid; i < la; i += kMergeThreads) {
+            const int pos = i + smem_rank(run, lr, acc[i]);
+            if (pos < lo) out[pos] = acc[i];
+        }
+        for (int i = tid; i < lr; i += kMergeThreads) {
+            const int pos = i + smem_rank(acc, la, run[i]);
+            if (pos < lo) out[pos] = run[i];
+        }
+        __syncthreads();
+        unsigned long long *t = acc;
+        acc = out;
+        out = t;
+        la = lo;
+    }
+    for (int j = tid; j < la; j += kMergeThreads) write_result(p, qi, j, acc[j]);
+    for (int64_t j = la + tid; j < p.k; j += kMergeThreads) write_pad(p, qi, j);
+}
+
 cudaError_t launch_final(const FinalParams &p, int qs, cudaStream_t st)
 {
     const unsigned gblocks = (unsigned)((qs + kWarpsPerBlock - 1) / kWarpsPerBlock);
@@ -170,6 +241,12 @@ cudaError_t launch_final(const FinalParams &p, int qs, cudaStream_t st)
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return e;
     block_sort_kernel<<<(unsigned)qs, kBlock, 0, st>>>(p);
+    e = cudaGetLastError();
+    if (e != cudaSuccess || !p.smem_merge || p.kk > kBlockSortMax || (int64_t)p.S * p.cap <= kBlockSortMax) return e;
+    const size_t smem = kFinalMergeSmem;
+    e = cudaFuncSetAttribute(block_merge_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (e != cudaSuccess) return e;
+    block_merge_kernel<<<(unsigned)qs, kMergeThreads, smem, st>>>(p);
     return cudaGetLastError();
 }
 

@@ -79,7 +79,13 @@ struct FinalParams {
     int S, cap, kk;
     int encoded;         /* generic path: c holds order_enc bits (always resolved)    */
     int negate;          /* ip: the value is -(decoded order value); padding is -inf  */
+    int smem_merge;      /* the device gives a block kFinalMergeSmem bytes: queries with
+                            M > kBlockSortMax and kk <= kBlockSortMax merge in shared
+                            memory (final.cu's block_merge_kernel)                    */
 };
+
+/* Dynamic shared memory of block_merge_kernel: run, running list and merged list. */
+static const size_t kFinalMergeSmem = 3 * (size_t)kBlockSortMax * sizeof(unsigned long long);
 
 /* Fused path (fused.cu): distances and selection in one kernel, then per query the merge
  * of the z-slices' lists, the certificate, canonical re-rank and output; queries whose

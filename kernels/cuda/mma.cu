@@ -567,6 +567,37 @@ __device__ __forceinline__ void gload_stage(float *stage, float *rn_ring, const 
 }
 
 #ifdef XKNN__HAVE_WGMMA
+/* The candidates of a thread's four rows of one tile (wg_epilogue, mode 1): row
+ * qb + 64 mb + 8 hh has mask[2 mb + hh] (bits as append_cands). All the rows' slot
+ * atomics are issued before any slot is written, so a thread waits for one round trip
+ * to L2 per tile, not one per row (at k = 4096 nearly every row of every tile has a
+ * candidate). */
+__device__ __noinline__ void append_rows(const MmaParams &p, int qb, int64_t j0, const unsigned (&mask)[4])
+{
+    const int64_t self0 = p.exclude ? p.self_local0 + qb : -1;
+    unsigned keep[4];
+    int pos[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const int dq = (i >> 1) * 64 + (i & 1) * 8;
+        keep[i] = 0;
+        for (unsigned m = mask[i]; m; m &= m - 1) {
+            const int bit = __ffs(m) - 1;
+            const int64_t j = j0 + (bit >> 1) * 8 + (bit & 1);
+            if (j < p.n && (self0 < 0 || j != self0 + dq)) keep[i] |= 1u << bit;
+        }
+        pos[i] = keep[i] ? atomicAdd(p.cnt + qb + dq, __popc(keep[i])) : 0;
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const int dq = (i >> 1) * 64 + (i & 1) * 8;
+        for (unsigned m = keep[i]; m; m &= m - 1, ++pos[i]) {
+            const int bit = __ffs(m) - 1;
+            put_cand_at(p, qb + dq, pos[i], (int)(j0 + (bit >> 1) * 8 + (bit & 1)));
+        }
+    }
+}
+
 /* The epilogue of reference tile `tile` for warp wi of warpgroup wg (the mma_kernel
  * contract): pass A witnesses, pass B candidates, mode 2 both sides. rnt / thrt: the
  * tile's norms and (mode 2) thresholds in shared memory. Leaves acc as it found it. */
@@ -587,6 +618,7 @@ __device__ __forceinline__ void wg_epilogue(const MmaParams &p, float (&acc)[2][
 #pragma unroll
             for (int c = 0; c < 2; ++c) cv[nb][c] = col_term<MODE>(p, ref0 + nb * 8 + 2 * t + c, c ? r2.y : r2.x);
         }
+        unsigned masks[4] = {0u, 0u, 0u, 0u}; /* mode 1: row 2 mb + hh's candidates */
 #pragma unroll
         for (int mb = 0; mb < 2; ++mb)
 #pragma unroll
@@ -633,9 +665,11 @@ __device__ __forceinline__ void wg_epilogue(const MmaParams &p, float (&acc)[2][
 #pragma unroll
                         for (int c = 0; c < 2; ++c)
                             mask |= (unsigned)!(__fadd_ru(acc[mb][4 * nb + 2 * hh + c], -cv[nb][c]) < rc) << (2 * nb + c);
-                    if (mask) append_cands(p, q, ref0 + 2 * t, mask);
+                    masks[2 * mb + hh] = mask;
                 }
             }
+        if (MODE == 1 && (masks[0] | masks[1] | masks[2] | masks[3]))
+            append_rows(p, q0 + wg * 128 + wi * 16 + g, ref0 + 2 * t, masks);
     }
 }
 
