@@ -169,9 +169,15 @@ cudaError_t launch_gen_tiles(const GenParams &p, cudaStream_t st);
 
 /* Reference slices of a tensor-core pass (one CTA resident per SM): at least 4 CTAs per
  * SM in all with query tiles fastest; among up to 4x that many slices, the count whose
- * last wave is fullest; at most rt (tiles) and 65535 (gridDim.y). */
+ * last wave is fullest; at most rt (tiles) and 65535 (gridDim.y). A pass of fewer than
+ * 32 tiles per SM in all runs as one wave (at most sms / qt slices): each CTA stages its
+ * queries first, which costs several tiles' time, so short CTAs would mostly stage. */
 inline int64_t choose_slices(int64_t qt, int64_t rt, int sms)
 {
+    if (qt * rt < 32 * (int64_t)sms) {
+        const int64_t z = (int64_t)sms / qt;
+        return z < 1 ? 1 : z > rt ? rt : z;
+    }
     int64_t z0 = (4 * (int64_t)sms + qt - 1) / qt, Z = z0;
     double best = 0.0;
     for (int64_t z = z0; z <= 4 * z0 && z <= rt; ++z) {

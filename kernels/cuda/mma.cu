@@ -878,12 +878,36 @@ __global__ __launch_bounds__(kWsThreads, 1) void wgmma_ws_kernel(const MmaParams
     const int ctid = tid - 128; /* 0..255 */
     const int lane = tid & 31, g = lane >> 2, t = lane & 3;
     const int wg = role - 1, wi = warp & 3;
-    for (int idx = ctid; idx < kBM * dpad; idx += 256) {
-        const int r = idx / dpad, c = idx - r * dpad;
-        const int q = q0 + r;
-        const float v = (q < p.qs && c < p.d) ? p.Q[(int64_t)q * p.ldq + c] : 0.0f;
-        /* 32-dimension block c / 32: kBM swizzled rows of 128 bytes */
-        Qs[((c >> 5) * kBM + r) * 32 + ((((c >> 2) & 7) ^ (r & 7)) << 2) + (c & 3)] = to_tf32(v);
+    /* queries: TF32 into 32-dimension blocks (c / 32) of kBM swizzled rows of 128 bytes;
+     * 16-byte loads, 8 in flight per thread (d % 4 == 0 here: VEC), where Q allows */
+    if (((uintptr_t)p.Q % 16) == 0 && p.ldq % 4 == 0) {
+        const int dq = dpad / 4;
+        for (int base = ctid; base < kBM * dq; base += 256 * 8) {
+            float4 v[8];
+#pragma unroll
+            for (int u = 0; u < 8; ++u) {
+                const int idx = base + u * 256, r = idx / dq, c = 4 * (idx - r * dq);
+                const int q = q0 + r;
+                v[u] = idx < kBM * dq && q < p.qs && c < p.d
+                           ? __ldg(reinterpret_cast<const float4 *>(p.Q + (int64_t)q * p.ldq + c))
+                           : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            }
+#pragma unroll
+            for (int u = 0; u < 8; ++u) {
+                const int idx = base + u * 256, r = idx / dq, c = 4 * (idx - r * dq);
+                if (idx < kBM * dq) {
+                    const float4 w = make_float4(to_tf32(v[u].x), to_tf32(v[u].y), to_tf32(v[u].z), to_tf32(v[u].w));
+                    *reinterpret_cast<float4 *>(Qs + ((c >> 5) * kBM + r) * 32 + ((((c >> 2) & 7) ^ (r & 7)) << 2)) = w;
+                }
+            }
+        }
+    } else {
+        for (int idx = ctid; idx < kBM * dpad; idx += 256) {
+            const int r = idx / dpad, c = idx - r * dpad;
+            const int q = q0 + r;
+            const float v = (q < p.qs && c < p.d) ? p.Q[(int64_t)q * p.ldq + c] : 0.0f;
+            Qs[((c >> 5) * kBM + r) * 32 + ((((c >> 2) & 7) ^ (r & 7)) << 2) + (c & 3)] = to_tf32(v);
+        }
     }
     stage_row_consts<MODE>(row_s, prow_s, p, q0, kBM, 256, ctid);
     named_sync(3, 256); /* the queries and row constants are in place */
