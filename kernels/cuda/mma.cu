@@ -942,6 +942,7 @@ __global__ __launch_bounds__(kWsThreads, 1) void wgmma_ws_kernel(const MmaParams
             asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
             if (prev >= 0) {
                 asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+                __syncwarp(); /* the warp's earlier shared reads precede lane 0's release */
                 if (lane == 0) mbar_arrive(empty + prev);
             }
             prev = s;
@@ -952,6 +953,7 @@ __global__ __launch_bounds__(kWsThreads, 1) void wgmma_ws_kernel(const MmaParams
         else if (tile + 1 < t1)
             named_arrive(1, 256);
         asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+        __syncwarp();
         if (lane == 0) mbar_arrive(empty + prev);
 
         const int slot = (int)(tile % NS) * kBN;
