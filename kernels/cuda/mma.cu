@@ -809,7 +809,7 @@ template <int MODE>
 __device__ __forceinline__ void ws_load_chunk(float *stage, float *rn_ring, const MmaParams &p, int64_t tile, int kc,
                                               int tid, int slots)
 {
-    if (kc == 0) load_tile_terms<MODE>(rn_ring, p, tile, tid, slots);
+    if (MODE == 2 && kc == 0) load_tile_terms<MODE>(rn_ring, p, tile, tid, slots);
     const int jr = tid & 7, c4 = (tid >> 3) & 7, jg = tid >> 6;
     const int col = kc * 32 + 4 * c4;
     const int64_t j = tile * kBN + jg * 8 + jr;
@@ -956,8 +956,12 @@ __global__ __launch_bounds__(kWsThreads, 1) void wgmma_ws_kernel(const MmaParams
         __syncwarp();
         if (lane == 0) mbar_arrive(empty + prev);
 
+        /* modes 0 and 1 read the tile's norms from global memory (L1/L2: 512 bytes a
+         * tile, shared by the CTA's warps); mode 2's norms and thresholds come through
+         * the ring */
         const int slot = (int)(tile % NS) * kBN;
-        wg_epilogue<MODE>(p, acc, tile, rn_s + slot, rn_s + NS * kBN + slot, row_s, prow_s, wg, wi, g, t, q0);
+        wg_epilogue<MODE>(p, acc, tile, MODE == 2 ? rn_s + slot : p.rn + tile * kBN, rn_s + NS * kBN + slot, row_s,
+                          prow_s, wg, wi, g, t, q0);
 #pragma unroll
         for (int mb = 0; mb < 2; ++mb)
 #pragma unroll
