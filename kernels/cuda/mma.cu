@@ -780,9 +780,12 @@ __global__ __launch_bounds__(kThreads, 1) void wgmma_kernel(const MmaParams p)
  *             execute, and the tensor pipe sees the two in a fixed alternation.
  * A chunk is released as soon as the wgmma reading it complete (one wgmma group kept in
  * flight), so the producer refills while the later consumer still works on the tile.
- * The norms (and mode 2's thresholds) of a tile ride with its first chunk, in a ring of
- * S + 1 slots: the producer runs at most S chunks ahead of the slower consumer's
- * releases, so a slot is not refilled while a consumer's epilogue reads it. The chunks
+ * Modes 0 and 1 read a tile's norms from global memory in the epilogue (512 bytes a
+ * tile, L1/L2 hits). Mode 2's norms and thresholds ride with the tile's first chunk, in
+ * a ring of S + 1 slots: the producer runs at most S chunks ahead of the slower
+ * consumer's releases, so a slot is not refilled while a consumer's epilogue reads it
+ * (compute-sanitizer's racecheck still reports this ring's reuse; benchmarks/RESULTS.md).
+ * The ring's shared memory is also sized in modes 0 and 1, where it is unused. The chunks
  * land in the generic proxy; each consumer fences (fence.proxy.async) after its `full`
  * wait, before the wgmma that read them. Both operands are stored 128-byte swizzled
  * (gmma_desc_sw128; 3-4 % faster than the core-matrix layout of wgmma_kernel on the W1,
