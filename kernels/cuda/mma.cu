@@ -115,15 +115,15 @@ constexpr int kRnSlots = 4;
 /* Mode 2 also brings the tile's thresholds thr_x, into a second ring right after the
  * norms' (p.thr has round_up(n, kMmaBN) entries; those past n are masked later). */
 template <int MODE>
-__device__ __forceinline__ void load_tile_terms(float *rn_ring, const MmaParams &p, int64_t tile, int tid = (int)threadIdx.x,
-                                                int slots = kRnSlots)
+__device__ __forceinline__ void load_tile_terms(float *rn_ring, const MmaParams &p, int64_t tile)
 {
+    const int tid = (int)threadIdx.x;
     const int64_t ref0 = tile * kBN;
-    const int slot = (int)(tile % slots) * kBN;
+    const int slot = (int)(tile % kRnSlots) * kBN;
     if (tid < kBN / 4)
         cp_async16(rn_ring + slot + 4 * tid, p.rn + ref0 + 4 * tid, 16);
     else if (MODE == 2 && tid < kBN / 2)
-        cp_async16(rn_ring + slots * kBN + slot + 4 * (tid - kBN / 4), p.thr + ref0 + 4 * (tid - kBN / 4), 16);
+        cp_async16(rn_ring + kRnSlots * kBN + slot + 4 * (tid - kBN / 4), p.thr + ref0 + 4 * (tid - kBN / 4), 16);
 }
 
 template <int MODE, bool VEC>
@@ -780,12 +780,10 @@ __global__ __launch_bounds__(kThreads, 1) void wgmma_kernel(const MmaParams p)
  *             execute, and the tensor pipe sees the two in a fixed alternation.
  * A chunk is released as soon as the wgmma reading it complete (one wgmma group kept in
  * flight), so the producer refills while the later consumer still works on the tile.
- * Modes 0 and 1 read a tile's norms from global memory in the epilogue (512 bytes a
- * tile, L1/L2 hits). Mode 2's norms and thresholds ride with the tile's first chunk, in
- * a ring of S + 1 slots: the producer runs at most S chunks ahead of the slower
- * consumer's releases, so a slot is not refilled while a consumer's epilogue reads it
- * (compute-sanitizer's racecheck still reports this ring's reuse; benchmarks/RESULTS.md).
- * The ring's shared memory is also sized in modes 0 and 1, where it is unused. The chunks
+ * The epilogue reads a tile's norms (and mode 2's thresholds) from global memory: 512
+ * bytes a tile each, shared by the CTA's warps, L1/L2 hits, and read-only during a pass.
+ * (A shared ring refilled by the producer cost no less and needed a fence between the
+ * consumers' reads and the refill.) The chunks
  * land in the generic proxy; each consumer fences (fence.proxy.async) after its `full`
  * wait, before the wgmma that read them. Both operands are stored 128-byte swizzled
  * (gmma_desc_sw128; 3-4 % faster than the core-matrix layout of wgmma_kernel on the W1,
@@ -796,23 +794,19 @@ constexpr int kWsThreads = 384;
 constexpr int kWsMaxStages = 12;
 
 /* wgmma_ws_kernel's shared memory with S stages: queries, row constants (mode 2's p_i
- * too), S chunks, S + 1 norm-ring slots (mode 2: norms and thresholds), barriers, and
- * up to 1024 bytes to align the operands. */
-__host__ __device__ constexpr size_t ws_smem_bytes(int64_t dpad, int sym, int S)
+ * too), S chunks, barriers, and up to 1024 bytes to align the operands. */
+__host__ __device__ constexpr size_t ws_smem_bytes(int64_t dpad, int S)
 {
-    return sizeof(float) * (size_t)(kBM * dpad + 2 * kBM + (int64_t)S * kBN * 32 + (int64_t)(S + 1) * kBN * (sym ? 2 : 1)) +
-           2 * kWsMaxStages * sizeof(uint64_t) + 1024;
+    return sizeof(float) * (size_t)(kBM * dpad + 2 * kBM + (int64_t)S * kBN * 32) + 2 * kWsMaxStages * sizeof(uint64_t) +
+           1024;
 }
 
 /* The producer's copy of one 32-dimension chunk of tile `tile` (gload_stage's layout and
  * zero fill, 128 threads) in the 128-byte-swizzled layout: row j's 128 bytes at 128 j, its
  * 16-byte piece c at piece c ^ (j % 8). Thread tid owns piece (tid / 8) % 8 of rows
  * 8 (tid / 64) + tid % 8 + 16 i, i < 8, so its 8 sources are 16 rows apart. */
-template <int MODE>
-__device__ __forceinline__ void ws_load_chunk(float *stage, float *rn_ring, const MmaParams &p, int64_t tile, int kc,
-                                              int tid, int slots)
+__device__ __forceinline__ void ws_load_chunk(float *stage, const MmaParams &p, int64_t tile, int kc, int tid)
 {
-    if (MODE == 2 && kc == 0) load_tile_terms<MODE>(rn_ring, p, tile, tid, slots);
     const int jr = tid & 7, c4 = (tid >> 3) & 7, jg = tid >> 6;
     const int col = kc * 32 + 4 * c4;
     const int64_t j = tile * kBN + jg * 8 + jr;
@@ -835,14 +829,12 @@ __global__ __launch_bounds__(kWsThreads, 1) void wgmma_ws_kernel(const MmaParams
     constexpr int KB = 32;
     extern __shared__ __align__(16) float smem_raw[];
     const int dpad = (int)((p.d + kBK - 1) / kBK * kBK);
-    const int NS = S + 1; /* norm-ring slots */
     /* the swizzle pattern follows address bits, so both operands start 1024-aligned */
     float *Qs = reinterpret_cast<float *>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~(uintptr_t)1023);
     float *Rs = Qs + kBM * dpad;            /* S x kBN x KB: swizzled rows of 128 bytes */
     float *row_s = Rs + S * kBN * KB;       /* kBM */
     float *prow_s = row_s + kBM;            /* kBM (mode 2) */
-    float *rn_s = prow_s + kBM;             /* NS x kBN norms, then (mode 2) NS x kBN thresholds */
-    uint64_t *full = reinterpret_cast<uint64_t *>(rn_s + (MODE == 2 ? 2 : 1) * NS * kBN);
+    uint64_t *full = reinterpret_cast<uint64_t *>(prow_s + kBM);
     uint64_t *empty = full + kWsMaxStages;
 
     const int tid = (int)threadIdx.x, warp = tid >> 5;
@@ -870,7 +862,7 @@ __global__ __launch_bounds__(kWsThreads, 1) void wgmma_ws_kernel(const MmaParams
             const int s = (int)(it % S);
             const int64_t round = it / S;
             if (round > 0) mbar_wait(empty + s, (unsigned)((round - 1) & 1));
-            ws_load_chunk<MODE>(Rs + s * kBN * KB, rn_s, p, t0 + it / KC, (int)(it % KC), ptid, NS);
+            ws_load_chunk(Rs + s * kBN * KB, p, t0 + it / KC, (int)(it % KC), ptid);
             mbar_arrive_cp_async(full + s);
         }
         cp_async_wait<0>();
@@ -959,12 +951,8 @@ __global__ __launch_bounds__(kWsThreads, 1) void wgmma_ws_kernel(const MmaParams
         __syncwarp();
         if (lane == 0) mbar_arrive(empty + prev);
 
-        /* modes 0 and 1 read the tile's norms from global memory (L1/L2: 512 bytes a
-         * tile, shared by the CTA's warps); mode 2's norms and thresholds come through
-         * the ring */
-        const int slot = (int)(tile % NS) * kBN;
-        wg_epilogue<MODE>(p, acc, tile, MODE == 2 ? rn_s + slot : p.rn + tile * kBN, rn_s + NS * kBN + slot, row_s,
-                          prow_s, wg, wi, g, t, q0);
+        /* the tile's norms and (mode 2) thresholds from global memory (L1/L2) */
+        wg_epilogue<MODE>(p, acc, tile, p.rn + tile * kBN, p.thr + tile * kBN, row_s, prow_s, wg, wi, g, t, q0);
 #pragma unroll
         for (int mb = 0; mb < 2; ++mb)
 #pragma unroll
@@ -1067,11 +1055,11 @@ __global__ __launch_bounds__(kBlock) void mma_rescue_kernel(const MmaParams p, i
 
 /* Stages of wgmma_ws_kernel that fit in `optin` bytes of shared memory (at most
  * kWsMaxStages); 0 when fewer than 3 fit. */
-int ws_stages(int64_t d, int sym, size_t optin)
+int ws_stages(int64_t d, size_t optin)
 {
     const int64_t dpad = (d + kBK - 1) / kBK * kBK;
     int S = kWsMaxStages;
-    while (S >= 3 && ws_smem_bytes(dpad, sym, S) > optin) --S;
+    while (S >= 3 && ws_smem_bytes(dpad, S) > optin) --S;
     return S >= 3 ? S : 0;
 }
 
@@ -1117,9 +1105,9 @@ cudaError_t launch_one(const MmaParams &p, int sms, int wgmma, cudaStream_t st)
         e = cudaGetDevice(&dev);
         if (e == cudaSuccess) e = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
         if (e != cudaSuccess) return e;
-        const int S = ws_stages(p.d, MODE == 2, (size_t)optin);
+        const int S = ws_stages(p.d, (size_t)optin);
         if (S) {
-            const size_t wsm = ws_smem_bytes((p.d + kBK - 1) / kBK * kBK, MODE == 2, S);
+            const size_t wsm = ws_smem_bytes((p.d + kBK - 1) / kBK * kBK, S);
             e = cudaFuncSetAttribute(wgmma_ws_kernel<MODE>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)wsm);
             if (e != cudaSuccess) return e;
             wgmma_ws_kernel<MODE><<<dim3((unsigned)qt, (unsigned)Z), kWsThreads, wsm, st>>>(q, S);
