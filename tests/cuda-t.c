@@ -65,6 +65,9 @@ static const tcase cases[] = {
     {"dups exact compaction tf32", DATA_DUPLICATES, 20000, 20, 8, 16, 0, EU, TF, 0, 0, 2048, 0, 0, 0, 0, 0, 0, 0},
     {"int d=1 exact compaction", DATA_INTEGER, 30001, 10, 1, 1, 0, L2, FP, 0, 0, 2048, 0, 0, 0, 0, 0, 0, 0},
     {"int d=1 k=100", DATA_INTEGER, 30001, 10, 1, 100, 0, EU, TF, 0, 0, 1000, 0, 0, 0, 0, 0, 0, 0},
+    /* more than 4096 keys tie at the k-th distance: the final merge's fallback runs */
+    {"int d=1 k=3000 ties at the cut", DATA_INTEGER, 30001, 10, 1, 3000, 0, L2, FP, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"int d=2 k=2000 ties at the cut", DATA_INTEGER, 20011, 9, 2, 2000, 0, EU, TF, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
     {"clustered d=784", DATA_CLUSTERED, 3000, 40, 784, 100, 0, L2, FP, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
     {"clustered d=784 tf32", DATA_CLUSTERED, 3000, 40, 784, 16, 0, EU, TF, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
     {"d=960 k=1024", DATA_GAUSSIAN, 3000, 20, 960, 1024, 0, L2, TF, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1},

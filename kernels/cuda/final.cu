@@ -7,8 +7,10 @@
  *   sort     M <= 64:    the same warp, bitonic network in registers
  *            M <= 4096:  one block, bitonic network in shared memory
  *            otherwise:  one block, 4096-key runs sorted in shared memory, then
- *                        kk <= 4096: each run merged into the running first kk keys in
- *                        shared memory (block_merge_kernel, a launch of its own)
+ *                        kk <= 4096: the keys at or below the kk-th distance part
+ *                        (radix select) sorted at once when they fit in 4096, else
+ *                        each run merged into the running first kk keys in shared
+ *                        memory (block_merge_kernel, a launch of its own)
  *                        kk > 4096: merge passes in global memory (the region's second
  *                        half is the other buffer), every run cut to its first kk keys
  *   write    the first min(M, kk) as (ref_id_offset + id, distance), then id -1 / +inf
@@ -182,7 +184,10 @@ __device__ __forceinline__ int smem_rank(const unsigned long long *s, int n, uns
 
 /*
  * The queries with M > kBlockSortMax when kk <= kBlockSortMax (k up to 4096; M is then
- * about 2 kk): runs of kBlockSortMax keys are sorted in shared memory one after the
+ * about 1.3 to 2 kk). A radix select of the kk-th smallest distance part first keeps
+ * only the keys at or below it; when those fit in kBlockSortMax (they are kk plus the
+ * ties at the cut), one sort in shared memory finishes the query. Otherwise runs of
+ * kBlockSortMax keys are sorted in shared memory one after the
  * other and each is merged into the running first kk keys, also in shared memory (rank
  * of every key in the other list by binary search; keys are unique). The global-memory
  * merge passes of block_sort_kernel did the same with every probe a round trip to
@@ -200,6 +205,39 @@ __global__ __launch_bounds__(kMergeThreads) void block_merge_kernel(const FinalP
     const int kk = (int)p.kk;
     if (M <= kBlockSortMax || kk > kBlockSortMax || !p.smem_merge) return;
     const unsigned long long *keys = region_keys(p, qi);
+    /* T = the kk-th smallest distance part (a key's high word): at least kk keys are at
+     * or below it, so a key whose distance part exceeds T is beaten by kk others and is
+     * not in the top kk. The rest go to shared memory and, when they fit (unless many
+     * keys tie at T, they are about kk), one sort finishes the query. */
+    __shared__ BlockRadixSelect<unsigned>::TempStorage rs;
+    __shared__ int nsel;
+    const unsigned *hi = reinterpret_cast<const unsigned *>(keys) + 1; /* little-endian high words */
+    const unsigned T = BlockRadixSelect<unsigned>::select(
+        rs,
+        [&](auto f) {
+            for (int64_t i = tid; i < M; i += kMergeThreads) f(hi[2 * i]);
+        },
+        kk);
+    if (tid == 0) nsel = 0;
+    __syncthreads();
+    for (int64_t i = tid; i < M; i += kMergeThreads) {
+        if (hi[2 * i] > T) continue;
+        const int pos = atomicAdd(&nsel, 1);
+        if (pos < kBlockSortMax) smk[pos] = keys[i];
+    }
+    __syncthreads();
+    const int ns = nsel;
+    if (ns <= kBlockSortMax) {
+        int P = kWarpSortMax;
+        while (P < ns) P <<= 1;
+        for (int i = ns + tid; i < P; i += kMergeThreads) smk[i] = ~0ull;
+        __syncthreads();
+        block_bitonic_sort<kMergeThreads>(smk, P);
+        for (int j = tid; j < kk; j += kMergeThreads) write_result(p, qi, j, smk[j]);
+        for (int64_t j = kk + tid; j < p.k; j += kMergeThreads) write_pad(p, qi, j);
+        return;
+    }
+    /* many keys tie at T: sorted runs merged into the running first kk keys */
     unsigned long long *run = smk, *acc = smk + kBlockSortMax, *out = smk + 2 * kBlockSortMax;
     int la = 0;
     for (int64_t r0 = 0; r0 < M; r0 += kBlockSortMax) {
