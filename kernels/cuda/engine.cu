@@ -1336,11 +1336,16 @@ xknn_status host_imma(const xknn__job *job, xknn_cuda_context *ctx, size_t budge
     HostBuffers hb;
     xknn_status st = XKNN_SUCCESS;
     int64_t QS, nA, ga, cap;
-    size_t o = 0, off_stats, off_R, off_rsum, off_rsq, off_raw, off_Q, off_qsum, off_qsq, off_gmin, off_th, off_cnt,
-           off_tau, off_mcount, off_cand, off_ids, off_dist;
+    size_t o = 0, off_stats, off_R, off_rsum, off_rsq, off_ncol, off_raw, off_Q, off_qsum, off_qsq, off_gmin, off_th,
+           off_cnt, off_tau, off_mcount, off_cand, off_ids, off_dist;
     char *b;
     unsigned long long stats[kStatCount];
     cudaEvent_t ev[3] = {NULL, NULL, NULL};
+    /* Hopper: the warp-specialized wgmma kernel for u8/i8 (XKNN_CUDA_MMA_SYNC=1, a
+     * diagnostic, keeps the mma.sync one, which every GPU of compute capability >= 8.0 runs) */
+    const char *ms = getenv("XKNN_CUDA_MMA_SYNC");
+    const int imma_wgmma = !bin && ctx->cc_major == 9 && ctx->cc_minor == 0 && mma_wgmma_built() &&
+                           !(ms && *ms && *ms != '0');
     *done = 0;
     hb.pool = ctx->pool;
     hb.s = sc;
@@ -1364,6 +1369,7 @@ xknn_status host_imma(const xknn__job *job, xknn_cuda_context *ctx, size_t budge
         off_R = take((size_t)n * dp);
         off_rsum = take((size_t)n * sizeof(int));
         off_rsq = take((size_t)n * sizeof(int));
+        off_ncol = take(imma_wgmma ? imma_ncol_entries(n) * sizeof(int) : 0);
         off_raw = take((size_t)max64(self_res ? n : max64(n, QS), 1) * raw_row);
         off_Q = take(self_res ? 0 : (size_t)QS * dp);
         off_qsum = take(self_res ? 0 : (size_t)QS * sizeof(int));
@@ -1446,6 +1452,8 @@ xknn_status host_imma(const xknn__job *job, xknn_cuda_context *ctx, size_t budge
         ip.shift = shift > 0;
         ip.bin = bin;
         ip.euclid = prm->metric == XKNN_METRIC_EUCLIDEAN;
+        ip.wgmma_optin = imma_wgmma ? (int)ctx->smem_optin : 0;
+        ip.ncol = imma_wgmma ? (int *)(b + off_ncol) : NULL;
         XKNN__CUDA_CHECK(launch_init_state((float *)(b + off_tau), ip.cnt, (int)qs, 1, sc));
         XKNN__CUDA_CHECK(launch_imma(ip, (int)kk, ctx->sms, sc));
         fp.tau = (const float *)(b + off_tau);

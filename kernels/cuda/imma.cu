@@ -316,6 +316,363 @@ __global__ __launch_bounds__(kThreads, 2) void imma_kernel(const ImmaParams p)
     cp_async_wait<0>();
 }
 
+/* ---- Hopper: warp-specialized wgmma (sm_90a code, compute capability 9.0) ------------
+ * The same passes as imma_kernel (same witnesses, thresholds and candidates: only the
+ * schedule differs), as mma.cu's wgmma_ws_kernel runs the TF32 ones. 384 threads:
+ *   producer  (warpgroup 0, 56 registers) streams 128-byte chunks of 128 reference rows
+ *             (16 KB) by cp.async into an S-deep ring, 128-byte swizzled; each stage has
+ *             a `full` mbarrier (its 128 threads' copies) and an `empty` one (the 8
+ *             consumer warps);
+ *   consumers (warpgroups 1 and 2, 224 registers): 128 resident queries each (kWsBM =
+ *             256, swizzled like the chunks), wgmma m64n128k32 s8 with int32 accumulators
+ *             (exact), taking turns on the tensor cores (named barriers 1 and 2) so that
+ *             one's epilogue runs while the other's wgmma execute.
+ * A reference tile is kWsBN = 128 columns; witness groups stay kImmaGroup = 32 columns
+ * (4 per tile). Launch: grid (query tiles of 256, reference slices), 384 threads, S
+ * stages from the shared memory left after the queries (12 at d <= 128). */
+constexpr int kWsBM = 256, kWsBN = 128, kWsThreads = 384, kWsMaxStages = 12, kWsChunk = 128;
+/* Pass B's candidates are staged in shared memory, kWarpStage (reference id, query row)
+ * per consumer warp, and the warp moves them to the global buffers (one atomic each, all
+ * in flight) once half full and at the end: a global atomic per candidate in the
+ * epilogue stalled the warpgroup for its round trip (a fifth of the consumers' time at
+ * u8 W1). Each warp touches only its own stage, ordered by __syncwarp. */
+constexpr int kWarpStage = 256, kWsStageWarps = 8;
+static_assert(kWsBN % kGroup == 0, "witness groups inside a tile");
+
+__host__ __device__ constexpr size_t ws_smem_bytes(int64_t dp, int S)
+{
+    return (size_t)(kWsBM * dp + (int64_t)S * kWsBN * kWsChunk) + sizeof(long long) * kWsBM +
+           2 * kWsMaxStages * sizeof(uint64_t) + (size_t)kWsStageWarps * (16 + kWarpStage * (sizeof(int) + 1)) + 1024;
+}
+
+#ifdef XKNN__HAVE_WGMMA
+/* d[64] = A (64 x 32 bytes, descriptor) * B (32 x 128 bytes, descriptor) + (acc ? d : 0):
+ * s8 in, exact s32 */
+__device__ __forceinline__ void wgmma_m64n128k32_s8(int (&d)[64], uint64_t da, uint64_t db, int acc)
+{
+    asm volatile("{\n"
+                 ".reg .pred sd;\n"
+                 "setp.ne.b32 sd, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8 "
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "
+                 "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, "
+                 "%38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, "
+                 "%56, %57, %58, %59, %60, %61, %62, %63}, "
+                 "%64, %65, sd;\n"
+                 "}\n"
+                 : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]),
+                 "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15]),
+                 "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]), "+r"(d[21]), "+r"(d[22]), "+r"(d[23]),
+                 "+r"(d[24]), "+r"(d[25]), "+r"(d[26]), "+r"(d[27]), "+r"(d[28]), "+r"(d[29]), "+r"(d[30]), "+r"(d[31]),
+                 "+r"(d[32]), "+r"(d[33]), "+r"(d[34]), "+r"(d[35]), "+r"(d[36]), "+r"(d[37]), "+r"(d[38]), "+r"(d[39]),
+                 "+r"(d[40]), "+r"(d[41]), "+r"(d[42]), "+r"(d[43]), "+r"(d[44]), "+r"(d[45]), "+r"(d[46]), "+r"(d[47]),
+                 "+r"(d[48]), "+r"(d[49]), "+r"(d[50]), "+r"(d[51]), "+r"(d[52]), "+r"(d[53]), "+r"(d[54]), "+r"(d[55]),
+                 "+r"(d[56]), "+r"(d[57]), "+r"(d[58]), "+r"(d[59]), "+r"(d[60]), "+r"(d[61]), "+r"(d[62]), "+r"(d[63])
+                 : "l"(da), "l"(db), "r"(acc)
+                 : "memory");
+}
+
+/* The producer's copy of chunk kc (bytes [128 kc, 128 kc + 128) of each row) of reference
+ * tile `tile`: row j's 128 bytes at 128 j, its 16-byte piece c at piece c ^ (j % 8); rows
+ * >= n zero-filled. Thread tid (< 128) copies piece (tid / 8) % 8 of rows
+ * 8 (tid / 64) + tid % 8 + 16 i, i < 8. */
+__device__ __forceinline__ void ws_load_chunk(unsigned char *stage, const ImmaParams &p, int64_t tile, int kc, int tid)
+{
+    const int jr = tid & 7, c4 = (tid >> 3) & 7, jg = tid >> 6;
+    const int64_t j = tile * kWsBN + jg * 8 + jr;
+    const signed char *src = p.R + j * p.dp + kc * kWsChunk + 16 * c4;
+    const int64_t step = 16 * p.dp;
+    unsigned char *dst = stage + (jg * 8 + jr) * kWsChunk + ((c4 ^ jr) << 4);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        const bool ok = j + 16 * i < p.n;
+        cp_async16(dst + 16 * kWsChunk * i, ok ? (const void *)src : (const void *)p.R, ok ? 16 : 0);
+        src += step;
+    }
+}
+
+/* Candidates of query row r (bit 2 nb + c of mask: column j0 + 8 nb + c) into the
+ * warp's stage; what does not fit goes straight to the global buffers (append). */
+__device__ __forceinline__ void stage_cands(const ImmaParams &p, int *wcount, int *sj, unsigned char *sq, int q0,
+                                            int r, int64_t j0, unsigned mask)
+{
+    int pos = atomicAdd(wcount, __popc(mask));
+    for (; mask; mask &= mask - 1, ++pos) {
+        const int bit = __ffs(mask) - 1;
+        if (pos < kWarpStage) {
+            sj[pos] = (int)(j0 + (bit >> 1) * 8 + (bit & 1));
+            sq[pos] = (unsigned char)r;
+        } else {
+            append(p, q0 + r, j0, 1u << bit);
+        }
+    }
+}
+
+/* The warp's staged candidates to the global buffers; the stage is empty after. Called
+ * by all 32 lanes. */
+__device__ __forceinline__ void flush_stage(const ImmaParams &p, int *wcount, const int *sj, const unsigned char *sq,
+                                            int q0, int lane)
+{
+    __syncwarp();
+    const int ns = *wcount < kWarpStage ? *wcount : kWarpStage;
+    for (int i = lane; i < ns; i += 32) {
+        const int q = q0 + sq[i];
+        const int64_t j = sj[i];
+        if (j >= p.n || (p.exclude && j == p.self_local0 + q)) continue;
+        const int pos = atomicAdd(p.cnt + q, 1);
+        if (pos < p.cap) {
+            Cand e;
+            e.lo = -INFINITY;
+            e.up = INFINITY;
+            e.c = XKNN_CUDA_UNRESOLVED;
+            e.idx = (int)j;
+            p.cand[(int64_t)q * p.cap + pos] = e;
+        }
+    }
+    __syncwarp();
+    if (lane == 0) *wcount = 0;
+    __syncwarp();
+}
+#endif
+
+template <int MODE>
+__global__ __launch_bounds__(kWsThreads, 1) void imma_ws_kernel(const ImmaParams p, int S)
+{
+#ifdef XKNN__HAVE_WGMMA
+    extern __shared__ __align__(16) unsigned char ws_raw[];
+    /* the swizzle follows address bits: operands start 1024-aligned */
+    unsigned char *Qs =
+        reinterpret_cast<unsigned char *>((reinterpret_cast<uintptr_t>(ws_raw) + 1023) & ~(uintptr_t)1023);
+    unsigned char *Rs = Qs + kWsBM * p.dp; /* S x kWsBN x kWsChunk */
+    long long *row_s = reinterpret_cast<long long *>(Rs + (int64_t)S * kWsBN * kWsChunk);
+    uint64_t *full = reinterpret_cast<uint64_t *>(row_s + kWsBM);
+    uint64_t *empty = full + kWsMaxStages;
+    /* mode 1: consumer warp w's stage: count (16 bytes), kWarpStage ids, kWarpStage rows */
+    char *stage_base = reinterpret_cast<char *>(empty + kWsMaxStages);
+
+    const int tid = (int)threadIdx.x, warp = tid >> 5;
+    const int role = warp >> 2; /* 0 producer, 1 and 2 consumers */
+    const int q0 = (int)blockIdx.x * kWsBM;
+    const int64_t RT = (p.n + kWsBN - 1) / kWsBN;
+    const int64_t t0 = (int64_t)blockIdx.y * p.tiles_per_cta;
+    const int64_t t1 = t0 + p.tiles_per_cta < RT ? t0 + p.tiles_per_cta : RT;
+    if (t0 >= t1) return;
+    const int KC = (int)(p.dp / kWsChunk);
+    const int64_t total = (t1 - t0) * KC;
+
+    if (tid == 0) {
+        for (int s = 0; s < S; ++s) {
+            mbar_init(full + s, 128); /* the producer's threads, one cp.async arrival each */
+            mbar_init(empty + s, 8);  /* the consumer warps */
+        }
+        for (int w = 0; w < kWsStageWarps; ++w)
+            *reinterpret_cast<int *>(stage_base + (size_t)w * (16 + kWarpStage * (sizeof(int) + 1))) = 0;
+    }
+    __syncthreads();
+
+    if (role == 0) {
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 56;\n" ::: "memory");
+#pragma unroll 1
+        for (int64_t it = 0; it < total; ++it) {
+            const int s = (int)(it % S);
+            const int round = (int)(it / S);
+            if (round > 0) mbar_wait(empty + s, (unsigned)((round - 1) & 1));
+            ws_load_chunk(Rs + s * kWsBN * kWsChunk, p, t0 + it / KC, (int)(it % KC), tid);
+            mbar_arrive_cp_async(full + s);
+        }
+        cp_async_wait<0>();
+        return;
+    }
+
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 224;\n" ::: "memory");
+    const int ctid = tid - 128; /* 0..255 */
+    const int lane = tid & 31, g = lane >> 2, t = lane & 3;
+    const int wg = role - 1, wi = warp & 3;
+    char *my_stage = stage_base + (size_t)(warp - 4) * (16 + kWarpStage * (sizeof(int) + 1));
+    int *wcount = reinterpret_cast<int *>(my_stage);
+    int *sj = reinterpret_cast<int *>(my_stage + 16);
+    unsigned char *sq = reinterpret_cast<unsigned char *>(sj + kWarpStage);
+    /* queries: chunk kc of row r at (kc kWsBM + r) 128 bytes, piece c at c ^ (r % 8);
+     * rows past qs are zero */
+    {
+        const int pieces = (int)(p.dp / 16);
+        for (int idx = ctid; idx < kWsBM * pieces; idx += 256) {
+            const int r = idx / pieces, c = idx - r * pieces;
+            const int q = q0 + r;
+            uint4 v = make_uint4(0, 0, 0, 0);
+            if (q < p.qs) v = __ldg(reinterpret_cast<const uint4 *>(p.Q + (int64_t)q * p.dp + 16 * c));
+            *reinterpret_cast<uint4 *>(Qs + ((c >> 3) * kWsBM + r) * kWsChunk + (((c & 7) ^ (r & 7)) << 4)) = v;
+        }
+    }
+    for (int r = ctid; r < kWsBM; r += 256) {
+        const int q = q0 + r;
+        long long v = 0;
+        if (MODE == 0) {
+            v = q < p.qs ? row_term(p, q) : 0ll;
+        } else {
+            /* R as stage_row_consts; the epilogue tests acc + ncol_j >= Rh: l2 and
+             * euclidean Rh = floor(R / 2) = ceil((R - 1) / 2), ip Rh = R; INT_MAX never */
+            v = q < p.qs && p.th[q] != LLONG_MAX ? row_term(p, q) - p.th[q]
+                                                 : (q < p.qs ? (long long)INT_MIN : 1ll << 31);
+            v = v < (long long)INT_MIN ? (long long)INT_MIN : v;
+            v = v > (long long)INT_MAX ? (long long)INT_MAX : p.ip ? v : v >> 1;
+        }
+        row_s[r] = v;
+    }
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); /* the queries, for the async proxy */
+    named_sync(3, 256); /* the queries and row constants are in place */
+
+    int acc[2][64];
+#pragma unroll
+    for (int mb = 0; mb < 2; ++mb)
+#pragma unroll
+        for (int e = 0; e < 64; ++e) acc[mb][e] = 0;
+    const unsigned char *Am[2] = {Qs + (wg * 128) * kWsChunk, Qs + (wg * 128 + 64) * kWsChunk};
+    int64_t it = 0;
+#pragma unroll 1
+    for (int64_t tile = t0; tile < t1; ++tile) {
+        /* the tile's column terms load while this consumer waits for its turn and data */
+        const int64_t ref0 = tile * kWsBN;
+        int nc[16][2];
+#pragma unroll
+        for (int nb = 0; nb < 16; ++nb) {
+            const int2 v = __ldg(reinterpret_cast<const int2 *>(p.ncol + ref0 + nb * 8 + 2 * t));
+            nc[nb][0] = v.x;
+            nc[nb][1] = v.y;
+        }
+        __syncwarp(); /* bar.sync counts whole warps: converge after the epilogue's branches */
+        if (wg == 1 || tile != t0) named_sync(wg == 0 ? 1 : 2, 256); /* this consumer's turn */
+        int prev = -1;
+#pragma unroll 1
+        for (int kc = 0; kc < KC; ++kc, ++it) {
+            const int s = (int)(it % S);
+            mbar_wait(full + s, (unsigned)((it / S) & 1));
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+            const unsigned char *Bst = Rs + s * kWsBN * kWsChunk; /* (it < 2^31: int64 division, 32-bit path) */
+            asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+            for (int k4 = 0; k4 < kWsChunk / 32; ++k4) {
+                /* k-step k4 is 32 bytes into each swizzled row */
+                const uint64_t db = gmma_desc_sw128(Bst + 32 * k4);
+#pragma unroll
+                for (int mb = 0; mb < 2; ++mb)
+                    wgmma_m64n128k32_s8(acc[mb], gmma_desc_sw128(Am[mb] + kc * kWsBM * kWsChunk + 32 * k4), db,
+                                        kc | k4); /* a tile's first k-step overwrites */
+            }
+            asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+            if (prev >= 0) {
+                asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+                __syncwarp(); /* the warp's earlier shared reads precede lane 0's release */
+                if (lane == 0) mbar_arrive(empty + prev);
+            }
+            prev = s;
+        }
+        /* the other consumer's turn: consumer 1 does not signal after the last tile */
+        if (wg == 0)
+            named_arrive(2, 256);
+        else if (tile + 1 < t1)
+            named_arrive(1, 256);
+        asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+        __syncwarp();
+        if (lane == 0) mbar_arrive(empty + prev);
+
+        /* ---- epilogue: element 4 nb + 2 hh + c of acc[mb] is row wg 128 + mb 64 + wi 16 +
+         * g + 8 hh, column nb 8 + 2 t + c of the tile. acc + ncol_j is x / a (ip: exact;
+         * l2, euclidean: x / 2 rounded down), one add-max per pair (sm_90's fused
+         * VIADDMNMX), so every test below is conservative: a pass A witness is never
+         * below its group's smallest o, a pass B candidate set holds every o <= th. ---- */
+        if (MODE == 0) {
+            const int64_t s0 = p.self_local0 + q0;
+            const bool diag = p.exclude && ref0 < s0 + kWsBM && s0 < ref0 + kWsBN;
+            const bool edge = ref0 + kWsBN > p.n; /* pass A: columns past nA are real references */
+#pragma unroll
+            for (int mb = 0; mb < 2; ++mb)
+#pragma unroll
+                for (int hh = 0; hh < 2; ++hh) {
+                    const int r = wg * 128 + mb * 64 + wi * 16 + g + 8 * hh;
+                    const int q = q0 + r;
+                    int mx[4] = {INT_MIN, INT_MIN, INT_MIN, INT_MIN}; /* per group of 32 columns */
+                    if (diag || edge) {
+#pragma unroll
+                        for (int nb = 0; nb < 16; ++nb)
+#pragma unroll
+                            for (int c = 0; c < 2; ++c) {
+                                const int64_t j = ref0 + nb * 8 + 2 * t + c;
+                                if (j < p.n && !(diag && j == p.self_local0 + q))
+                                    mx[nb >> 2] = max(acc[mb][4 * nb + 2 * hh + c] + nc[nb][c], mx[nb >> 2]);
+                            }
+                    } else {
+#pragma unroll
+                        for (int nb = 0; nb < 16; ++nb)
+#pragma unroll
+                            for (int c = 0; c < 2; ++c)
+                                mx[nb >> 2] = max(acc[mb][4 * nb + 2 * hh + c] + nc[nb][c], mx[nb >> 2]);
+                    }
+#pragma unroll
+                    for (int gi = 0; gi < 4; ++gi) {
+                        mx[gi] = max(mx[gi], __shfl_xor_sync(0xffffffffu, mx[gi], 1));
+                        mx[gi] = max(mx[gi], __shfl_xor_sync(0xffffffffu, mx[gi], 2));
+                    }
+                    /* lane t of the quad writes group t */
+                    const int m = t == 0 ? mx[0] : t == 1 ? mx[1] : t == 2 ? mx[2] : mx[3];
+                    const int64_t grp = ref0 / kGroup + t;
+                    if (q < p.qs && grp < p.ga)
+                        p.gmin[(int64_t)q * p.ga + grp] =
+                            m == INT_MIN ? LLONG_MAX : row_s[r] - (long long)(p.ip ? 1 : 2) * (long long)m;
+                }
+        } else {
+#pragma unroll
+            for (int mb = 0; mb < 2; ++mb)
+#pragma unroll
+                for (int hh = 0; hh < 2; ++hh) {
+                    const int r = wg * 128 + mb * 64 + wi * 16 + g + 8 * hh;
+                    const int Rh = (int)row_s[r];
+                    int m0 = INT_MIN, m1 = INT_MIN; /* two chains */
+#pragma unroll
+                    for (int nb = 0; nb < 16; nb += 2)
+#pragma unroll
+                        for (int c = 0; c < 2; ++c) {
+                            m0 = max(acc[mb][4 * nb + 2 * hh + c] + nc[nb][c], m0);
+                            m1 = max(acc[mb][4 * nb + 4 + 2 * hh + c] + nc[nb + 1][c], m1);
+                        }
+                    if (max(m0, m1) < Rh) continue;
+                    unsigned mask = 0; /* bit 2 nb + c */
+#pragma unroll
+                    for (int nb = 0; nb < 16; ++nb)
+#pragma unroll
+                        for (int c = 0; c < 2; ++c)
+                            mask |= (unsigned)(acc[mb][4 * nb + 2 * hh + c] + nc[nb][c] >= Rh) << (2 * nb + c);
+                    stage_cands(p, wcount, sj, sq, q0, r, ref0 + 2 * t, mask);
+                }
+            __syncwarp();
+            if (*wcount >= kWarpStage / 2) flush_stage(p, wcount, sj, sq, q0, lane);
+        }
+    }
+    if (MODE == 1) flush_stage(p, wcount, sj, sq, q0, lane);
+#else
+    (void)p;
+    (void)S;
+    __trap(); /* never launched: the host takes this kernel only for sm_90a code */
+#endif
+}
+
+/* ncol_j of imma_ws_kernel's epilogue for j < cols (a multiple of kWsBN): l2 and
+ * euclidean -ceil(n_x / 2), ip -C_j (u8: 128 s_x, i8: 0); -INT_MAX past n. */
+__global__ __launch_bounds__(kBlock) void imma_cols_kernel(const ImmaParams p, int64_t cols)
+{
+    for (int64_t j = (int64_t)blockIdx.x * kBlock + threadIdx.x; j < cols; j += (int64_t)gridDim.x * kBlock)
+        p.ncol[j] = j >= p.n ? -INT_MAX : !p.ip ? -((p.rsq[j] + 1) >> 1) : p.shift ? 128 * p.rsum[j] : 0;
+}
+
+/* Stages of imma_ws_kernel that fit in `optin` bytes (at most kWsMaxStages); 0 when
+ * fewer than 3 fit (imma_kernel then). */
+int ws_stages(int64_t dp, size_t optin)
+{
+    int S = kWsMaxStages;
+    while (S >= 3 && ws_smem_bytes(dp, S) > optin) --S;
+    return S >= 3 ? S : 0;
+}
+
 /* Rows of any u8/i8 layout -> signed rows of dp bytes (u8: v ^ 0x80 = v - 128), zero
  * padding; per row the sum and the sum of squares. One warp per row. */
 __global__ __launch_bounds__(kBlock) void imma_prep_kernel(const unsigned char *X, int64_t ld, int64_t rows, int64_t d,
@@ -482,6 +839,23 @@ __global__ __launch_bounds__(kBlock) void imma_finish_kernel(const ImmaParams p,
 template <int MODE, bool BIN>
 cudaError_t launch_pass(const ImmaParams &p, int sms, cudaStream_t st)
 {
+    if (!BIN && p.wgmma_optin > 0) {
+        const int S = ws_stages(p.dp, (size_t)p.wgmma_optin);
+        if (S) {
+            const size_t wsm = ws_smem_bytes(p.dp, S);
+            cudaError_t e =
+                cudaFuncSetAttribute(imma_ws_kernel<MODE>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)wsm);
+            if (e != cudaSuccess) return e;
+            const int64_t qt = (p.qs + kWsBM - 1) / kWsBM;
+            const int64_t RT = (p.n + kWsBN - 1) / kWsBN;
+            int64_t Z = choose_slices(qt, RT, sms);
+            ImmaParams q = p;
+            q.tiles_per_cta = (int)((RT + Z - 1) / Z);
+            Z = (RT + q.tiles_per_cta - 1) / q.tiles_per_cta;
+            imma_ws_kernel<MODE><<<dim3((unsigned)qt, (unsigned)Z), kWsThreads, wsm, st>>>(q, S);
+            return cudaGetLastError();
+        }
+    }
     const size_t smem = imma_smem_bytes(p.dp);
     cudaError_t e =
         cudaFuncSetAttribute(imma_kernel<MODE, BIN>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
@@ -497,6 +871,8 @@ cudaError_t launch_pass(const ImmaParams &p, int sms, cudaStream_t st)
 }
 
 } // namespace
+
+size_t imma_ncol_entries(int64_t n) { return (size_t)((n + kWsBN - 1) / kWsBN * kWsBN); }
 
 size_t imma_smem_bytes(int64_t dp)
 {
@@ -523,11 +899,22 @@ cudaError_t launch_imma(const ImmaParams &p, int kk, int sms, cudaStream_t st)
     if (p.n <= 0 || p.qs <= 0) return cudaSuccess;
     ImmaParams a = p;
     a.n = p.nA;
+    if (!p.bin && p.wgmma_optin > 0 && p.ncol) {
+        const int64_t cols = (p.n + kWsBN - 1) / kWsBN * kWsBN;
+        const int64_t blocks = (cols + kBlock - 1) / kBlock;
+        imma_cols_kernel<<<(unsigned)(blocks < 16 * sms ? blocks : 16 * sms), kBlock, 0, st>>>(p, cols);
+        cudaError_t e0 = cudaGetLastError();
+        if (e0 != cudaSuccess) return e0;
+    } else {
+        a.wgmma_optin = 0; /* imma_kernel */
+    }
     cudaError_t e = p.bin ? launch_pass<0, true>(a, sms, st) : launch_pass<0, false>(a, sms, st);
     if (e != cudaSuccess) return e;
     imma_select_kernel<<<p.qs < 8 * sms ? p.qs : 8 * sms, kBlock, 0, st>>>(p, kk);
     if ((e = cudaGetLastError()) != cudaSuccess) return e;
-    if ((e = p.bin ? launch_pass<1, true>(p, sms, st) : launch_pass<1, false>(p, sms, st)) != cudaSuccess) return e;
+    ImmaParams b = p;
+    b.wgmma_optin = a.wgmma_optin;
+    if ((e = p.bin ? launch_pass<1, true>(b, sms, st) : launch_pass<1, false>(b, sms, st)) != cudaSuccess) return e;
     imma_finish_kernel<<<p.qs < 4 * sms ? p.qs : 4 * sms, kBlock, 0, st>>>(p, kk);
     return cudaGetLastError();
 }

@@ -212,8 +212,13 @@ struct ImmaParams {
     int ip, shift, euclid; /* ip: order by -q.x; shift: u8 data (v - 128); euclidean     */
     int bin;               /* bit-packed rows (hamming): b1 AND-popcount tensor cores     */
     int tiles_per_cta;     /* set by the launcher                                        */
+    int wgmma_optin;       /* > 0: sm_90a code on a cc 9.0 device with this many bytes of
+                              opt-in shared memory: the warp-specialized wgmma kernel for
+                              u8/i8 rows where its queries fit (imma.cu)                  */
+    int *ncol;             /* that kernel's column terms, imma_ncol_entries(n) ints       */
 };
 size_t imma_smem_bytes(int64_t dp);
+size_t imma_ncol_entries(int64_t n);
 /* shift: 1 u8, 0 i8 (ld, d in bytes); -1 bit-packed (ld in 64-bit words, d in bits) */
 cudaError_t launch_imma_prep(const void *X, int64_t ld, int64_t rows, int64_t d, int64_t dp, int shift,
                              signed char *out, int *sum, int *sq, cudaStream_t st);
