@@ -454,14 +454,30 @@ int plan_fused(const xknn_cuda_context *ctx, const xknn_params *prm, int64_t n, 
 }
 
 /* ---- tensor-core plan ----------------------------------------------------------------
- * Witness prefix nA = f n with f = sqrt(kMmaWitnessC kk / n): pass A costs f of the GEMM,
- * and about kk / f references per query then pass the threshold, each re-ranked by
- * gathering its row (d floats); the constant balances the two on an H100 (TF32 rate over
- * memory bandwidth). At least kMmaWitnessRatio kk witness groups, at least kMmaMinPrefix
- * references.
+ * Witness prefix nA = f n with f = sqrt(C kk / n): pass A costs f of the GEMM, and about
+ * kk / f references per query then pass the threshold, each re-ranked by gathering its
+ * row (d floats); C balances the two. Measured on an H100 (1M x 10k, d = 128; benchmarks/
+ * RESULTS.md): for kk <= 128 the threshold of few witness groups is loose (tens of
+ * candidates per neighbour), so a longer prefix pays (C = 1600: W1 16.5 -> 15.2 ms, W2
+ * 22.9 -> 21.3); for k = 1024 C = 200 was best (600: +0.7 ms, 1600: +1.7). The int8 path
+ * (host_imma) keeps 200: its pass A is cheaper but its candidates are too. At least
+ * kMmaWitnessRatio kk witness groups, at least kMmaMinPrefix references.
  * cap: twice the expected candidates (times 3 for the bound's band) plus slack; a query
  * that overflows it is re-run exactly (counted in XKNN_CUDA_STAT_RERUNS). */
-static const double kMmaWitnessC = 200.0;
+static const double kMmaWitnessC = 200.0, kMmaWitnessSmallC = 1600.0, kImmaWitnessC = 200.0;
+static const int64_t kMmaWitnessSmallK = 128;
+
+/* C for kk neighbours (def: the int8 path's fixed constant, else 0), or
+ * XKNN_CUDA_WITNESS_C when set to a positive number (a diagnostic for tuning the balance;
+ * any value gives the same results, only the work moves) */
+double witness_c(int64_t kk, double def)
+{
+    const char *e = getenv("XKNN_CUDA_WITNESS_C");
+    const double v = e && *e ? atof(e) : 0.0;
+    if (v > 0.0) return v;
+    if (def > 0.0) return def;
+    return kk <= kMmaWitnessSmallK ? kMmaWitnessSmallC : kMmaWitnessC;
+}
 static const int64_t kMmaMinPrefix = 8192;
 
 /* The epilogue constants (mma.cu's header) from mrel, mabs of the TF32 derivation, which
@@ -528,7 +544,7 @@ int plan_mma(const xknn_cuda_context *ctx, const xknn_params *prm, int64_t n, in
     p.d = d;
     if (!(p.mabs < INFINITY)) return 0;
     mma_bounds(p);
-    const double f = sqrt(kMmaWitnessC * (double)p.kk / (double)n);
+    const double f = sqrt(witness_c(p.kk, 0.0) * (double)p.kk / (double)n);
     int64_t nA = (int64_t)ceil(f * (double)n);
     nA = max64(nA, max64(kMmaWitnessRatio * kMmaGroup * p.kk, kMmaMinPrefix));
     nA = round_up(nA, kMmaBN);
@@ -1350,7 +1366,7 @@ xknn_status host_imma(const xknn__job *job, xknn_cuda_context *ctx, size_t budge
     hb.pool = ctx->pool;
     hb.s = sc;
     {
-        const double f = sqrt(200.0 * (double)kk / (double)n);
+        const double f = sqrt(witness_c(kk, kImmaWitnessC) * (double)kk / (double)n);
         nA = max64((int64_t)ceil(f * (double)n), max64(kMmaWitnessRatio * kMmaGroup * kk, 8192));
         nA = min64(round_up(nA, kMmaBN), n);
         ga = ceil_div(nA, kImmaGroup);
