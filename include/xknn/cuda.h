@@ -84,12 +84,16 @@ struct CUstream_st; /* = cudaStream_t's pointee; NULL means the legacy default s
                                   other GPUs on mma.sync; the environment variable
                                   XKNN_CUDA_MMA_SYNC=1 forces mma.sync, and
                                   XKNN_CUDA_WGMMA_KB32=1 the wgmma kernel's 32-dimension
-                                  stages everywhere (diagnostics).                          */
+                                  stages everywhere; XKNN_CUDA_WITNESS_C=C sets the witness
+                                  prefix f = sqrt(C kk / n) (default 1600 for kk <= 128,
+                                  200 above; diagnostics).                                  */
 /* Host-array searches of other metrics and dtypes (xknn_search with backend cuda or auto)
  * take kernels/cuda/imma.cu (u8/i8 l2, euclidean, ip; hamming: exact integer tensor cores
  * with fused candidate selection) or kernels/cuda/generic.cu (everything else: canonical
- * FP64 / popcount tiles with fused selection). Environment (diagnostics):
- * XKNN_CUDA_NO_IMMA=1 sends the integer jobs to the canonical tiles.
+ * FP64 / popcount tiles with fused selection). On Hopper builds u8/i8 run a warp-
+ * specialized wgmma kernel, other GPUs and hamming mma.sync. Environment (diagnostics):
+ * XKNN_CUDA_NO_IMMA=1 sends the integer jobs to the canonical tiles; XKNN_CUDA_MMA_SYNC=1
+ * keeps u8/i8 on mma.sync.
  * A host-array self-join (query NULL, self_join auto) of f32 l2/euclidean/ip/cosine on
  * the MMA path runs symmetric: pass B over the triangle of tiles, each off-diagonal tile feeding
  * its rows' and its columns' candidates, with the state of all n points on the device
