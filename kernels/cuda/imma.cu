@@ -329,7 +329,7 @@ __global__ __launch_bounds__(kThreads, 2) void imma_kernel(const ImmaParams p)
  *             one's epilogue runs while the other's wgmma execute.
  * A reference tile is kWsBN = 128 columns; witness groups stay kImmaGroup = 32 columns
  * (4 per tile). Launch: grid (query tiles of 256, reference slices), 384 threads, S
- * stages from the shared memory left after the queries (12 at d <= 128). */
+ * stages from the shared memory left after the queries (11 at d <= 128). */
 constexpr int kWsBM = 256, kWsBN = 128, kWsThreads = 384, kWsMaxStages = 12, kWsChunk = 128;
 /* Pass B's candidates are staged in shared memory, kWarpStage (reference id, query row)
  * per consumer warp, and the warp moves them to the global buffers (one atomic each, all
@@ -548,7 +548,7 @@ __global__ __launch_bounds__(kWsThreads, 1) void imma_ws_kernel(const ImmaParams
             const int s = (int)(it % S);
             mbar_wait(full + s, (unsigned)((it / S) & 1));
             asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-            const unsigned char *Bst = Rs + s * kWsBN * kWsChunk; /* (it < 2^31: int64 division, 32-bit path) */
+            const unsigned char *Bst = Rs + s * kWsBN * kWsChunk;
             asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 #pragma unroll
             for (int k4 = 0; k4 < kWsChunk / 32; ++k4) {
