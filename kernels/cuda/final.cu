@@ -95,6 +95,22 @@ __global__ __launch_bounds__(kBlock) void gather_kernel(const FinalParams p, int
     for (int64_t j = have + lane; j < p.k; j += kWarp) write_pad(p, qi, j);
 }
 
+/* Lower bound: the number of keys of s[0, n) (ascending, unique) below key; I is int
+ * for shared-memory lists, int64_t for the global merge passes. */
+template <typename I>
+__device__ __forceinline__ I rank_below(const unsigned long long *s, I n, unsigned long long key)
+{
+    I lo = 0, hi = n;
+    while (lo < hi) {
+        const I mid = (lo + hi) >> 1;
+        if (s[mid] < key)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
 __device__ __forceinline__ int64_t run_valid(int64_t W, int64_t r, int64_t M, int64_t kk)
 {
     int64_t span = M - r * W;
@@ -146,16 +162,7 @@ __global__ __launch_bounds__(kBlock) void block_sort_kernel(const FinalParams p)
                 const int64_t other = run ^ 1, pair = run >> 1;
                 const int64_t ovl = run_valid(W, other, M, kk);
                 const unsigned long long key = src[x];
-                const unsigned long long *o = src + other * W;
-                int64_t lo = 0, hi = ovl; /* number of keys in o below key */
-                while (lo < hi) {
-                    const int64_t mid = (lo + hi) >> 1;
-                    if (o[mid] < key)
-                        lo = mid + 1;
-                    else
-                        hi = mid;
-                }
-                const int64_t out = pos + lo;
+                const int64_t out = pos + rank_below(src + other * W, ovl, key);
                 if (out < run_valid(2 * W, pair, M, kk)) dst[pair * 2 * W + out] = key;
             }
             __syncthreads();
@@ -166,20 +173,6 @@ __global__ __launch_bounds__(kBlock) void block_sort_kernel(const FinalParams p)
         for (int64_t j = tid; j < have; j += kBlock) write_result(p, qi, j, src[j]);
     }
     for (int64_t j = have + tid; j < p.k; j += kBlock) write_pad(p, qi, j);
-}
-
-/* Lower bound: the number of keys of s[0, n) (ascending, unique) below key. */
-__device__ __forceinline__ int smem_rank(const unsigned long long *s, int n, unsigned long long key)
-{
-    int lo = 0, hi = n;
-    while (lo < hi) {
-        const int mid = (lo + hi) >> 1;
-        if (s[mid] < key)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    return lo;
 }
 
 /*
@@ -255,11 +248,11 @@ __global__ __launch_bounds__(kMergeThreads) void block_merge_kernel(const FinalP
         }
         const int lo = la + lr < kk ? la + lr : kk;
         for (int i = tid; i < la; i += kMergeThreads) {
-            const int pos = i + smem_rank(run, lr, acc[i]);
+            const int pos = i + rank_below(run, lr, acc[i]);
             if (pos < lo) out[pos] = acc[i];
         }
         for (int i = tid; i < lr; i += kMergeThreads) {
-            const int pos = i + smem_rank(acc, la, run[i]);
+            const int pos = i + rank_below(acc, la, run[i]);
             if (pos < lo) out[pos] = run[i];
         }
         __syncthreads();
