@@ -289,7 +289,11 @@ int main(int argc, char **argv)
         }
         for (r = -1; r < repeats; r++) {
             const double t0 = bench_now();
-            prm.verbose = verbose && r < 0; /* the warm-up run says which path it took */
+            /* -v: every run prints the library's lines (the plan; on the integer
+             * tensor-core path the device time after the reference upload), each after a
+             * line naming the run, so scripts can take medians of the timed runs */
+            prm.verbose = verbose;
+            if (verbose) fprintf(stderr, "bench_metrics: %s\n", r < 0 ? "warm-up run" : "timed run");
             if (xknn_search(&prm, &R, &Q, k, ids, dist, &err) != XKNN_SUCCESS) bench_die(PROG, "search: %s", err.message);
             if (r >= 0) t[r] = bench_now() - t0;
         }

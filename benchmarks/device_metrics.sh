@@ -43,8 +43,17 @@ row() {
     local m=$1 t=$2 d=$3 k=$4 r=$5 peer=${6:-}
     local data=$WORK/${m}_${t}_${d} nq=$NQ
     [ "$m" = whamming ] && nq=$WHAM_NQ
+    local log=$WORK/row.log
     timeout 300 "$B" -v --backend "$BACKEND" --metric "$m" --dtype "$t" --n "$N" --nq "$nq" --d "$d" --k "$k" \
-        --repeats "$r" --check 8 --json "$J" ${peer:+--write-data "$data"} 2>&1 | grep -v '^#' | sed 's/^xknn: cuda: /  /'
+        --repeats "$r" --check 8 --json "$J" ${peer:+--write-data "$data"} > "$log" 2>&1
+    # the warm-up run's lines (plan, phases), the result line, and on the integer
+    # tensor-core path the median device part of the timed runs
+    awk '/^bench_metrics: warm-up run/ {w = 1; next} /^bench_metrics: timed run/ {w = 0; next}
+         (w || !/^(xknn|bench_metrics):/) && !/^#/' "$log" | sed 's/^xknn: cuda: /  /'
+    awk '/^bench_metrics: timed run/ {t = 1} t && /ms on the device/' "$log" |
+        sed -E 's/.*then ([0-9.]+) ms on the device.*/\1/' | sort -n |
+        awk '{a[NR] = $1} END {if (NR) printf "  device part, median of %d timed runs: %.2f ms (min %.2f, max %.2f)\n",
+             NR, NR % 2 ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2, a[1], a[NR]}'
     if [ -n "$peer" ] && [ "$PEERS" = 1 ]; then
         timeout 300 python3 benchmarks/peers_metrics.py --data "$data" --metric "$peer" --dtype "$t" --k "$k" \
             --repeats "$([ "$peer" = l1 ] && echo 1 || echo 3)" --label "$m $t" --json "$P" 2>&1 | tail -1

@@ -1129,29 +1129,83 @@ void host_rows_copy(char *dst, const char *src, int64_t rows, size_t row_bytes, 
     (void)threads;
 }
 
-/* Host rows [0, rows) -> packed device rows, through the staging ring; the copies are
- * ordered on ctx->copy_stream; returns after the last piece is enqueued. */
-xknn_status stage_rows(xknn_cuda_context *ctx, float *dev, const float *host, int64_t rows, int64_t d, int64_t ld,
-                       int threads, int *piece, Err er)
+/* Host rows [0, rows) of row_bytes each, stride ld_bytes -> packed device rows, through
+ * the staging ring; the copies are ordered on ctx->copy_stream; returns after the last
+ * piece is enqueued. */
+xknn_status stage_bytes(xknn_cuda_context *ctx, char *dev, const char *host, int64_t rows, size_t row_bytes,
+                        size_t ld_bytes, int threads, int *piece, Err er)
 {
     xknn_status st = XKNN_SUCCESS;
-    const size_t row_bytes = (size_t)d * sizeof(float);
     const int64_t per = max64(1, (int64_t)(kStagePiece / row_bytes));
     for (int64_t r0 = 0; r0 < rows; r0 += per) {
         const int64_t nr = min64(per, rows - r0);
         const int b = (*piece)++ & 1;
         if (nr * (int64_t)row_bytes > (int64_t)kStagePiece) {
             /* a row longer than a piece: direct pageable copy */
-            XKNN__CUDA_CHECK(cudaMemcpy2DAsync(dev + r0 * d, row_bytes, host + r0 * ld, (size_t)ld * sizeof(float),
+            XKNN__CUDA_CHECK(cudaMemcpy2DAsync(dev + r0 * row_bytes, row_bytes, host + r0 * ld_bytes, ld_bytes,
                                                row_bytes, (size_t)nr, cudaMemcpyHostToDevice, ctx->copy_stream));
             continue;
         }
         XKNN__CUDA_CHECK(cudaEventSynchronize(ctx->stage_done[b]));
-        host_rows_copy(ctx->stage[b], (const char *)(host + r0 * ld), nr, row_bytes, (size_t)ld * sizeof(float), threads);
-        XKNN__CUDA_CHECK(cudaMemcpyAsync(dev + r0 * d, ctx->stage[b], (size_t)nr * row_bytes, cudaMemcpyHostToDevice,
-                                         ctx->copy_stream));
+        host_rows_copy(ctx->stage[b], host + r0 * ld_bytes, nr, row_bytes, ld_bytes, threads);
+        XKNN__CUDA_CHECK(cudaMemcpyAsync(dev + r0 * row_bytes, ctx->stage[b], (size_t)nr * row_bytes,
+                                         cudaMemcpyHostToDevice, ctx->copy_stream));
         XKNN__CUDA_CHECK(cudaEventRecord(ctx->stage_done[b], ctx->copy_stream));
     }
+cleanup:
+    return st;
+}
+
+/* f32 rows of d elements (stride ld elements) */
+xknn_status stage_rows(xknn_cuda_context *ctx, float *dev, const float *host, int64_t rows, int64_t d, int64_t ld,
+                       int threads, int *piece, Err er)
+{
+    return stage_bytes(ctx, (char *)dev, (const char *)host, rows, (size_t)d * sizeof(float),
+                       (size_t)ld * sizeof(float), threads, piece, er);
+}
+
+/* Results out: ids (and dist when dist_host is not NULL) from the device to the host
+ * once the work enqueued on s before the call is done; returns when the host has every
+ * byte. staged (a caller's context, stage_make done): pieces move by DMA into the
+ * pinned ring and the host copies them out in parallel while the next piece is in
+ * flight; otherwise plain copies into pageable memory (the driver stages them). */
+xknn_status results_out(xknn_cuda_context *ctx, int staged, int64_t *ids_host, const int64_t *ids_dev,
+                        float *dist_host, const float *dist_dev, size_t count, int threads, cudaStream_t s,
+                        int *piece, Err er)
+{
+    xknn_status st = XKNN_SUCCESS;
+    char *const dst[2] = {(char *)ids_host, (char *)dist_host};
+    const char *const src[2] = {(const char *)ids_dev, (const char *)dist_dev};
+    const size_t bytes[2] = {count * sizeof(int64_t), count * sizeof(float)};
+    char *pend_dst = NULL; /* the piece in flight, copied out after the next is enqueued */
+    size_t pend_len = 0;
+    int pend_b = 0;
+    for (int i = 0; i < 2; ++i) {
+        if (!dst[i] || !bytes[i]) continue;
+        if (!staged) {
+            XKNN__CUDA_CHECK(cudaMemcpyAsync(dst[i], src[i], bytes[i], cudaMemcpyDeviceToHost, s));
+            continue;
+        }
+        for (size_t o = 0; o < bytes[i]; o += kStagePiece) {
+            const size_t len = bytes[i] - o < kStagePiece ? bytes[i] - o : kStagePiece;
+            const int b = (*piece)++ & 1;
+            XKNN__CUDA_CHECK(cudaEventSynchronize(ctx->stage_done[b]));
+            XKNN__CUDA_CHECK(cudaMemcpyAsync(ctx->stage[b], src[i] + o, len, cudaMemcpyDeviceToHost, s));
+            XKNN__CUDA_CHECK(cudaEventRecord(ctx->stage_done[b], s));
+            if (pend_dst) {
+                XKNN__CUDA_CHECK(cudaEventSynchronize(ctx->stage_done[pend_b]));
+                host_rows_copy(pend_dst, ctx->stage[pend_b], 1, pend_len, pend_len, threads);
+            }
+            pend_dst = dst[i] + o;
+            pend_len = len;
+            pend_b = b;
+        }
+    }
+    if (pend_dst) {
+        XKNN__CUDA_CHECK(cudaEventSynchronize(ctx->stage_done[pend_b]));
+        host_rows_copy(pend_dst, ctx->stage[pend_b], 1, pend_len, pend_len, threads);
+    }
+    XKNN__CUDA_CHECK(cudaStreamSynchronize(s));
 cleanup:
     return st;
 }
@@ -1239,11 +1293,8 @@ xknn_status host_fused(const xknn__job *job, xknn_cuda_context *ctx, const Plan 
             XKNN__CUDA_CHECK(launch_fused_slices(fp, plan.KP, 0, (int)plan.Z, s));
         }
         XKNN__CUDA_CHECK(launch_fused_finish(fp, plan.KP, rescue_blocks(ctx, qs), s));
-        XKNN__CUDA_CHECK(cudaMemcpyAsync(job->ids + q0 * k, dIds, (size_t)qs * k * sizeof(int64_t),
-                                         cudaMemcpyDeviceToHost, s));
-        if (job->dist)
-            XKNN__CUDA_CHECK(cudaMemcpyAsync(job->dist + q0 * k, dDist, (size_t)qs * k * sizeof(float),
-                                             cudaMemcpyDeviceToHost, s));
+        XKNN__TRY(results_out(ctx, staged, job->ids + q0 * k, dIds, job->dist ? job->dist + q0 * k : NULL, dDist,
+                              (size_t)(qs * k), threads, s, &piece, er));
     }
     if (prm->verbose) {
         XKNN__CUDA_CHECK(cudaMemcpyAsync(stats, mem + o_ws + plan.off_stats, sizeof stats, cudaMemcpyDeviceToHost, s));
@@ -1338,8 +1389,12 @@ int64_t imma_rows(const xknn__job *job, const xknn_cuda_context *ctx)
 }
 
 /* The int8 path for host arrays, references resident. *done = 0 (and SUCCESS) when its
- * workspace does not fit the budget: the canonical tiles take the job. */
-xknn_status host_imma(const xknn__job *job, xknn_cuda_context *ctx, size_t budget, int64_t dp, int *done, Err er)
+ * workspace does not fit the budget: the canonical tiles take the job. staged (a
+ * caller's context): inputs in and results out through the pinned staging ring; the raw
+ * query rows then have their own area, so their copies need not wait for the reference
+ * preparation. */
+xknn_status host_imma(const xknn__job *job, xknn_cuda_context *ctx, int staged, size_t budget, int64_t dp, int *done,
+                      Err er)
 {
     const xknn_params *prm = &job->params;
     const int64_t n = job->n, nq = job->nq, d = job->d, k = job->k, kk = min64(k, n);
@@ -1352,11 +1407,16 @@ xknn_status host_imma(const xknn__job *job, xknn_cuda_context *ctx, size_t budge
     HostBuffers hb;
     xknn_status st = XKNN_SUCCESS;
     int64_t QS, nA, ga, cap;
-    size_t o = 0, off_stats, off_R, off_rsum, off_rsq, off_ncol, off_raw, off_Q, off_qsum, off_qsq, off_gmin, off_th,
-           off_cnt, off_tau, off_mcount, off_cand, off_ids, off_dist;
+    size_t o = 0, off_stats, off_R, off_rsum, off_rsq, off_ncol, off_raw, off_rawq, off_Q, off_qsum, off_qsq, off_gmin,
+           off_th, off_cnt, off_tau, off_mcount, off_cand, off_ids, off_dist;
+    int piece = 0;
     char *b;
     unsigned long long stats[kStatCount];
-    cudaEvent_t ev[3] = {NULL, NULL, NULL};
+    /* -v: phase times. ev[0..2]: before the reference upload, after it, at the end;
+     * ev[3..6] per query block: before the queries, before the search, before the results
+     * out, after them (summed over the blocks in ph[]) */
+    cudaEvent_t ev[7] = {NULL, NULL, NULL, NULL, NULL, NULL, NULL};
+    float ph[4] = {0.0f, 0.0f, 0.0f, 0.0f}; /* ref preparation, queries in, search, results out */
     /* Hopper: the warp-specialized wgmma kernel for u8/i8 (XKNN_CUDA_MMA_SYNC=1, a
      * diagnostic, keeps the mma.sync one, which every GPU of compute capability >= 8.0 runs) */
     const char *ms = getenv("XKNN_CUDA_MMA_SYNC");
@@ -1386,7 +1446,8 @@ xknn_status host_imma(const xknn__job *job, xknn_cuda_context *ctx, size_t budge
         off_rsum = take((size_t)n * sizeof(int));
         off_rsq = take((size_t)n * sizeof(int));
         off_ncol = take(imma_wgmma ? imma_ncol_entries(n) * sizeof(int) : 0);
-        off_raw = take((size_t)max64(self_res ? n : max64(n, QS), 1) * raw_row);
+        off_raw = take((size_t)max64(self_res || staged ? n : max64(n, QS), 1) * raw_row);
+        off_rawq = staged && !self_res ? take((size_t)QS * raw_row) : off_raw;
         off_Q = take(self_res ? 0 : (size_t)QS * dp);
         off_qsum = take(self_res ? 0 : (size_t)QS * sizeof(int));
         off_qsq = take(self_res ? 0 : (size_t)QS * sizeof(int));
@@ -1414,14 +1475,19 @@ xknn_status host_imma(const xknn__job *job, xknn_cuda_context *ctx, size_t budge
                 (long long)ga, (long long)cap, (double)o / 1048576.0, (double)budget / 1048576.0);
     b = (char *)hb.dWs;
     if (prm->verbose) { /* -v: the device time after the reference upload, for benchmarks */
-        XKNN__CUDA_CHECK(cudaEventCreate(&ev[0]));
-        XKNN__CUDA_CHECK(cudaEventCreate(&ev[1]));
-        XKNN__CUDA_CHECK(cudaEventCreate(&ev[2]));
+        for (int i = 0; i < 7; ++i) XKNN__CUDA_CHECK(cudaEventCreate(&ev[i]));
         XKNN__CUDA_CHECK(cudaEventRecord(ev[0], sc));
     }
     XKNN__CUDA_CHECK(cudaMemsetAsync(b + off_stats, 0, sizeof(unsigned long long) * kStatCount, sc));
-    XKNN__CUDA_CHECK(cudaMemcpy2DAsync(b + off_raw, raw_row, job->ref_data, (size_t)job->ldr * ub, raw_row, (size_t)n,
-                                       cudaMemcpyHostToDevice, sc));
+    if (staged) {
+        XKNN__CUDA_CHECK(stage_make(ctx));
+        XKNN__TRY(stage_bytes(ctx, b + off_raw, (const char *)job->ref_data, n, raw_row, (size_t)job->ldr * ub,
+                              prm->num_threads, &piece, er));
+        XKNN__CUDA_CHECK(cudaStreamWaitEvent(sc, ctx->stage_done[(piece - 1) & 1], 0));
+    } else {
+        XKNN__CUDA_CHECK(cudaMemcpy2DAsync(b + off_raw, raw_row, job->ref_data, (size_t)job->ldr * ub, raw_row,
+                                           (size_t)n, cudaMemcpyHostToDevice, sc));
+    }
     if (ev[1]) XKNN__CUDA_CHECK(cudaEventRecord(ev[1], sc));
     XKNN__CUDA_CHECK(launch_imma_prep(b + off_raw, (int64_t)(raw_row / ub), n, d, dp, shift, (signed char *)(b + off_R),
                                       (int *)(b + off_rsum), (int *)(b + off_rsq), sc));
@@ -1432,15 +1498,22 @@ xknn_status host_imma(const xknn__job *job, xknn_cuda_context *ctx, size_t budge
         memset(&ip, 0, sizeof ip);
         memset(&fp, 0, sizeof fp);
         fp.smem_merge = ctx->smem_optin >= kFinalMergeSmem;
+        if (ev[3]) XKNN__CUDA_CHECK(cudaEventRecord(ev[3], sc));
         if (self_res) {
             ip.Q = (const signed char *)(b + off_R) + q0 * dp;
             ip.qsum = (const int *)(b + off_rsum) + q0;
             ip.qsq = (const int *)(b + off_rsq) + q0;
         } else {
-            XKNN__CUDA_CHECK(cudaMemcpy2DAsync(b + off_raw, raw_row,
-                                               (const char *)job->query_data + (size_t)q0 * job->ldq * ub,
-                                               (size_t)job->ldq * ub, raw_row, (size_t)qs, cudaMemcpyHostToDevice, sc));
-            XKNN__CUDA_CHECK(launch_imma_prep(b + off_raw, (int64_t)(raw_row / ub), qs, d, dp, shift,
+            const char *hq = (const char *)job->query_data + (size_t)q0 * job->ldq * ub;
+            if (staged) {
+                XKNN__TRY(stage_bytes(ctx, b + off_rawq, hq, qs, raw_row, (size_t)job->ldq * ub, prm->num_threads,
+                                      &piece, er));
+                XKNN__CUDA_CHECK(cudaStreamWaitEvent(sc, ctx->stage_done[(piece - 1) & 1], 0));
+            } else {
+                XKNN__CUDA_CHECK(cudaMemcpy2DAsync(b + off_rawq, raw_row, hq, (size_t)job->ldq * ub, raw_row,
+                                                   (size_t)qs, cudaMemcpyHostToDevice, sc));
+            }
+            XKNN__CUDA_CHECK(launch_imma_prep(b + off_rawq, (int64_t)(raw_row / ub), qs, d, dp, shift,
                                               (signed char *)(b + off_Q), (int *)(b + off_qsum), (int *)(b + off_qsq),
                                               sc));
             ip.Q = (const signed char *)(b + off_Q);
@@ -1470,6 +1543,7 @@ xknn_status host_imma(const xknn__job *job, xknn_cuda_context *ctx, size_t budge
         ip.euclid = prm->metric == XKNN_METRIC_EUCLIDEAN;
         ip.wgmma_optin = imma_wgmma ? (int)ctx->smem_optin : 0;
         ip.ncol = imma_wgmma ? (int *)(b + off_ncol) : NULL;
+        if (ev[4]) XKNN__CUDA_CHECK(cudaEventRecord(ev[4], sc));
         XKNN__CUDA_CHECK(launch_init_state((float *)(b + off_tau), ip.cnt, (int)qs, 1, sc));
         XKNN__CUDA_CHECK(launch_imma(ip, (int)kk, ctx->sms, sc));
         fp.tau = (const float *)(b + off_tau);
@@ -1487,12 +1561,22 @@ xknn_status host_imma(const xknn__job *job, xknn_cuda_context *ctx, size_t budge
         fp.encoded = 1;
         fp.negate = ip.ip;
         XKNN__CUDA_CHECK(launch_final(fp, (int)qs, sc));
-        XKNN__CUDA_CHECK(cudaMemcpyAsync(job->ids + q0 * k, fp.ids, (size_t)qs * k * sizeof(int64_t),
-                                         cudaMemcpyDeviceToHost, sc));
-        if (job->dist)
-            XKNN__CUDA_CHECK(cudaMemcpyAsync(job->dist + q0 * k, fp.dist, (size_t)qs * k * sizeof(float),
-                                             cudaMemcpyDeviceToHost, sc));
-        XKNN__CUDA_CHECK(cudaStreamSynchronize(sc));
+        if (ev[5]) XKNN__CUDA_CHECK(cudaEventRecord(ev[5], sc));
+        XKNN__TRY(results_out(ctx, staged, job->ids + q0 * k, fp.ids, job->dist ? job->dist + q0 * k : NULL, fp.dist,
+                              (size_t)(qs * k), prm->num_threads, sc, &piece, er));
+        if (ev[6]) {
+            XKNN__CUDA_CHECK(cudaEventRecord(ev[6], sc));
+            XKNN__CUDA_CHECK(cudaEventSynchronize(ev[6]));
+            float t;
+            if (q0 == 0) {
+                XKNN__CUDA_CHECK(cudaEventElapsedTime(&t, ev[1], ev[3]));
+                ph[0] += t;
+            }
+            for (int i = 0; i < 3; ++i) {
+                XKNN__CUDA_CHECK(cudaEventElapsedTime(&t, ev[3 + i], ev[4 + i]));
+                ph[1 + i] += t;
+            }
+        }
     }
     XKNN__CUDA_CHECK(cudaMemcpyAsync(stats, b + off_stats, sizeof stats, cudaMemcpyDeviceToHost, sc));
     XKNN__CUDA_CHECK(cudaStreamSynchronize(sc));
@@ -1504,12 +1588,14 @@ xknn_status host_imma(const xknn__job *job, xknn_cuda_context *ctx, size_t budge
         XKNN__CUDA_CHECK(cudaEventElapsedTime(&rest, ev[1], ev[2]));
         fprintf(stderr,
                 "xknn: cuda: %llu candidates kept, %llu queries re-run exactly (buffer overflow); reference upload "
-                "%.2f ms, then %.2f ms on the device (preparation, queries in, search, results out)\n",
-                stats[kStatAppended], stats[kStatReruns], up, rest);
+                "%.2f ms, then %.2f ms on the device (reference preparation %.2f, queries in %.2f, search %.2f, "
+                "results out %.2f)\n",
+                stats[kStatAppended], stats[kStatReruns], up, rest, ph[0], ph[1], ph[2], ph[3]);
     }
 cleanup:
-    for (int i = 0; i < 3; ++i)
+    for (int i = 0; i < 7; ++i)
         if (ev[i]) cudaEventDestroy(ev[i]);
+    if (staged && ctx->copy_stream) (void)cudaStreamSynchronize(ctx->copy_stream);
     (void)cudaStreamSynchronize(sc);
     hb.release();
     (void)cudaStreamSynchronize(sc);
@@ -1542,6 +1628,7 @@ xknn_status host_generic(const xknn__job *job, Err er)
     int planned = 0;
     char *b = NULL;
     unsigned long long stats[kStatCount];
+    int piece = 0;
 
     memset(&g, 0, sizeof g);
     XKNN__TRY(host_begin(job, scope, &ctx, &own_ctx, &budget, er));
@@ -1549,7 +1636,7 @@ xknn_status host_generic(const xknn__job *job, Err er)
         const int64_t dp = imma_rows(job, ctx);
         int done = 0;
         if (dp) {
-            st = host_imma(job, ctx, budget, dp, &done, er);
+            st = host_imma(job, ctx, own_ctx == NULL, budget, dp, &done, er);
             if (st != XKNN_SUCCESS || done) goto cleanup;
         }
     }
@@ -1605,6 +1692,7 @@ xknn_status host_generic(const xknn__job *job, Err er)
                 (long long)g.chunk, (double)g.bytes / 1048576.0, (double)budget / 1048576.0);
 
     b = (char *)hb.dWs;
+    if (own_ctx == NULL) XKNN__CUDA_CHECK(stage_make(ctx)); /* results out through the staging ring */
     XKNN__CUDA_CHECK(cudaMemsetAsync(b + g.off_stats, 0, sizeof(unsigned long long) * kStatCount, sc));
     if (wham)
         XKNN__CUDA_CHECK(cudaMemcpyAsync(b + g.off_w, prm->weights, (size_t)d * sizeof(float), cudaMemcpyHostToDevice,
@@ -1685,12 +1773,8 @@ xknn_status host_generic(const xknn__job *job, Err er)
         fp.encoded = 1;
         fp.negate = gp.negate;
         XKNN__CUDA_CHECK(launch_final(fp, (int)qs, sc));
-        XKNN__CUDA_CHECK(cudaMemcpyAsync(job->ids + q0 * k, fp.ids, (size_t)qs * k * sizeof(int64_t),
-                                         cudaMemcpyDeviceToHost, sc));
-        if (job->dist)
-            XKNN__CUDA_CHECK(cudaMemcpyAsync(job->dist + q0 * k, fp.dist, (size_t)qs * k * sizeof(float),
-                                             cudaMemcpyDeviceToHost, sc));
-        XKNN__CUDA_CHECK(cudaStreamSynchronize(sc));
+        XKNN__TRY(results_out(ctx, own_ctx == NULL, job->ids + q0 * k, fp.ids, job->dist ? job->dist + q0 * k : NULL, fp.dist,
+                              (size_t)(qs * k), prm->num_threads, sc, &piece, er));
     }
     XKNN__CUDA_CHECK(cudaMemcpyAsync(stats, b + g.off_stats, sizeof stats, cudaMemcpyDeviceToHost, sc));
     XKNN__CUDA_CHECK(cudaStreamSynchronize(sc));
@@ -1850,12 +1934,8 @@ xknn_status host_sym(const xknn__job *job, xknn_cuda_context *ctx, int staged, s
         rb.cand = run.cand + q0 * plan.cap;
         XKNN__CUDA_CHECK(launch_resolve(resolve_params(rb, hb.dR + q0 * d, d, hb.dR, d, 0), (int)qs, sc));
         XKNN__TRY(block_finish(rb, qs, hb.dIds, hb.dDist, prm->ref_id_offset, er));
-        XKNN__CUDA_CHECK(cudaMemcpyAsync(job->ids + q0 * k, hb.dIds, (size_t)qs * k * sizeof(int64_t),
-                                         cudaMemcpyDeviceToHost, sc));
-        if (job->dist)
-            XKNN__CUDA_CHECK(cudaMemcpyAsync(job->dist + q0 * k, hb.dDist, (size_t)qs * k * sizeof(float),
-                                             cudaMemcpyDeviceToHost, sc));
-        XKNN__CUDA_CHECK(cudaStreamSynchronize(sc));
+        XKNN__TRY(results_out(ctx, staged, job->ids + q0 * k, hb.dIds, job->dist ? job->dist + q0 * k : NULL, hb.dDist,
+                              (size_t)(qs * k), prm->num_threads, sc, &piece, er));
     }
     if (ev[3]) XKNN__CUDA_CHECK(cudaEventRecord(ev[3], sc));
     XKNN__CUDA_CHECK(cudaMemcpyAsync(stats, run.stats, sizeof stats, cudaMemcpyDeviceToHost, sc));
@@ -2002,7 +2082,7 @@ xknn_status host_search(const xknn__job *job, Err er)
     }
     if (prm->verbose) print_plan(ctx, plan, resident ? "resident references" : "streamed references", budget, chunk);
 
-    if (own_ctx == NULL && resident) XKNN__CUDA_CHECK(stage_make(ctx));
+    if (own_ctx == NULL) XKNN__CUDA_CHECK(stage_make(ctx));
     if (!resident) {
         XKNN__CUDA_CHECK(cudaStreamCreateWithFlags(&sx, cudaStreamNonBlocking));
         for (int b = 0; b < 2; ++b) {
@@ -2064,12 +2144,8 @@ xknn_status host_search(const xknn__job *job, Err er)
             }
         }
         XKNN__TRY(block_finish(run, qs, hb.dIds, hb.dDist, prm->ref_id_offset, er));
-        XKNN__CUDA_CHECK(cudaMemcpyAsync(job->ids + q0 * k, hb.dIds, (size_t)qs * k * sizeof(int64_t),
-                                         cudaMemcpyDeviceToHost, sc));
-        if (job->dist)
-            XKNN__CUDA_CHECK(cudaMemcpyAsync(job->dist + q0 * k, hb.dDist, (size_t)qs * k * sizeof(float),
-                                             cudaMemcpyDeviceToHost, sc));
-        XKNN__CUDA_CHECK(cudaStreamSynchronize(sc));
+        XKNN__TRY(results_out(ctx, own_ctx == NULL, job->ids + q0 * k, hb.dIds, job->dist ? job->dist + q0 * k : NULL, hb.dDist,
+                              (size_t)(qs * k), prm->num_threads, sc, &piece, er));
     }
     XKNN__CUDA_CHECK(cudaMemcpyAsync(stats, run.stats, sizeof stats, cudaMemcpyDeviceToHost, sc));
     XKNN__CUDA_CHECK(cudaStreamSynchronize(sc));
