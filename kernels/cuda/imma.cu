@@ -119,23 +119,29 @@ __device__ __forceinline__ void load_stage(unsigned char *stage, const ImmaParam
     }
 }
 
+/* Candidate j of query q into its global buffer: columns past n and the query itself
+ * are dropped here; slots past cap only count (the buffer's overflow makes the query
+ * re-run exactly). */
+__device__ __forceinline__ void push_cand(const ImmaParams &p, int q, int64_t j)
+{
+    if (j >= p.n || (p.exclude && j == p.self_local0 + q)) return;
+    const int pos = atomicAdd(p.cnt + q, 1);
+    if (pos < p.cap) {
+        Cand e;
+        e.lo = -INFINITY;
+        e.up = INFINITY;
+        e.c = XKNN_CUDA_UNRESOLVED;
+        e.idx = (int)j;
+        p.cand[(int64_t)q * p.cap + pos] = e;
+    }
+}
+
+/* The candidates of query q in mask (bit 2 b + c: column j0 + 8 b + c) */
 __device__ __noinline__ void append(const ImmaParams &p, int q, int64_t j0, unsigned mask)
 {
-    const int64_t self = p.exclude ? p.self_local0 + q : -1;
-    while (mask) {
+    for (; mask; mask &= mask - 1) {
         const int bit = __ffs(mask) - 1;
-        mask &= mask - 1;
-        const int64_t j = j0 + (bit >> 1) * 8 + (bit & 1);
-        if (j >= p.n || j == self) continue;
-        const int pos = atomicAdd(p.cnt + q, 1);
-        if (pos < p.cap) {
-            Cand e;
-            e.lo = -INFINITY;
-            e.up = INFINITY;
-            e.c = XKNN_CUDA_UNRESOLVED;
-            e.idx = (int)j;
-            p.cand[(int64_t)q * p.cap + pos] = e;
-        }
+        push_cand(p, q, j0 + (bit >> 1) * 8 + (bit & 1));
     }
 }
 
@@ -415,20 +421,7 @@ __device__ __forceinline__ void flush_stage(const ImmaParams &p, int *wcount, co
 {
     __syncwarp();
     const int ns = *wcount < kWarpStage ? *wcount : kWarpStage;
-    for (int i = lane; i < ns; i += 32) {
-        const int q = q0 + sq[i];
-        const int64_t j = sj[i];
-        if (j >= p.n || (p.exclude && j == p.self_local0 + q)) continue;
-        const int pos = atomicAdd(p.cnt + q, 1);
-        if (pos < p.cap) {
-            Cand e;
-            e.lo = -INFINITY;
-            e.up = INFINITY;
-            e.c = XKNN_CUDA_UNRESOLVED;
-            e.idx = (int)j;
-            p.cand[(int64_t)q * p.cap + pos] = e;
-        }
-    }
+    for (int i = lane; i < ns; i += 32) push_cand(p, q0 + sq[i], sj[i]);
     __syncwarp();
     if (lane == 0) *wcount = 0;
     __syncwarp();
