@@ -632,15 +632,22 @@ __device__ __forceinline__ void wg_epilogue(const MmaParams &p, float (&acc)[2][
                     /* min_j fma_ru(acc, -2, C_j), then U = fadd_ru(A_i, min): the same
                      * value as the per-pair U of mma_kernel (rounding up is monotone) */
                     float mn[2] = {INFINITY, INFINITY};
+                    if (diag) { /* the tile holds query q itself: it is no witness */
 #pragma unroll
-                    for (int nb = 0; nb < 16; ++nb)
+                        for (int nb = 0; nb < 16; ++nb)
 #pragma unroll
-                        for (int c = 0; c < 2; ++c) {
-                            float u = __fmaf_ru(acc[mb][4 * nb + 2 * hh + c], -2.0f, cv[nb][c]);
-                            if (diag && ref0 + nb * 8 + 2 * t + c == p.self_local0 + q)
-                                u = __int_as_float(0x7fffffff);
-                            mn[nb >> 3] = fminf(mn[nb >> 3], u);
-                        }
+                            for (int c = 0; c < 2; ++c) {
+                                float u = __fmaf_ru(acc[mb][4 * nb + 2 * hh + c], -2.0f, cv[nb][c]);
+                                if (ref0 + nb * 8 + 2 * t + c == p.self_local0 + q) u = __int_as_float(0x7fffffff);
+                                mn[nb >> 3] = fminf(mn[nb >> 3], u);
+                            }
+                    } else { /* every other tile: no per-pair test */
+#pragma unroll
+                        for (int nb = 0; nb < 16; ++nb)
+#pragma unroll
+                            for (int c = 0; c < 2; ++c)
+                                mn[nb >> 3] = fminf(mn[nb >> 3], __fmaf_ru(acc[mb][4 * nb + 2 * hh + c], -2.0f, cv[nb][c]));
+                    }
 #pragma unroll
                     for (int h2 = 0; h2 < 2; ++h2) {
                         float m = __fadd_ru(rc, mn[h2]);
