@@ -116,7 +116,10 @@ struct CUstream_st; /* = cudaStream_t's pointee; NULL means the legacy default s
 /* Opaque reusable context: device ordinal, device properties, a stream and a device
  * memory pool for the host-array path (xknn_search with params.cuda_context keeps the
  * memory of its largest call in that pool until the context is destroyed, so repeated
- * calls allocate nothing), and a cuBLAS handle created by the first GEMM-path search. */
+ * calls allocate nothing), a pinned staging ring (two 4 MiB host buffers and a copy
+ * stream, made by the first host-array search: every path's results, and the inputs
+ * of the tensor-core and fused paths, go through it), and a cuBLAS handle created by
+ * the first GEMM-path search. */
 typedef struct xknn_cuda_context xknn_cuda_context;
 
 /*

@@ -1215,7 +1215,7 @@ cleanup:
  * (staged = 1) inputs go through the pinned staging ring on the copy stream, and the
  * first query block's fused kernel runs slice group by slice group as its references
  * arrive (copies overlap the search); a temporary context copies from pageable memory.
- * One synchronisation per query block (results are copied to pageable memory).
+ * One synchronisation per query block (results_out).
  * *alloc_failed = 1 when the allocation fails, so the caller can plan the GEMM path. */
 xknn_status host_fused(const xknn__job *job, xknn_cuda_context *ctx, const Plan &plan, int self_res, int staged,
                        size_t budget, int *alloc_failed, Err er)
