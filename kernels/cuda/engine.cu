@@ -801,10 +801,10 @@ xknn_status mma_pass(const Run &r, const float *Q, int64_t ldq, int64_t qs, int 
     }
     XKNN__CUDA_CHECK(launch_sqnorms(mp.R, mp.ldr, p.n, p.d, r.rn, r.st));
     mp.n = p.nA;
-    XKNN__CUDA_CHECK(launch_mma_pass(mp, 0, sms, p.wgmma, r.st));
+    XKNN__CUDA_CHECK(launch_mma_pass(mp, 0, sms, p.wgmma ? (int)r.ctx->smem_optin : 0, r.st));
     XKNN__CUDA_CHECK(launch_mma_select(mp, (int)p.kk, sms, r.st));
     mp.n = p.n;
-    XKNN__CUDA_CHECK(launch_mma_pass(mp, 1, sms, p.wgmma, r.st));
+    XKNN__CUDA_CHECK(launch_mma_pass(mp, 1, sms, p.wgmma ? (int)r.ctx->smem_optin : 0, r.st));
     mp.R = R;
     mp.Q = Q;
     mp.ldr = ldr;
@@ -1917,11 +1917,11 @@ xknn_status host_sym(const xknn__job *job, xknn_cuda_context *ctx, int staged, s
         for (int i = 0; i < 4; ++i) XKNN__CUDA_CHECK(cudaEventCreate(&ev[i]));
     if (ev[0]) XKNN__CUDA_CHECK(cudaEventRecord(ev[0], sc));
     mp.n = plan.nA;
-    XKNN__CUDA_CHECK(launch_mma_pass(mp, 0, ctx->sms, plan.wgmma, sc));
+    XKNN__CUDA_CHECK(launch_mma_pass(mp, 0, ctx->sms, plan.wgmma ? (int)ctx->smem_optin : 0, sc));
     XKNN__CUDA_CHECK(launch_mma_select(mp, (int)plan.kk, ctx->sms, sc));
     if (ev[1]) XKNN__CUDA_CHECK(cudaEventRecord(ev[1], sc));
     mp.n = n;
-    XKNN__CUDA_CHECK(launch_mma_pass(mp, 2, ctx->sms, plan.wgmma, sc));
+    XKNN__CUDA_CHECK(launch_mma_pass(mp, 2, ctx->sms, plan.wgmma ? (int)ctx->smem_optin : 0, sc));
     if (ev[2]) XKNN__CUDA_CHECK(cudaEventRecord(ev[2], sc));
     mp.Q = mp.R = hb.dR;
     mp.ldq = mp.ldr = d;

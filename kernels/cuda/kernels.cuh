@@ -229,6 +229,8 @@ size_t mma_smem_bytes(int64_t d);   /* mma.sync kernel (compute capability >= 8.
 size_t wgmma_smem_bytes(int64_t d, int sym); /* wgmma kernel (sm_90a code, cc 9.0); sym: mode 2 */
 size_t mma_sym_smem_extra(void);    /* added to either in mode 2 (thr ring, p_i)          */
 int mma_wgmma_built(void);          /* 1 when the build holds sm_90a code (gpu_arch has 90) */
+/* wgmma: 0 for the mma.sync kernel; else the wgmma kernels, and the value is the
+ * device's shared-memory opt-in per block in bytes (sizes the warp-specialized ring) */
 cudaError_t launch_mma_pass(const MmaParams &p, int mode, int sms, int wgmma, cudaStream_t st);
 cudaError_t launch_mma_select(const MmaParams &p, int kk, int sms, cudaStream_t st);
 cudaError_t launch_mma_rescue(const MmaParams &p, int kk, int kind, int sms, cudaStream_t st);

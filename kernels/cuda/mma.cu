@@ -808,6 +808,7 @@ __host__ __device__ constexpr size_t ws_smem_bytes(int64_t dpad, int S)
            1024;
 }
 
+#ifdef XKNN__HAVE_WGMMA /* (only the sm_90a kernel body uses it) */
 /* The producer's copy of one 32-dimension chunk of tile `tile` (gload_stage's layout and
  * zero fill, 128 threads) in the 128-byte-swizzled layout: row j's 128 bytes at 128 j, its
  * 16-byte piece c at piece c ^ (j % 8). Thread tid owns piece (tid / 8) % 8 of rows
@@ -828,6 +829,7 @@ __device__ __forceinline__ void ws_load_chunk(float *stage, const MmaParams &p, 
         src += step;
     }
 }
+#endif
 
 template <int MODE>
 __global__ __launch_bounds__(kWsThreads, 1) void wgmma_ws_kernel(const MmaParams p, int S)
@@ -924,6 +926,7 @@ __global__ __launch_bounds__(kWsThreads, 1) void wgmma_ws_kernel(const MmaParams
     int64_t it = 0;
 #pragma unroll 1
     for (int64_t tile = t0; tile < t1; ++tile) {
+        __syncwarp(); /* bar.sync counts whole warps: converge after the epilogue's branches */
         if (wg == 1 || tile != t0) named_sync(wg == 0 ? 1 : 2, 256); /* this consumer's turn */
         int prev = -1;
 #pragma unroll 1
@@ -1108,11 +1111,7 @@ cudaError_t launch_one(const MmaParams &p, int sms, int wgmma, cudaStream_t st)
     /* the warp-specialized kernel unless asked not to (diagnostic XKNN_CUDA_WGMMA_WS=0) */
     const char *ws = getenv("XKNN_CUDA_WGMMA_WS");
     if (wgmma && VEC && !(ws && *ws == '0')) {
-        int dev = 0, optin = 0;
-        e = cudaGetDevice(&dev);
-        if (e == cudaSuccess) e = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
-        if (e != cudaSuccess) return e;
-        const int S = ws_stages(p.d, (size_t)optin);
+        const int S = ws_stages(p.d, (size_t)wgmma); /* wgmma: the device's opt-in bytes */
         if (S) {
             const size_t wsm = ws_smem_bytes((p.d + kBK - 1) / kBK * kBK, S);
             e = cudaFuncSetAttribute(wgmma_ws_kernel<MODE>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)wsm);
