@@ -1773,8 +1773,8 @@ xknn_status host_generic(const xknn__job *job, Err er)
         fp.encoded = 1;
         fp.negate = gp.negate;
         XKNN__CUDA_CHECK(launch_final(fp, (int)qs, sc));
-        XKNN__TRY(results_out(ctx, own_ctx == NULL, job->ids + q0 * k, fp.ids, job->dist ? job->dist + q0 * k : NULL, fp.dist,
-                              (size_t)(qs * k), prm->num_threads, sc, &piece, er));
+        XKNN__TRY(results_out(ctx, own_ctx == NULL, job->ids + q0 * k, fp.ids, job->dist ? job->dist + q0 * k : NULL,
+                              fp.dist, (size_t)(qs * k), prm->num_threads, sc, &piece, er));
     }
     XKNN__CUDA_CHECK(cudaMemcpyAsync(stats, b + g.off_stats, sizeof stats, cudaMemcpyDeviceToHost, sc));
     XKNN__CUDA_CHECK(cudaStreamSynchronize(sc));
@@ -2144,8 +2144,8 @@ xknn_status host_search(const xknn__job *job, Err er)
             }
         }
         XKNN__TRY(block_finish(run, qs, hb.dIds, hb.dDist, prm->ref_id_offset, er));
-        XKNN__TRY(results_out(ctx, own_ctx == NULL, job->ids + q0 * k, hb.dIds, job->dist ? job->dist + q0 * k : NULL, hb.dDist,
-                              (size_t)(qs * k), prm->num_threads, sc, &piece, er));
+        XKNN__TRY(results_out(ctx, own_ctx == NULL, job->ids + q0 * k, hb.dIds, job->dist ? job->dist + q0 * k : NULL,
+                              hb.dDist, (size_t)(qs * k), prm->num_threads, sc, &piece, er));
     }
     XKNN__CUDA_CHECK(cudaMemcpyAsync(stats, run.stats, sizeof stats, cudaMemcpyDeviceToHost, sc));
     XKNN__CUDA_CHECK(cudaStreamSynchronize(sc));
