@@ -16,7 +16,8 @@
  *            queries, resolve (canonical values)
  *   finish   as below
  *   Workspace: stats | qn QS*4 | tau QS*4 | cnt QS*4 | mcount QS*8 | cand QS*cap*16 |
- *   rn round_up(n, 128)*4 | witnesses QS*ga*4 | thr QS*4, ga = ceil(nA / 64).
+ *   rn round_up(n, 128)*4 | witnesses QS*ga*4 | thr QS*4 | column terms round_up(n, 128)*8,
+ *   ga = ceil(nA / 64).
  *
  * FUSED PIPELINE (one state block of QS queries, one stream): fused kernel over Z slices
  * of RZ references (one launch, or on the host path one launch per quarter of the slices
@@ -245,7 +246,7 @@ struct Plan {
     /* tensor-core path (mma = 1): witnesses over nA references in ga groups */
     int mma, wgmma; /* wgmma: the Hopper kernel of the tensor-core passes */
     int64_t nA, ga;
-    size_t off_gmin, off_thr;
+    size_t off_gmin, off_thr, off_ct;
     float la, ua, ub;
     /* what resolve computes (common.cuh's kCanon*); cosine's unit rows (ld dh; sym: the
      * queries are the references, no query copy) */
@@ -290,6 +291,7 @@ void plan_layout(Plan &p)
     if (p.mma) {
         p.off_gmin = take((size_t)p.QS * p.ga * sizeof(float));
         p.off_thr = take((size_t)p.QS * sizeof(float));
+        p.off_ct = take(2 * (size_t)p.RN * sizeof(float));
     }
     if (p.kind == kCanonCosine) {
         p.off_rhat = take((size_t)p.RN * p.dh * sizeof(float));
@@ -768,6 +770,7 @@ MmaParams mma_params(const Run &r, const float *Q, int64_t ldq, int64_t qs, int 
     mp.gmin = (float *)(b + p.off_gmin);
     mp.ga = p.ga;
     mp.thr = (float *)(b + p.off_thr);
+    mp.ct = (float *)(b + p.off_ct);
     mp.cnt = r.cnt;
     mp.cand = r.cand;
     mp.stats = r.stats;

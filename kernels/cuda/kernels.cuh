@@ -123,6 +123,8 @@ struct MmaParams {
     int64_t ldr;
     const float *qn;       /* per state query |q|^2 (float)                              */
     const float *rn;       /* per reference |x|^2 (float), at least n entries            */
+    float *ct;             /* per reference column terms of the Hopper kernels' epilogue *
+                            * (launch_mma_pass fills them), 2 RN entries                */
     int64_t n, d;          /* references this launch covers: [0, n) (pass A: nA)         */
     int64_t self_local0;   /* local reference index equal to state query 0's global id   */
     float *gmin;           /* qs x ga witnesses (pass A), row stride ga                  */

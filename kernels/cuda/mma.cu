@@ -203,38 +203,42 @@ __device__ __forceinline__ float col_term(const MmaParams &p, int64_t j, float x
 
 /* Candidate entry idx at slot pos of list (a state query); a slot past cap is not
  * written: the buffer only counts then (the query is re-run exactly). */
-__device__ __forceinline__ void put_cand_at(const MmaParams &p, int64_t list, int pos, int idx)
+__device__ __forceinline__ void put_cand_at(Cand *cand, int cap, int64_t list, int pos, int idx)
 {
-    if (pos < p.cap) {
+    if (pos < cap) {
         Cand e;
         e.lo = -INFINITY;
         e.up = INFINITY;
         e.c = XKNN_CUDA_UNRESOLVED;
         e.idx = idx;
-        p.cand[list * p.cap + pos] = e;
+        cand[list * cap + pos] = e;
     }
 }
 
+/* The appenders below are __noinline__ and take what they need as scalars: a reference
+ * to the kernel's parameters would make the compiler copy them to the stack, and every
+ * later read of a parameter in the kernel would then be a local load. */
+
 /* Appends the candidates of one row: bit 2 b + c of mask is column j0 + 8 b + c (rare:
- * about kk n / nA per query in all). Columns past n and the query itself are dropped
- * here, never in the hot test. One atomic reserves the row's slots (a round trip to L2
- * per candidate, one after the other, was most of the epilogue's stall time). One call
- * site per row (a call per pair, or passing the accumulators, cost registers in the hot
- * loop). */
-__device__ __noinline__ void append_cands(const MmaParams &p, int q, int64_t j0, unsigned mask)
+ * about kk n / nA per query in all). Columns past n and the query itself (self, -1 for
+ * none) are dropped here, never in the hot test. One atomic reserves the row's slots (a
+ * round trip to L2 per candidate, one after the other, was most of the epilogue's stall
+ * time). One call site per row (a call per pair, or passing the accumulators, cost
+ * registers in the hot loop). */
+__device__ __noinline__ void append_cands(int *cnt, Cand *cand, int cap, int64_t n, int64_t self, int q, int64_t j0,
+                                          unsigned mask)
 {
-    const int64_t self = p.exclude ? p.self_local0 + q : -1;
     unsigned keep = 0;
     for (unsigned m = mask; m; m &= m - 1) {
         const int bit = __ffs(m) - 1;
         const int64_t j = j0 + (bit >> 1) * 8 + (bit & 1);
-        if (j < p.n && j != self) keep |= 1u << bit;
+        if (j < n && j != self) keep |= 1u << bit;
     }
     if (!keep) return;
-    int pos = atomicAdd(p.cnt + q, __popc(keep));
+    int pos = atomicAdd(cnt + q, __popc(keep));
     for (; keep; keep &= keep - 1, ++pos) {
         const int bit = __ffs(keep) - 1;
-        put_cand_at(p, q, pos, (int)(j0 + (bit >> 1) * 8 + (bit & 1)));
+        put_cand_at(cand, cap, q, pos, (int)(j0 + (bit >> 1) * 8 + (bit & 1)));
     }
 }
 
@@ -242,12 +246,12 @@ __device__ __noinline__ void append_cands(const MmaParams &p, int q, int64_t j0,
  * 2 b + c is column j0 + 8 b + c). Columns past n are dropped; none is qid itself (the
  * column side runs on off-diagonal tiles only). Each column is its own list, one atomic
  * each (issuing four before writing any was not faster on the 1M self-join). */
-__device__ __noinline__ void append_cols(const MmaParams &p, int qid, int64_t j0, unsigned mask)
+__device__ __noinline__ void append_cols(int *cnt, Cand *cand, int cap, int64_t n, int qid, int64_t j0, unsigned mask)
 {
     for (; mask; mask &= mask - 1) {
         const int bit = __ffs(mask) - 1;
         const int64_t j = j0 + (bit >> 1) * 8 + (bit & 1);
-        if (j < p.n) put_cand_at(p, j, atomicAdd(p.cnt + j, 1), qid);
+        if (j < n) put_cand_at(cand, cap, j, atomicAdd(cnt + j, 1), qid);
     }
 }
 
@@ -293,8 +297,8 @@ __device__ __forceinline__ void sym_epilogue(const MmaParams &p, Acc A, const fl
     for (int i = 0; i < R; ++i) {
         const int q = q0 + rows[i];
         if (q >= p.qs) continue;
-        if (rm[i]) append_cands(p, q, ref0 + 2 * t, rm[i]);
-        if (offdiag && cm[i]) append_cols(p, q, ref0 + 2 * t, cm[i]);
+        if (rm[i]) append_cands(p.cnt, p.cand, p.cap, p.n, p.exclude ? p.self_local0 + q : -1, q, ref0 + 2 * t, rm[i]);
+        if (offdiag && cm[i]) append_cols(p.cnt, p.cand, p.cap, p.n, q, ref0 + 2 * t, cm[i]);
     }
 }
 
@@ -457,7 +461,9 @@ __global__ __launch_bounds__(kThreads, 1) void mma_kernel(const MmaParams p)
                         for (int c = 0; c < 2; ++c)
                             mask |= (unsigned)!(acc[mi][ni][2 * hh + c] < __fadd_rd(cv[ni][c], ri)) << (2 * ni + c);
                     const int q = q0 + r;
-                    if (mask && q < p.qs) append_cands(p, q, ref0 + 2 * t, mask);
+                    if (mask && q < p.qs)
+                        append_cands(p.cnt, p.cand, p.cap, p.n, p.exclude ? p.self_local0 + q : -1, q, ref0 + 2 * t,
+                                     mask);
                 }
         }
         }
@@ -498,16 +504,78 @@ __device__ __forceinline__ float max_nan(float a, float b)
     return r;
 }
 
-/* wgmma_kernel's fragment: rows wg 128 + 64 mb + 16 wi + g + 8 hh, acc[mb][4 nb + 2 hh + c] */
-__device__ __forceinline__ void sym_epilogue_wg(const MmaParams &p, float (&acc)[2][64], const float *rnt,
-                                                const float *thrt, const float *row_s, const float *prow_s,
-                                                int rbase, int q0, int64_t ref0, int t, bool offdiag)
+/* A read-only load the compiler neither merges with an earlier load of the same address
+ * nor hoists (sym_epilogue_wg's slow parts reload column terms rather than keep the first
+ * loop's 64 registers of them live) */
+__device__ __forceinline__ float ldg_again(const float *a)
 {
-    int rows[4];
+    float v;
+    asm volatile("ld.global.nc.f32 %0, [%1];\n" : "=f"(v) : "l"(a));
+    return v;
+}
+
+/* Mode 2 epilogue of the Hopper kernels (fragment: rows rbase + 64 mb + 8 hh, i = 2 mb + hh,
+ * columns nb * 8 + 2 t + c, accumulator acc[mb][4 nb + 2 hh + c]): sym_epilogue's masks,
+ * each behind a quick test. The row side takes the row maximum of fadd_ru(acc, -c_j) as
+ * mode 1 does; the column side the maximum over the thread's four rows of
+ * fadd_ru(acc, -p_i) against the column's c'_x. Only a row or column whose maximum passes
+ * (max.NaN keeps NaN: a candidate) has its mask bits computed, as sym_epilogue computes
+ * them; every other bit is 0 there too, as the maximum bounds each of its pairs. At
+ * n = 1M, k = 16 (about 650 candidates a query) that is a few rows and columns per warp
+ * and tile. ct2: the tile's column terms (c_j, c'_x) as pairs, offset to the thread's
+ * first column. (Computing the column bits in a second loop after the row maxima made
+ * ptxas spill the accumulators.) */
+__device__ __forceinline__ void sym_epilogue_wg(const MmaParams &p, float (&acc)[2][64], const float2 *ct2,
+                                                const float *row_s, const float *prow_s, int rbase, int q0,
+                                                int64_t ref0, int t, bool offdiag)
+{
+    float rc[4], pv[4], mx[4];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) rows[i] = rbase + (i >> 1) * 64 + 8 * (i & 1);
-    sym_epilogue<4, 16>(p, [&](int i, int nb, int c) { return acc[i >> 1][4 * nb + 2 * (i & 1) + c]; }, rnt, thrt,
-                        row_s, prow_s, rows, q0, ref0, t, offdiag);
+    for (int i = 0; i < 4; ++i) {
+        const int r = rbase + (i >> 1) * 64 + 8 * (i & 1);
+        rc[i] = row_s[r];
+        pv[i] = prow_s[r];
+        mx[i] = -INFINITY;
+    }
+    unsigned rm[4] = {0u, 0u, 0u, 0u}, cmk[4] = {0u, 0u, 0u, 0u};
+#pragma unroll
+    for (int nb = 0; nb < 16; ++nb) {
+        const float4 w = __ldg(reinterpret_cast<const float4 *>(ct2 + nb * 8)); /* (c_j, c'_x) of both columns */
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+            const float cj = c ? w.z : w.x, cx = c ? w.w : w.y;
+            float cm = -INFINITY;
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const float a = acc[i >> 1][4 * nb + 2 * (i & 1) + c];
+                mx[i] = max_nan(mx[i], __fadd_ru(a, -cj));
+                cm = max_nan(cm, __fadd_ru(a, -pv[i]));
+            }
+            if (offdiag && !(cm < cx)) /* the column's four bits (diagonal tiles: the row side sees both orders) */
+#pragma unroll
+                for (int i = 0; i < 4; ++i)
+                    cmk[i] |= (unsigned)!(__fadd_ru(acc[i >> 1][4 * nb + 2 * (i & 1) + c], -pv[i]) < cx)
+                              << (2 * nb + c);
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+        if (!(mx[i] < rc[i])) {
+#pragma unroll
+            for (int nb = 0; nb < 16; ++nb)
+#pragma unroll
+                for (int c = 0; c < 2; ++c)
+                    rm[i] |= (unsigned)!(__fadd_ru(acc[i >> 1][4 * nb + 2 * (i & 1) + c], -ldg_again(&ct2[nb * 8 + c].x)) <
+                                         rc[i])
+                             << (2 * nb + c);
+        }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const int q = q0 + rbase + (i >> 1) * 64 + 8 * (i & 1);
+        if (q >= p.qs) continue;
+        if (rm[i]) append_cands(p.cnt, p.cand, p.cap, p.n, p.exclude ? p.self_local0 + q : -1, q, ref0 + 2 * t, rm[i]);
+        if (cmk[i]) append_cols(p.cnt, p.cand, p.cap, p.n, q, ref0 + 2 * t, cmk[i]);
+    }
 }
 
 /* d[64] += A (64 x 8, descriptor) * B (8 x 128, descriptor), tf32 in, fp32 out */
@@ -568,13 +636,14 @@ __device__ __forceinline__ void gload_stage(float *stage, float *rn_ring, const 
 
 #ifdef XKNN__HAVE_WGMMA
 /* The candidates of a thread's four rows of one tile (wg_epilogue, mode 1): row
- * qb + 64 mb + 8 hh has mask[2 mb + hh] (bits as append_cands). All the rows' slot
+ * qb + 64 mb + 8 hh has mask m(2 mb + hh) (bits as append_cands). All the rows' slot
  * atomics are issued before any slot is written, so a thread waits for one round trip
  * to L2 per tile, not one per row (at k = 4096 nearly every row of every tile has a
  * candidate). */
-__device__ __noinline__ void append_rows(const MmaParams &p, int qb, int64_t j0, const unsigned (&mask)[4])
+__device__ __noinline__ void append_rows(int *cnt, Cand *cand, int cap, int64_t n, int64_t self0, int qb, int64_t j0,
+                                         unsigned m0, unsigned m1, unsigned m2, unsigned m3)
 {
-    const int64_t self0 = p.exclude ? p.self_local0 + qb : -1;
+    const unsigned mask[4] = {m0, m1, m2, m3};
     unsigned keep[4];
     int pos[4];
 #pragma unroll
@@ -584,99 +653,123 @@ __device__ __noinline__ void append_rows(const MmaParams &p, int qb, int64_t j0,
         for (unsigned m = mask[i]; m; m &= m - 1) {
             const int bit = __ffs(m) - 1;
             const int64_t j = j0 + (bit >> 1) * 8 + (bit & 1);
-            if (j < p.n && (self0 < 0 || j != self0 + dq)) keep[i] |= 1u << bit;
+            if (j < n && (self0 < 0 || j != self0 + dq)) keep[i] |= 1u << bit;
         }
-        pos[i] = keep[i] ? atomicAdd(p.cnt + qb + dq, __popc(keep[i])) : 0;
+        pos[i] = keep[i] ? atomicAdd(cnt + qb + dq, __popc(keep[i])) : 0;
     }
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
         const int dq = (i >> 1) * 64 + (i & 1) * 8;
         for (unsigned m = keep[i]; m; m &= m - 1, ++pos[i]) {
             const int bit = __ffs(m) - 1;
-            put_cand_at(p, qb + dq, pos[i], (int)(j0 + (bit >> 1) * 8 + (bit & 1)));
+            put_cand_at(cand, cap, qb + dq, pos[i], (int)(j0 + (bit >> 1) * 8 + (bit & 1)));
         }
     }
 }
 
 /* The epilogue of reference tile `tile` for warp wi of warpgroup wg (the mma_kernel
- * contract): pass A witnesses, pass B candidates, mode 2 both sides. rnt / thrt: the
- * tile's norms and (mode 2) thresholds in shared memory. Leaves acc as it found it. */
+ * contract): pass A witnesses, pass B candidates, mode 2 both sides. The column terms
+ * come from p.ct (mma_col_terms_kernel; wgmma_kernel's norm ring in shared memory is
+ * mma_kernel's layout, unused here). Leaves acc as it found it. */
 template <int MODE>
-__device__ __forceinline__ void wg_epilogue(const MmaParams &p, float (&acc)[2][64], int64_t tile, const float *rnt,
-                                            const float *thrt, const float *row_s, const float *prow_s, int wg,
-                                            int wi, int g, int t, int q0)
+__device__ __forceinline__ void wg_epilogue(const MmaParams &p, float (&acc)[2][64], int64_t tile,
+                                            const float *row_s, const float *prow_s, int wg, int wi, int g, int t,
+                                            int q0)
 {
     const int64_t ref0 = tile * kBN;
     if constexpr (MODE == 2) {
-        sym_epilogue_wg(p, acc, rnt, thrt, row_s, prow_s, wg * 128 + wi * 16 + g, q0, ref0, t,
-                        tile * kBN >= (int64_t)q0 + kBM);
+        sym_epilogue_wg(p, acc, reinterpret_cast<const float2 *>(p.ct) + ref0 + 2 * t, row_s, prow_s,
+                        wg * 128 + wi * 16 + g, q0, ref0, t, tile * kBN >= (int64_t)q0 + kBM);
     } else {
+        /* the tile's column terms (col_term, computed once a pass by mma_col_terms_kernel) */
         float cv[16][2];
 #pragma unroll
         for (int nb = 0; nb < 16; ++nb) {
-            const float2 r2 = *reinterpret_cast<const float2 *>(rnt + nb * 8 + 2 * t);
-#pragma unroll
-            for (int c = 0; c < 2; ++c) cv[nb][c] = col_term<MODE>(p, ref0 + nb * 8 + 2 * t + c, c ? r2.y : r2.x);
+            const float2 c2 = __ldg(reinterpret_cast<const float2 *>(p.ct + ref0 + nb * 8 + 2 * t));
+            cv[nb][0] = c2.x;
+            cv[nb][1] = c2.y;
         }
-        unsigned masks[4] = {0u, 0u, 0u, 0u}; /* mode 1: row 2 mb + hh's candidates */
+        if constexpr (MODE == 0) {
+            const int64_t s0 = p.self_local0 + q0;
+            const bool diag = p.exclude && ref0 < s0 + kBM && s0 < ref0 + kBN;
+            /* per row and 64-column group, min_j fma_ru(acc, -2, C_j), then U = fadd_ru(A_i,
+             * min): the same value as the per-pair U of mma_kernel (rounding up is
+             * monotone). The four rows' minima are taken together (their chains interleave). */
+            float mn[4][2];
 #pragma unroll
-        for (int mb = 0; mb < 2; ++mb)
+            for (int i = 0; i < 4; ++i) mn[i][0] = mn[i][1] = INFINITY;
 #pragma unroll
-            for (int hh = 0; hh < 2; ++hh) {
-                const int r = wg * 128 + mb * 64 + wi * 16 + g + 8 * hh;
-                const int q = q0 + r;
-                const float rc = row_s[r];
-                if (MODE == 0) {
-                    const int64_t s0 = p.self_local0 + q0;
-                    const bool diag = p.exclude && ref0 < s0 + kBM && s0 < ref0 + kBN;
-                    /* min_j fma_ru(acc, -2, C_j), then U = fadd_ru(A_i, min): the same
-                     * value as the per-pair U of mma_kernel (rounding up is monotone) */
-                    float mn[2] = {INFINITY, INFINITY};
-                    if (diag) { /* the tile holds query q itself: it is no witness */
+            for (int nb = 0; nb < 16; ++nb)
 #pragma unroll
-                        for (int nb = 0; nb < 16; ++nb)
+                for (int c = 0; c < 2; ++c)
 #pragma unroll
-                            for (int c = 0; c < 2; ++c) {
-                                float u = __fmaf_ru(acc[mb][4 * nb + 2 * hh + c], -2.0f, cv[nb][c]);
-                                if (ref0 + nb * 8 + 2 * t + c == p.self_local0 + q) u = __int_as_float(0x7fffffff);
-                                mn[nb >> 3] = fminf(mn[nb >> 3], u);
-                            }
-                    } else { /* every other tile: no per-pair test */
+                    for (int i = 0; i < 4; ++i)
+                        mn[i][nb >> 3] = fminf(mn[i][nb >> 3], __fmaf_ru(acc[i >> 1][4 * nb + 2 * (i & 1) + c], -2.0f, cv[nb][c]));
+            if (diag) { /* the tile holds some of the CTA's queries: no query is its own witness */
 #pragma unroll
-                        for (int nb = 0; nb < 16; ++nb)
-#pragma unroll
-                            for (int c = 0; c < 2; ++c)
-                                mn[nb >> 3] = fminf(mn[nb >> 3], __fmaf_ru(acc[mb][4 * nb + 2 * hh + c], -2.0f, cv[nb][c]));
-                    }
-#pragma unroll
-                    for (int h2 = 0; h2 < 2; ++h2) {
-                        float m = __fadd_ru(rc, mn[h2]);
-                        m = fminf(m, __shfl_xor_sync(0xffffffffu, m, 1));
-                        m = fminf(m, __shfl_xor_sync(0xffffffffu, m, 2));
-                        const int64_t grp = ref0 / kMmaGroup + h2;
-                        if (t == 0 && q < p.qs && grp < p.ga) p.gmin[(int64_t)q * p.ga + grp] = m;
-                    }
-                } else {
-                    /* not a candidate <=> fadd_ru(acc, -c_j) < r_i (then acc < c_j + r_i
-                     * <= la s - thr exactly); the row maximum decides for all 32 pairs at
-                     * once (max.NaN keeps NaN: such pairs are candidates) */
-                    float m = -INFINITY;
-#pragma unroll
-                    for (int nb = 0; nb < 16; ++nb)
-#pragma unroll
-                        for (int c = 0; c < 2; ++c) m = max_nan(m, __fadd_ru(acc[mb][4 * nb + 2 * hh + c], -cv[nb][c]));
-                    if (m < rc || q >= p.qs) continue;
-                    unsigned mask = 0; /* bit 2 nb + c: a candidate */
+                for (int i = 0; i < 4; ++i) {
+                    const int r = wg * 128 + (i >> 1) * 64 + wi * 16 + g + 8 * (i & 1);
+                    const int64_t jq = p.self_local0 + q0 + r - ref0; /* the query's column in the tile */
+                    if (jq < 0 || jq >= kBN || (int)(jq & 7) >> 1 != t) continue;
+                    mn[i][0] = mn[i][1] = INFINITY;
 #pragma unroll
                     for (int nb = 0; nb < 16; ++nb)
 #pragma unroll
                         for (int c = 0; c < 2; ++c)
-                            mask |= (unsigned)!(__fadd_ru(acc[mb][4 * nb + 2 * hh + c], -cv[nb][c]) < rc) << (2 * nb + c);
-                    masks[2 * mb + hh] = mask;
+                            if (nb * 8 + 2 * t + c != jq)
+                                mn[i][nb >> 3] = fminf(mn[i][nb >> 3], __fmaf_ru(acc[i >> 1][4 * nb + 2 * (i & 1) + c], -2.0f, cv[nb][c]));
                 }
             }
-        if (MODE == 1 && (masks[0] | masks[1] | masks[2] | masks[3]))
-            append_rows(p, q0 + wg * 128 + wi * 16 + g, ref0 + 2 * t, masks);
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const int r = wg * 128 + (i >> 1) * 64 + wi * 16 + g + 8 * (i & 1);
+                const int q = q0 + r;
+                const float rc = row_s[r];
+#pragma unroll
+                for (int h2 = 0; h2 < 2; ++h2) {
+                    float m = __fadd_ru(rc, mn[i][h2]);
+                    m = fminf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+                    m = fminf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+                    const int64_t grp = ref0 / kMmaGroup + h2;
+                    if (t == 0 && q < p.qs && grp < p.ga) p.gmin[(int64_t)q * p.ga + grp] = m;
+                }
+            }
+        } else {
+            /* not a candidate <=> fadd_ru(acc, -c_j) < r_i (then acc < c_j + r_i <= la s - thr
+             * exactly); the row maximum decides for all 32 pairs at once (max.NaN keeps NaN:
+             * such pairs are candidates). The four rows' maxima are taken together, so
+             * their chains interleave; masks only for rows that need them. */
+            float mx[4];
+#pragma unroll
+            for (int i = 0; i < 4; ++i) mx[i] = -INFINITY;
+#pragma unroll
+            for (int nb = 0; nb < 16; ++nb)
+#pragma unroll
+                for (int c = 0; c < 2; ++c)
+#pragma unroll
+                    for (int i = 0; i < 4; ++i)
+                        mx[i] = max_nan(mx[i], __fadd_ru(acc[i >> 1][4 * nb + 2 * (i & 1) + c], -cv[nb][c]));
+            unsigned masks[4] = {0u, 0u, 0u, 0u}; /* row 2 mb + hh's candidates */
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const int r = wg * 128 + (i >> 1) * 64 + wi * 16 + g + 8 * (i & 1);
+                if (mx[i] < row_s[r] || q0 + r >= p.qs) continue;
+                const float rc = row_s[r];
+                unsigned mask = 0; /* bit 2 nb + c: a candidate */
+#pragma unroll
+                for (int nb = 0; nb < 16; ++nb)
+#pragma unroll
+                    for (int c = 0; c < 2; ++c)
+                        mask |= (unsigned)!(__fadd_ru(acc[i >> 1][4 * nb + 2 * (i & 1) + c], -cv[nb][c]) < rc)
+                                << (2 * nb + c);
+                masks[i] = mask;
+            }
+            if (masks[0] | masks[1] | masks[2] | masks[3]) {
+                const int qb = q0 + wg * 128 + wi * 16 + g;
+                append_rows(p.cnt, p.cand, p.cap, p.n, p.exclude ? p.self_local0 + qb : -1, qb, ref0 + 2 * t, masks[0],
+                            masks[1], masks[2], masks[3]);
+            }
+        }
     }
 }
 
@@ -757,8 +850,7 @@ __global__ __launch_bounds__(kThreads, 1) void wgmma_kernel(const MmaParams p)
 
         /* ---- epilogue of reference tile `tile` ---- */
         const int64_t tile = t0 + it / KC;
-        const int slot = (int)(tile % kRnSlots) * kBN;
-        wg_epilogue<MODE>(p, acc, tile, rn_s + slot, rn_s + kRnSlots * kBN + slot, row_s, prow_s, wg, wi, g, t, q0);
+        wg_epilogue<MODE>(p, acc, tile, row_s, prow_s, wg, wi, g, t, q0);
 #pragma unroll
         for (int mb = 0; mb < 2; ++mb)
 #pragma unroll
@@ -866,13 +958,23 @@ __global__ __launch_bounds__(kWsThreads, 1) void wgmma_ws_kernel(const MmaParams
     if (role == 0) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 56;\n" ::: "memory");
         const int ptid = tid; /* 0..127 */
+        /* stage s of round `round` (its parity); no division in the loop */
+        int s = 0, kc = 0;
+        unsigned round = 0;
+        int64_t tile = t0;
 #pragma unroll 1
         for (int64_t it = 0; it < total; ++it) {
-            const int s = (int)(it % S);
-            const int64_t round = it / S;
-            if (round > 0) mbar_wait(empty + s, (unsigned)((round - 1) & 1));
-            ws_load_chunk(Rs + s * kBN * KB, p, t0 + it / KC, (int)(it % KC), ptid);
+            if (round > 0) mbar_wait(empty + s, (round - 1) & 1);
+            ws_load_chunk(Rs + s * kBN * KB, p, tile, kc, ptid);
             mbar_arrive_cp_async(full + s);
+            if (++s == S) {
+                s = 0;
+                ++round;
+            }
+            if (++kc == KC) {
+                kc = 0;
+                ++tile;
+            }
         }
         cp_async_wait<0>();
         return;
@@ -923,26 +1025,29 @@ __global__ __launch_bounds__(kWsThreads, 1) void wgmma_ws_kernel(const MmaParams
         for (int e = 0; e < 64; ++e) acc[mb][e] = 0.0f;
     const float *Am[2] = {Qs + (wg * 128) * 32, Qs + (wg * 128 + 64) * 32};
 
-    int64_t it = 0;
+    /* matrix descriptors: the start address moves by 16-byte units (a k-step is 32 bytes,
+     * a query block of 32 dimensions kBM * 128 bytes, a stage kBN * 128 bytes); adding to
+     * the descriptor is exact, as every address stays below 2^18 */
+    const uint64_t dA0 = gmma_desc_sw128(Am[0]), dA1 = gmma_desc_sw128(Am[1]), dB = gmma_desc_sw128(Rs);
+    int s = 0; /* the stage of the next chunk and its round's parity */
+    unsigned ph = 0;
 #pragma unroll 1
     for (int64_t tile = t0; tile < t1; ++tile) {
         __syncwarp(); /* bar.sync counts whole warps: converge after the epilogue's branches */
         if (wg == 1 || tile != t0) named_sync(wg == 0 ? 1 : 2, 256); /* this consumer's turn */
         int prev = -1;
 #pragma unroll 1
-        for (int kc = 0; kc < KC; ++kc, ++it) {
-            const int s = (int)(it % S);
-            mbar_wait(full + s, (unsigned)((it / S) & 1));
+        for (int kc = 0; kc < KC; ++kc) {
+            mbar_wait(full + s, ph);
             asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-            const float *Bst = Rs + s * kBN * KB;
+            const uint64_t db = dB + (uint64_t)(s * (kBN * KB * 4 / 16));
+            const uint64_t da = (uint64_t)(kc * (kBM * 32 * 4 / 16));
             asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 #pragma unroll
             for (int k8 = 0; k8 < KB / 8; ++k8) {
                 /* k-step k8 is 32 bytes into each swizzled row */
-                const uint64_t db = gmma_desc_sw128(Bst + 8 * k8);
-#pragma unroll
-                for (int mb = 0; mb < 2; ++mb)
-                    wgmma_m64n128k8(acc[mb], gmma_desc_sw128(Am[mb] + kc * kBM * 32 + 8 * k8), db);
+                wgmma_m64n128k8(acc[0], dA0 + da + 2 * k8, db + 2 * k8);
+                wgmma_m64n128k8(acc[1], dA1 + da + 2 * k8, db + 2 * k8);
             }
             asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
             if (prev >= 0) {
@@ -951,6 +1056,10 @@ __global__ __launch_bounds__(kWsThreads, 1) void wgmma_ws_kernel(const MmaParams
                 if (lane == 0) mbar_arrive(empty + prev);
             }
             prev = s;
+            if (++s == S) {
+                s = 0;
+                ph ^= 1;
+            }
         }
         /* the other consumer's turn: consumer 1 does not signal after the last tile */
         if (wg == 0)
@@ -962,7 +1071,8 @@ __global__ __launch_bounds__(kWsThreads, 1) void wgmma_ws_kernel(const MmaParams
         if (lane == 0) mbar_arrive(empty + prev);
 
         /* the tile's norms and (mode 2) thresholds from global memory (L1/L2) */
-        wg_epilogue<MODE>(p, acc, tile, p.rn + tile * kBN, p.thr + tile * kBN, row_s, prow_s, wg, wi, g, t, q0);
+        wg_epilogue<MODE>(p, acc, tile, row_s, prow_s, wg, wi, g, t, q0);
+        /* zeroed after the epilogue, so they are dead across the appenders' calls */
 #pragma unroll
         for (int mb = 0; mb < 2; ++mb)
 #pragma unroll
@@ -1063,6 +1173,24 @@ __global__ __launch_bounds__(kBlock) void mma_rescue_kernel(const MmaParams p, i
     }
 }
 
+/* The column terms of references [0, round_up(p.n, kBN)) into p.ct, for the Hopper
+ * kernels' epilogue (which reads them instead of computing them per tile and thread):
+ * modes 0 and 1 col_term<MODE>; mode 2 the pairs (c_j, c'_x) of sym_epilogue_wg (c'_x
+ * from the final thresholds: launched after the select). */
+template <int MODE>
+__global__ __launch_bounds__(kBlock) void mma_col_terms_kernel(const MmaParams p)
+{
+    const int64_t RN = (p.n + kBN - 1) / kBN * kBN;
+    for (int64_t j = (int64_t)blockIdx.x * kBlock + threadIdx.x; j < RN; j += (int64_t)gridDim.x * kBlock) {
+        const float x = j < p.n ? p.rn[j] : 0.0f;
+        if (MODE == 2)
+            reinterpret_cast<float2 *>(p.ct)[j] =
+                make_float2(col_term<2>(p, j, x), col_sym_term(p, j, x, j < p.n ? p.thr[j] : 0.0f));
+        else
+            p.ct[j] = col_term<MODE>(p, j, x);
+    }
+}
+
 /* Stages of wgmma_ws_kernel that fit in `optin` bytes of shared memory (at most
  * kWsMaxStages); 0 when fewer than 3 fit. */
 int ws_stages(int64_t d, size_t optin)
@@ -1157,6 +1285,18 @@ int mma_wgmma_built(void)
 cudaError_t launch_mma_pass(const MmaParams &p, int mode, int sms, int wgmma, cudaStream_t st)
 {
     if (p.n <= 0 || p.qs <= 0) return cudaSuccess;
+    if (wgmma) { /* the Hopper kernels' column terms of this pass */
+        const int64_t RN = (p.n + kBN - 1) / kBN * kBN;
+        const int blocks = (int)(RN / kBlock + 1 < 4 * (int64_t)sms ? RN / kBlock + 1 : 4 * (int64_t)sms);
+        if (mode == 0)
+            mma_col_terms_kernel<0><<<blocks, kBlock, 0, st>>>(p);
+        else if (mode == 1)
+            mma_col_terms_kernel<1><<<blocks, kBlock, 0, st>>>(p);
+        else
+            mma_col_terms_kernel<2><<<blocks, kBlock, 0, st>>>(p);
+        const cudaError_t e = cudaGetLastError();
+        if (e != cudaSuccess) return e;
+    }
     const bool vec = ((uintptr_t)p.R % 16 == 0) && p.ldr % 4 == 0 && p.d % 4 == 0;
     if (mode == 0) return vec ? launch_one<0, true>(p, sms, wgmma, st) : launch_one<0, false>(p, sms, wgmma, st);
     if (mode == 2) return vec ? launch_one<2, true>(p, sms, wgmma, st) : launch_one<2, false>(p, sms, wgmma, st);
