@@ -565,9 +565,10 @@ __device__ __forceinline__ void sym_epilogue_wg(const MmaParams &p, float (&acc)
             for (int nb = 0; nb < 16; ++nb)
 #pragma unroll
                 for (int c = 0; c < 2; ++c)
-                    rm[i] |= (unsigned)!(__fadd_ru(acc[i >> 1][4 * nb + 2 * (i & 1) + c], -ldg_again(&ct2[nb * 8 + c].x)) <
-                                         rc[i])
-                             << (2 * nb + c);
+                {
+                    const float a = acc[i >> 1][4 * nb + 2 * (i & 1) + c];
+                    rm[i] |= (unsigned)!(__fadd_ru(a, -ldg_again(&ct2[nb * 8 + c].x)) < rc[i]) << (2 * nb + c);
+                }
         }
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
@@ -704,7 +705,8 @@ __device__ __forceinline__ void wg_epilogue(const MmaParams &p, float (&acc)[2][
                 for (int c = 0; c < 2; ++c)
 #pragma unroll
                     for (int i = 0; i < 4; ++i)
-                        mn[i][nb >> 3] = fminf(mn[i][nb >> 3], __fmaf_ru(acc[i >> 1][4 * nb + 2 * (i & 1) + c], -2.0f, cv[nb][c]));
+                        mn[i][nb >> 3] =
+                            fminf(mn[i][nb >> 3], __fmaf_ru(acc[i >> 1][4 * nb + 2 * (i & 1) + c], -2.0f, cv[nb][c]));
             if (diag) { /* the tile holds some of the CTA's queries: no query is its own witness */
 #pragma unroll
                 for (int i = 0; i < 4; ++i) {
@@ -716,8 +718,10 @@ __device__ __forceinline__ void wg_epilogue(const MmaParams &p, float (&acc)[2][
                     for (int nb = 0; nb < 16; ++nb)
 #pragma unroll
                         for (int c = 0; c < 2; ++c)
-                            if (nb * 8 + 2 * t + c != jq)
-                                mn[i][nb >> 3] = fminf(mn[i][nb >> 3], __fmaf_ru(acc[i >> 1][4 * nb + 2 * (i & 1) + c], -2.0f, cv[nb][c]));
+                            if (nb * 8 + 2 * t + c != jq) {
+                                const float u = __fmaf_ru(acc[i >> 1][4 * nb + 2 * (i & 1) + c], -2.0f, cv[nb][c]);
+                                mn[i][nb >> 3] = fminf(mn[i][nb >> 3], u);
+                            }
                 }
             }
 #pragma unroll
@@ -896,8 +900,8 @@ constexpr int kWsMaxStages = 12;
  * too), S chunks, barriers, and up to 1024 bytes to align the operands. */
 __host__ __device__ constexpr size_t ws_smem_bytes(int64_t dpad, int S)
 {
-    return sizeof(float) * (size_t)(kBM * dpad + 2 * kBM + (int64_t)S * kBN * 32) + 2 * kWsMaxStages * sizeof(uint64_t) +
-           1024;
+    return sizeof(float) * (size_t)(kBM * dpad + 2 * kBM + (int64_t)S * kBN * 32) +
+           2 * kWsMaxStages * sizeof(uint64_t) + 1024;
 }
 
 #ifdef XKNN__HAVE_WGMMA /* (only the sm_90a kernel body uses it) */
