@@ -504,6 +504,14 @@ __device__ __forceinline__ float max_nan(float a, float b)
     return r;
 }
 
+/* The Hopper kernels' accumulator fragment, per thread: four rows i = 2 mb + hh at
+ * 128 wg + 64 mb + 16 wi + g + 8 hh and 32 columns nb * 8 + 2 t + c; wg_acc is the
+ * accumulator of row i, column (nb, c). */
+__device__ __forceinline__ float wg_acc(const float (&acc)[2][64], int i, int nb, int c)
+{
+    return acc[i >> 1][4 * nb + 2 * (i & 1) + c];
+}
+
 /* A read-only load the compiler neither merges with an earlier load of the same address
  * nor hoists (sym_epilogue_wg's slow parts reload column terms rather than keep the first
  * loop's 64 registers of them live) */
@@ -547,14 +555,14 @@ __device__ __forceinline__ void sym_epilogue_wg(const MmaParams &p, float (&acc)
             float cm = -INFINITY;
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
-                const float a = acc[i >> 1][4 * nb + 2 * (i & 1) + c];
+                const float a = wg_acc(acc, i, nb, c);
                 mx[i] = max_nan(mx[i], __fadd_ru(a, -cj));
                 cm = max_nan(cm, __fadd_ru(a, -pv[i]));
             }
             if (offdiag && !(cm < cx)) /* the column's four bits (diagonal tiles: the row side sees both orders) */
 #pragma unroll
                 for (int i = 0; i < 4; ++i)
-                    cmk[i] |= (unsigned)!(__fadd_ru(acc[i >> 1][4 * nb + 2 * (i & 1) + c], -pv[i]) < cx)
+                    cmk[i] |= (unsigned)!(__fadd_ru(wg_acc(acc, i, nb, c), -pv[i]) < cx)
                               << (2 * nb + c);
         }
     }
@@ -566,7 +574,7 @@ __device__ __forceinline__ void sym_epilogue_wg(const MmaParams &p, float (&acc)
 #pragma unroll
                 for (int c = 0; c < 2; ++c)
                 {
-                    const float a = acc[i >> 1][4 * nb + 2 * (i & 1) + c];
+                    const float a = wg_acc(acc, i, nb, c);
                     rm[i] |= (unsigned)!(__fadd_ru(a, -ldg_again(&ct2[nb * 8 + c].x)) < rc[i]) << (2 * nb + c);
                 }
         }
@@ -706,7 +714,7 @@ __device__ __forceinline__ void wg_epilogue(const MmaParams &p, float (&acc)[2][
 #pragma unroll
                     for (int i = 0; i < 4; ++i)
                         mn[i][nb >> 3] =
-                            fminf(mn[i][nb >> 3], __fmaf_ru(acc[i >> 1][4 * nb + 2 * (i & 1) + c], -2.0f, cv[nb][c]));
+                            fminf(mn[i][nb >> 3], __fmaf_ru(wg_acc(acc, i, nb, c), -2.0f, cv[nb][c]));
             if (diag) { /* the tile holds some of the CTA's queries: no query is its own witness */
 #pragma unroll
                 for (int i = 0; i < 4; ++i) {
@@ -719,7 +727,7 @@ __device__ __forceinline__ void wg_epilogue(const MmaParams &p, float (&acc)[2][
 #pragma unroll
                         for (int c = 0; c < 2; ++c)
                             if (nb * 8 + 2 * t + c != jq) {
-                                const float u = __fmaf_ru(acc[i >> 1][4 * nb + 2 * (i & 1) + c], -2.0f, cv[nb][c]);
+                                const float u = __fmaf_ru(wg_acc(acc, i, nb, c), -2.0f, cv[nb][c]);
                                 mn[i][nb >> 3] = fminf(mn[i][nb >> 3], u);
                             }
                 }
@@ -752,7 +760,7 @@ __device__ __forceinline__ void wg_epilogue(const MmaParams &p, float (&acc)[2][
                 for (int c = 0; c < 2; ++c)
 #pragma unroll
                     for (int i = 0; i < 4; ++i)
-                        mx[i] = max_nan(mx[i], __fadd_ru(acc[i >> 1][4 * nb + 2 * (i & 1) + c], -cv[nb][c]));
+                        mx[i] = max_nan(mx[i], __fadd_ru(wg_acc(acc, i, nb, c), -cv[nb][c]));
             unsigned masks[4] = {0u, 0u, 0u, 0u}; /* row 2 mb + hh's candidates */
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
@@ -764,7 +772,7 @@ __device__ __forceinline__ void wg_epilogue(const MmaParams &p, float (&acc)[2][
                 for (int nb = 0; nb < 16; ++nb)
 #pragma unroll
                     for (int c = 0; c < 2; ++c)
-                        mask |= (unsigned)!(__fadd_ru(acc[i >> 1][4 * nb + 2 * (i & 1) + c], -cv[nb][c]) < rc)
+                        mask |= (unsigned)!(__fadd_ru(wg_acc(acc, i, nb, c), -cv[nb][c]) < rc)
                                 << (2 * nb + c);
                 masks[i] = mask;
             }
