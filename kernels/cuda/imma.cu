@@ -164,6 +164,16 @@ __device__ __forceinline__ void stage_row_consts(long long *row_s, const ImmaPar
     }
 }
 
+/* The reference tiles [t0, t1) of tile width BN in slice blockIdx.y (p.tiles_per_cta
+ * tiles each) of both kernels */
+template <int BN>
+__device__ __forceinline__ void slice_tiles(const ImmaParams &p, int64_t &t0, int64_t &t1)
+{
+    const int64_t RT = (p.n + BN - 1) / BN;
+    t0 = (int64_t)blockIdx.y * p.tiles_per_cta;
+    t1 = t0 + p.tiles_per_cta < RT ? t0 + p.tiles_per_cta : RT;
+}
+
 /* MODE 0: pass A (witnesses), 1: pass B (candidates). Grid (query tiles, reference
  * slices of tiles_per_cta tiles), 256 threads, dynamic shared memory imma_smem_bytes. */
 template <int MODE, bool BIN>
@@ -179,9 +189,8 @@ __global__ __launch_bounds__(kThreads, 2) void imma_kernel(const ImmaParams p)
     const int g = lane >> 2, t = lane & 3;
     const int wm = warp >> 1, wn = warp & 1;
     const int q0 = (int)blockIdx.x * kBM;
-    const int64_t RT = (p.n + kBN - 1) / kBN;
-    const int64_t t0 = (int64_t)blockIdx.y * p.tiles_per_cta;
-    const int64_t t1 = t0 + p.tiles_per_cta < RT ? t0 + p.tiles_per_cta : RT;
+    int64_t t0, t1;
+    slice_tiles<kBN>(p, t0, t1);
     if (t0 >= t1) return;
     const int KC = (int)(p.dp / kBK);
     const int64_t total = (t1 - t0) * KC;
@@ -446,9 +455,8 @@ __global__ __launch_bounds__(kWsThreads, 1) void imma_ws_kernel(const ImmaParams
     const int tid = (int)threadIdx.x, warp = tid >> 5;
     const int role = warp >> 2; /* 0 producer, 1 and 2 consumers */
     const int q0 = (int)blockIdx.x * kWsBM;
-    const int64_t RT = (p.n + kWsBN - 1) / kWsBN;
-    const int64_t t0 = (int64_t)blockIdx.y * p.tiles_per_cta;
-    const int64_t t1 = t0 + p.tiles_per_cta < RT ? t0 + p.tiles_per_cta : RT;
+    int64_t t0, t1;
+    slice_tiles<kWsBN>(p, t0, t1);
     if (t0 >= t1) return;
     const int KC = (int)(p.dp / kWsChunk);
     const int64_t total = (t1 - t0) * KC;
