@@ -837,6 +837,17 @@ __global__ __launch_bounds__(kBlock) void imma_finish_kernel(const ImmaParams p,
     }
 }
 
+/* A pass's grid: *qt query tiles of bm rows by Z slices (choose_slices) of the
+ * reference tiles of bn columns; sets q.tiles_per_cta (slice_tiles reads it), returns Z */
+int64_t slice_grid(ImmaParams &q, int64_t bm, int64_t bn, int sms, int64_t *qt)
+{
+    *qt = (q.qs + bm - 1) / bm;
+    const int64_t RT = (q.n + bn - 1) / bn;
+    const int64_t Z = choose_slices(*qt, RT, sms);
+    q.tiles_per_cta = (int)((RT + Z - 1) / Z);
+    return (RT + q.tiles_per_cta - 1) / q.tiles_per_cta;
+}
+
 template <int MODE, bool BIN>
 cudaError_t launch_pass(const ImmaParams &p, int sms, cudaStream_t st)
 {
@@ -847,12 +858,9 @@ cudaError_t launch_pass(const ImmaParams &p, int sms, cudaStream_t st)
             cudaError_t e =
                 cudaFuncSetAttribute(imma_ws_kernel<MODE>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)wsm);
             if (e != cudaSuccess) return e;
-            const int64_t qt = (p.qs + kWsBM - 1) / kWsBM;
-            const int64_t RT = (p.n + kWsBN - 1) / kWsBN;
-            int64_t Z = choose_slices(qt, RT, sms);
             ImmaParams q = p;
-            q.tiles_per_cta = (int)((RT + Z - 1) / Z);
-            Z = (RT + q.tiles_per_cta - 1) / q.tiles_per_cta;
+            int64_t qt;
+            const int64_t Z = slice_grid(q, kWsBM, kWsBN, sms, &qt);
             imma_ws_kernel<MODE><<<dim3((unsigned)qt, (unsigned)Z), kWsThreads, wsm, st>>>(q, S);
             return cudaGetLastError();
         }
@@ -861,12 +869,9 @@ cudaError_t launch_pass(const ImmaParams &p, int sms, cudaStream_t st)
     cudaError_t e =
         cudaFuncSetAttribute(imma_kernel<MODE, BIN>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess) return e;
-    const int64_t qt = (p.qs + kBM - 1) / kBM;
-    const int64_t RT = (p.n + kBN - 1) / kBN;
-    int64_t Z = choose_slices(qt, RT, sms);
     ImmaParams q = p;
-    q.tiles_per_cta = (int)((RT + Z - 1) / Z);
-    Z = (RT + q.tiles_per_cta - 1) / q.tiles_per_cta;
+    int64_t qt;
+    const int64_t Z = slice_grid(q, kBM, kBN, sms, &qt);
     imma_kernel<MODE, BIN><<<dim3((unsigned)qt, (unsigned)Z), kThreads, smem, st>>>(q);
     return cudaGetLastError();
 }
