@@ -169,24 +169,44 @@ static const tcase cases[] = {
     {"mma cosine stream falls back", DATA_GAUSSIAN, 20000, 100, 32, 16, 0, CO, MM, (size_t)2 << 20, 0, 0, 0, 0, 0, 0, 0, 0, 0},
     {"mma ip big W1-like", DATA_UNIFORM, 300007, 2000, 128, 10, 0, IP, MM, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1},
     {"mma cosine big clustered k=100", DATA_CLUSTERED, 200000, 1000, 128, 100, 0, CO, MM, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1},
+    /* path fp32 with resident references and d <= 128: the same passes with fp32 products
+     * on the CUDA cores (mma.cu's FF kernel, the FP32 bound); 16-byte and 4-byte reference
+     * loads, ties, re-runs, self-joins, tails of every tile size */
+    {"cores d=3 k=16", DATA_UNIFORM, 5003, 333, 3, 16, 0, EU, FP, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"cores d=32 k=100", DATA_GAUSSIAN, 30011, 300, 32, 100, 0, L2, FP, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"cores d=100 k=16", DATA_GAUSSIAN, 30001, 257, 100, 16, 0, EU, FP, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"cores d=128 k=1", DATA_UNIFORM, 40000, 513, 128, 1, 0, L2, FP, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"cores ties d=32", DATA_INTEGER, 30000, 140, 32, 100, 0, L2, FP, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"cores dups re-run", DATA_DUPLICATES, 20000, 20, 8, 16, 0, L2, FP, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"cores int d=1 re-run", DATA_INTEGER, 30001, 10, 1, 100, 0, EU, FP, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"cores clustered d=128", DATA_CLUSTERED, 30000, 300, 128, 16, 0, L2, FP, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"cores ld+3 d=17 blocks 3", DATA_UNIFORM, 9000, 11, 17, 33, 0, EU, FP, 0, 3, 0, 3, 0, 0, 0, 0, 0, 0},
+    {"cores self k=16", DATA_UNIFORM, 6001, 0, 64, 16, 1, L2, FP, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"cores self ties k=10", DATA_INTEGER, 3500, 0, 5, 10, 1, L2, FP, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"cores d=128 k=1024 2k groups", DATA_UNIFORM, 140000, 40, 128, 1024, 0, EU, FP, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1},
+    {"cores big W1-like", DATA_UNIFORM, 300007, 2000, 128, 10, 0, L2, FP, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1},
 };
 #define NCASES (int)(sizeof cases / sizeof cases[0])
 
 /* XKNN_CUDA_TEST_QUICK=1: heavy cases skipped (memcheck, synccheck).
  * XKNN_CUDA_TEST_QUICK=2: only these cases, which still reach every kernel path (warp,
  * block and merge sorts, splits, exact compaction, streaming, self-join, padding), for
- * racecheck, which is two orders of magnitude slower. */
+ * racecheck, which is two orders of magnitude slower.
+ * XKNN_CUDA_TEST_MATCH=text: only the cases whose name contains text (skipped otherwise). */
 static int quick;
 static const char *const tiny_cases[] = {
     "d=3 k=16", "d=32 k=100 fp32", "dups exact compaction", "d=100 k=4096", "blocks 7 x 129",
     "self k=n-1", "pad_missing self", "stream 1 MB ties", "fused d=3 k=16", "fused dups d=3 k=100",
     "fused blocks 7 x 129", "fused pad_missing self", "mma d=3 k=16", "mma dups re-run", "mma self k=n-1 falls back",
     "mma ld+3 d=17", "mma ip dups re-run", "mma ip offsets exclude", "mma d=128 k=1",
+    "cores dups re-run", "cores ld+3 d=17 blocks 3",
 };
 
 static int skipped_by_quick(const tcase *c)
 {
     size_t i;
+    const char *match = getenv("XKNN_CUDA_TEST_MATCH"); /* only the cases whose name has it */
+    if (match && *match && !strstr(c->what, match)) return 1;
     if (quick == 1) return c->heavy;
     if (quick >= 2) {
         for (i = 0; i < sizeof tiny_cases / sizeof tiny_cases[0]; i++)
@@ -440,8 +460,8 @@ static void run_errors(void)
 }
 #define NERRORS 7
 
-/* ---- the embedding API on device buffers (17 tests) --------------------------------- */
-#define NDEVICE 17
+/* ---- the embedding API on device buffers (19 tests) --------------------------------- */
+#define NDEVICE 19
 #ifdef XKNN_TEST_HAVE_CUDA_RT
 #define CK(call)                                                                                       \
     do {                                                                                               \
@@ -560,8 +580,11 @@ static void run_device_api(void)
         p.cuda_path = XKNN_CUDA_PATH_FP32;
         p.ref_id_offset = 5;
         p.ref_block = 2048; /* one split per query: ~4000 ties per value reach one buffer */
+        /* the cuBLAS tiles' filter (this shape's fp32 path is otherwise the CUDA-core passes) */
+        setenv("XKNN_CUDA_FP32_CUBLAS", "1", 1);
         st = xknn_cuda_workspace_size(ctx, &p, hn, hq, hd, hk, &bytes, &err);
         if (st == XKNN_SUCCESS) st = dsearch(ctx, &p, href, hn, hqry, hq, hd, hk, ids, dist, bytes, 0, stats, &err);
+        unsetenv("XKNN_CUDA_FP32_CUBLAS");
         ref_knn(REF_L2, href, hn, hd, hqry, hq, hd, hd, hk, 0, 5, 0, wid, wd);
         if (st != XKNN_SUCCESS)
             ok(0, "device API, 20000 rows of 5 distinct values: %s", err.message);
@@ -569,6 +592,17 @@ static void run_device_api(void)
             is_knn_equal(ids, dist, wid, wd, hq, hk, "device API, 20000 rows of 5 distinct values");
         ok(st == XKNN_SUCCESS && stats[XKNN_CUDA_STAT_EXACT_COMPACTIONS] > 0,
            "heavy ties forced exact compactions (%llu)", stats[XKNN_CUDA_STAT_EXACT_COMPACTIONS]);
+        /* the fp32 CUDA-core passes: ~4000 ties overflow the candidate slots, so every
+         * query is re-run exactly */
+        st = xknn_cuda_workspace_size(ctx, &p, hn, hq, hd, hk, &bytes, &err);
+        if (st == XKNN_SUCCESS) st = dsearch(ctx, &p, href, hn, hqry, hq, hd, hk, ids, dist, bytes, 0, stats, &err);
+        if (st != XKNN_SUCCESS)
+            ok(0, "device API, fp32 CUDA-core passes, 20000 rows of 5 distinct values: %s", err.message);
+        else
+            is_knn_equal(ids, dist, wid, wd, hq, hk, "device API, fp32 CUDA-core passes, 20000 rows of 5 distinct values");
+        ok(st == XKNN_SUCCESS && stats[XKNN_CUDA_STAT_RERUNS] > 0 && stats[XKNN_CUDA_STAT_UNRESOLVED] == 0,
+           "fp32 CUDA-core passes: overflowed buffers re-run exactly (%llu of %lld queries)",
+           stats[XKNN_CUDA_STAT_RERUNS], (long long)hq);
         /* the fused path: thousands of exact ties at the k-th distance cannot be certified
          * from a 32-key list, so every query must be re-run exactly */
         p.cuda_path = XKNN_CUDA_PATH_FUSED;

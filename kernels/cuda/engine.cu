@@ -7,7 +7,9 @@
  * kernel, for small d and k), the tensor-core path (mma.cu: TF32 mma tiles with the
  * filter in their epilogue, references resident, d <= 128) or the GEMM pipeline below
  * (cuBLAS fp32 or TF32 candidates); the fused plan and workspace come from plan_fused,
- * the others from plan_fit (plan_mma for the tensor-core path).
+ * the others from plan_fit (plan_mma for the tensor-core path). Path fp32 with resident
+ * references, l2 / euclidean and d <= 128 runs the tensor-core pipeline with fp32
+ * products on the CUDA cores instead (ffma_wanted, plan_mma's ffma).
  *
  * TENSOR-CORE PIPELINE (one state block; mma.cu describes the passes and their bounds)
  *   begin    as below (tau = +inf, counts = 0, query norms)
@@ -245,6 +247,7 @@ struct Plan {
     float lrel, labs, urel, uabs;
     /* tensor-core path (mma = 1): witnesses over nA references in ga groups */
     int mma, wgmma; /* wgmma: the Hopper kernel of the tensor-core passes */
+    int ffma;       /* the same passes with fp32 products on the CUDA cores (path fp32) */
     int64_t nA, ga;
     size_t off_gmin, off_thr, off_ct;
     float la, ua, ub;
@@ -467,6 +470,9 @@ int plan_fused(const xknn_cuda_context *ctx, const xknn_params *prm, int64_t n, 
  * cap: twice the expected candidates (times 3 for the bound's band) plus slack; a query
  * that overflows it is re-run exactly (counted in XKNN_CUDA_STAT_RERUNS). */
 static const double kMmaWitnessC = 200.0, kMmaWitnessSmallC = 1600.0, kImmaWitnessC = 200.0;
+/* the CUDA-core passes (plan_mma's ffma): pass A costs as much per pair as pass B, so a
+ * shorter prefix balances the re-rank */
+static const double kFfmaWitnessC = 50.0;
 static const int64_t kMmaWitnessSmallK = 128;
 
 /* C for kk neighbours (def: the int8 path's fixed constant, else 0), or
@@ -520,15 +526,16 @@ void mma_bounds(Plan &p)
 }
 
 int plan_mma(const xknn_cuda_context *ctx, const xknn_params *prm, int64_t n, int64_t nq, int64_t d, int64_t k,
-             size_t limit, size_t per_query_extra, Plan *out)
+             size_t limit, size_t per_query_extra, int ffma, Plan *out)
 {
     if (ctx->cc_major < 8 || mma_smem_bytes(d) > ctx->smem_optin || n > kMaxRefsPerCall - kMmaBN) return 0;
     /* witnesses need groups: with fewer than 2 kk groups in all the threshold would be
      * loose or infinite (every query re-run), so such shapes take the cuBLAS path */
     if (ceil_div(n, kMmaGroup) < kMmaWitnessRatio * min64(k, n)) return 0;
     Plan p = plan_init(prm, n, nq, d, k);
-    p.tf32 = 1;
+    p.tf32 = !ffma;
     p.mma = 1;
+    p.ffma = ffma;
     p.S = 1;
     p.dh = round_up(d, 4); /* cosine's unit rows: 16-byte rows for the vector loads */
     /* Hopper (sm_90a code in the build): wgmma (mma.cu's warp-specialized kernel where
@@ -537,16 +544,16 @@ int plan_mma(const xknn_cuda_context *ctx, const xknn_params *prm, int64_t n, in
      * which every GPU of compute capability >= 8.0 runs */
     {
         const char *ms = getenv("XKNN_CUDA_MMA_SYNC");
-        p.wgmma = ctx->cc_major == 9 && ctx->cc_minor == 0 && mma_wgmma_built() && !(ms && *ms && *ms != '0') &&
-                  wgmma_smem_bytes(d, 0) <= ctx->smem_optin;
+        p.wgmma = !ffma && ctx->cc_major == 9 && ctx->cc_minor == 0 && mma_wgmma_built() &&
+                  !(ms && *ms && *ms != '0') && wgmma_smem_bytes(d, 0) <= ctx->smem_optin;
     }
-    /* the bound of engine.cu's TF32 derivation for the padded depth */
+    /* the bound of the TF32 derivation (ffma: of FP32) for the padded depth */
     p.d = round_up(d, 32);
     plan_bounds(p);
     p.d = d;
     if (!(p.mabs < INFINITY)) return 0;
     mma_bounds(p);
-    const double f = sqrt(witness_c(p.kk, 0.0) * (double)p.kk / (double)n);
+    const double f = sqrt(witness_c(p.kk, ffma ? kFfmaWitnessC : 0.0) * (double)p.kk / (double)n);
     int64_t nA = (int64_t)ceil(f * (double)n);
     nA = max64(nA, max64(kMmaWitnessRatio * kMmaGroup * p.kk, kMmaMinPrefix));
     nA = round_up(nA, kMmaBN);
@@ -582,20 +589,35 @@ const char *ipcos_why_not(const xknn_cuda_context *ctx, int64_t n, int64_t d, in
     return NULL;
 }
 
+/* Path fp32 with resident references, l2 / euclidean and d <= kMmaMaxD: the tensor-core
+ * path's passes with fp32 products on the CUDA cores (mma.cu's FF kernel; the FP32 bound
+ * of the header), where plan_mma finds a plan; cuBLAS SGEMM tiles and the filter
+ * otherwise. XKNN_CUDA_FP32_CUBLAS=1 (a diagnostic, for tests and comparisons) keeps the
+ * cuBLAS tiles everywhere. */
+int ffma_wanted(const xknn_params *prm, int64_t d)
+{
+    const char *e = getenv("XKNN_CUDA_FP32_CUBLAS");
+    return (prm->metric == XKNN_METRIC_L2 || prm->metric == XKNN_METRIC_EUCLIDEAN) && d <= kMmaMaxD &&
+           !(e && *e && *e != '0');
+}
+
 /* The largest plan whose workspace plus QS * per_query_extra fits in `limit` bytes.
  * Resident: QS = QB. Streaming: QS (queries with live state, amortising each reference
  * pass) as large as fits, QB <= QS. Returns 0 and the minimum in *min_needed if none. */
 int plan_fit(const xknn_cuda_context *ctx, const xknn_params *prm, int64_t n, int64_t nq, int64_t d, int64_t k,
              int64_t pass_rows, size_t limit, size_t per_query_extra, int streaming, Plan *out, size_t *min_needed)
 {
-    if (!streaming && choose_path(prm, n, nq, d, k) == XKNN_CUDA_PATH_MMA &&
-        plan_mma(ctx, prm, n, nq, d, k, limit, per_query_extra, out))
+    const int path = choose_path(prm, n, nq, d, k);
+    if (!streaming && path == XKNN_CUDA_PATH_MMA && plan_mma(ctx, prm, n, nq, d, k, limit, per_query_extra, 0, out))
+        return 1;
+    if (!streaming && path == XKNN_CUDA_PATH_FP32 && ffma_wanted(prm, d) &&
+        plan_mma(ctx, prm, n, nq, d, k, limit, per_query_extra, 1, out))
         return 1;
     if (gemm_ipcos(prm)) { /* no cuBLAS path for them (the filter is l2's) */
         xknn_params one = *prm;
         Plan q;
         one.query_block = 1;
-        *min_needed = !streaming && plan_mma(ctx, &one, n, 1, d, k, SIZE_MAX / 4, 0, &q) ? q.bytes + per_query_extra : 0;
+        *min_needed = !streaming && plan_mma(ctx, &one, n, 1, d, k, SIZE_MAX / 4, 0, 0, &q) ? q.bytes + per_query_extra : 0;
         return 0;
     }
     Plan p = plan_init(prm, n, nq, d, k);
@@ -780,6 +802,7 @@ MmaParams mma_params(const Run &r, const float *Q, int64_t ldq, int64_t qs, int 
     mp.qs = (int)qs;
     mp.cap = (int)p.cap;
     mp.exclude = exclude;
+    mp.ffma = p.ffma;
     return mp;
 }
 
@@ -972,10 +995,11 @@ void print_plan(const xknn_cuda_context *ctx, const Plan &p, const char *mode, s
     }
     if (p.mma) {
         fprintf(stderr,
-                "xknn: cuda: device %d (%s, %d SMs): %s, path mma (TF32 %s tiles, filter in the "
+                "xknn: cuda: device %d (%s, %d SMs): %s, path %s (%s %s tiles, filter in the "
                 "epilogue), n=%lld nq=%lld d=%lld k=%lld; state block %lld, witnesses over %lld references (%lld "
                 "groups), %lld candidate slots per query, workspace %.1f MiB, budget %.1f MiB\n",
-                ctx->device, ctx->name, ctx->sms, mode, p.wgmma ? "wgmma" : "mma.sync", (long long)p.n,
+                ctx->device, ctx->name, ctx->sms, mode, p.ffma ? "fp32" : "mma", p.ffma ? "FP32" : "TF32",
+                p.ffma ? "CUDA-core" : p.wgmma ? "wgmma" : "mma.sync", (long long)p.n,
                 (long long)p.nq, (long long)p.d, (long long)p.k, (long long)p.QS, (long long)p.nA, (long long)p.ga, (long long)p.cap,
                 (double)p.bytes / 1048576.0, (double)budget / 1048576.0);
         return;
@@ -1814,7 +1838,7 @@ static const char *plan_sym(const xknn_cuda_context *ctx, const xknn__job *job, 
     if (choose_path(prm, n, n, d, k) != XKNN_CUDA_PATH_MMA)
         return "the symmetric kernel is the tensor-core path's, and this shape takes another path";
     Plan p;
-    if (!plan_mma(ctx, prm, n, n, d, k, SIZE_MAX / 4, 0, &p))
+    if (!plan_mma(ctx, prm, n, n, d, k, SIZE_MAX / 4, 0, 0, &p))
         return "no tensor-core plan (device, d, or fewer than 4k witness groups of 64 references)";
     if ((p.wgmma ? wgmma_smem_bytes(d, 1) : mma_smem_bytes(d)) + mma_sym_smem_extra() > ctx->smem_optin)
         return "the symmetric kernel's shared memory exceeds the device's";

@@ -136,6 +136,7 @@ struct MmaParams {
     float ua, ub, la;      /* U = fma_ru(acc, -2, fma_ru(s, ua, ub)); r = fma_rd(s, la, -thr) */
     int qs, cap, exclude;
     int tiles_per_cta;     /* set by the launcher (mode 2: tiles of a CTA's row chunk)   */
+    int ffma;              /* 1: fp32 products on the CUDA cores (modes 0 and 1), not TF32 */
 };
 
 /* Generic path (generic.cu): canonical distances of any metric and dtype, tile by tile,

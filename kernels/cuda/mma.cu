@@ -69,6 +69,15 @@
  * dynamic shared memory at d = 128, one CTA per SM (about 200 registers a thread); grid
  * (query tiles, reference slices), query tiles fastest so the CTAs resident together
  * share reference tiles through L2 (each reference row is read from HBM about once).
+ *
+ * FP32 ON THE CUDA CORES (MmaParams.ffma: engine.cu's path fp32 where the references are
+ * resident, l2 / euclidean). The same kernel with FF = true: the queries are staged
+ * unrounded and each thread computes the fragment's 8 x 16 pairs itself with fmaf over
+ * all dimensions (16-byte loads of its 8 query rows and 16 reference rows per 4
+ * dimensions: 24 loads per 512 FMA), so the epilogue, the passes, select, rescue and
+ * re-rank are shared. acc is then an fp32 dot product in some order with FMA, the case of
+ * engine.cu's FP32 bound (plan_bounds with tf32 = 0), which mma_bounds turns into the same
+ * epilogue constants. Modes 0 and 1 only; 254 registers or fewer, no spills.
  */
 #include "async_primitives.cuh"
 #include "block_primitives.cuh"
@@ -82,6 +91,7 @@ constexpr int kBM = kMmaBM, kBN = kMmaBN, kBK = 32, kStages = kMmaStages;
 constexpr int kRowB = kBK + 4; /* floats per staged reference row (16-byte aligned, conflict-free) */
 constexpr int kThreads = kMmaThreads;
 constexpr int kGStages = 3; /* wgmma kernel: cp.async ring depth */
+constexpr int kFfUnroll = 2; /* CUDA-core kernel: 4-dimension steps per loop trip (W1: 1 is 5 % slower, 4 the same) */
 
 /* wgmma kernel: dimensions per ring stage, KB = 64 where the padded depth is a multiple of
  * 64 (one barrier and one wgmma drain per 64 dimensions instead of per 32), else 32. Mode
@@ -132,7 +142,7 @@ __device__ __forceinline__ void load_stage(float *stage, float *rn_ring, const M
     const int tid = (int)threadIdx.x;
     const int64_t ref0 = tile * kBN;
     const int k0 = kc * kBK;
-    if (kc == 0) load_tile_terms<MODE>(rn_ring, p, tile);
+    if (MODE == 2 && kc == 0) load_tile_terms<MODE>(rn_ring, p, tile);
     if (VEC) {
 #pragma unroll
         for (int i = 0; i < kBN * kBK / 4 / kThreads; ++i) {
@@ -314,12 +324,111 @@ __device__ __forceinline__ void sym_epilogue_mma(const MmaParams &p, float (&acc
                        row_s, prow_s, rows, q0, ref0, t, offdiag);
 }
 
+/* max that returns NaN when either operand is NaN */
+__device__ __forceinline__ float max_nan(float a, float b)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    float r;
+    asm("max.NaN.f32 %0, %1, %2;\n" : "=f"(r) : "f"(a), "f"(b));
+    return r;
+#else
+    return a > b || a != a ? a : b;
+#endif
+}
+
+/* Passes A and B of mma_kernel's fragment for one tile: rows rbase + 16 mi + 8 hh
+ * (accumulator acc[mi][ni][2 hh + c]), columns ref0 + 8 ni + 2 t + c. The column terms
+ * come from p.ct (col_term, computed once a pass by mma_col_terms_kernel).
+ * pass A  per row, U = fadd_ru(A_i, min_j fma_ru(acc, -2, C_j)) >= A_i + C_j - 2 acc for
+ *         every j (each step rounds up), written as the witness of the warp's 64-column
+ *         group; NaN terms are never the minimum, and on a diagonal tile the query's own
+ *         column is left out.
+ * pass B  not a candidate <=> fadd_ru(acc, -c_j) < r_i (then acc < c_j + r_i <= la s -
+ *         thr exactly); the row maximum decides for a whole row at once (max.NaN keeps
+ *         NaN: such pairs are candidates), and masks are built only for rows that pass. */
+template <int MODE>
+__device__ __forceinline__ void mma_epilogue(const MmaParams &p, const float (&acc)[4][8][4], const float *row_s,
+                                             int rbase, int q0, int64_t ref0, int t)
+{
+    float cv[8][2];
+#pragma unroll
+    for (int ni = 0; ni < 8; ++ni) {
+        const float2 c2 = __ldg(reinterpret_cast<const float2 *>(p.ct + ref0 + ni * 8 + 2 * t));
+        cv[ni][0] = c2.x;
+        cv[ni][1] = c2.y;
+    }
+    if (MODE == 0) {
+        const int64_t s0 = p.self_local0 + q0;
+        const bool diag = p.exclude && ref0 < s0 + kBM && s0 < ref0 + 64;
+        float mn[8];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) mn[i] = INFINITY;
+#pragma unroll
+        for (int ni = 0; ni < 8; ++ni)
+#pragma unroll
+            for (int c = 0; c < 2; ++c)
+#pragma unroll
+                for (int i = 0; i < 8; ++i)
+                    mn[i] = fminf(mn[i], __fmaf_ru(acc[i >> 1][ni][2 * (i & 1) + c], -2.0f, cv[ni][c]));
+        if (diag) { /* the tile holds some of the CTA's queries: no query is its own witness */
+#pragma unroll
+            for (int i = 0; i < 8; ++i) {
+                const int r = rbase + (i >> 1) * 16 + 8 * (i & 1);
+                const int64_t jq = s0 + r - ref0; /* the query's column in the warp's 64 */
+                if (jq < 0 || jq >= 64 || (int)(jq & 7) >> 1 != t) continue;
+                mn[i] = INFINITY;
+#pragma unroll
+                for (int ni = 0; ni < 8; ++ni)
+#pragma unroll
+                    for (int c = 0; c < 2; ++c)
+                        if (ni * 8 + 2 * t + c != jq)
+                            mn[i] = fminf(mn[i], __fmaf_ru(acc[i >> 1][ni][2 * (i & 1) + c], -2.0f, cv[ni][c]));
+            }
+        }
+        const int64_t grp = ref0 / kMmaGroup;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            const int r = rbase + (i >> 1) * 16 + 8 * (i & 1);
+            float m = __fadd_ru(row_s[r], mn[i]);
+            m = fminf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+            m = fminf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+            const int q = q0 + r;
+            if (t == 0 && q < p.qs && grp < p.ga) p.gmin[(int64_t)q * p.ga + grp] = m;
+        }
+    } else {
+        float mx[8];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) mx[i] = -INFINITY;
+#pragma unroll
+        for (int ni = 0; ni < 8; ++ni)
+#pragma unroll
+            for (int c = 0; c < 2; ++c)
+#pragma unroll
+                for (int i = 0; i < 8; ++i)
+                    mx[i] = max_nan(mx[i], __fadd_ru(acc[i >> 1][ni][2 * (i & 1) + c], -cv[ni][c]));
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            const int r = rbase + (i >> 1) * 16 + 8 * (i & 1);
+            const int q = q0 + r;
+            const float rc = row_s[r];
+            if (mx[i] < rc || q >= p.qs) continue;
+            unsigned mask = 0; /* bit 2 ni + c: a candidate */
+#pragma unroll
+            for (int ni = 0; ni < 8; ++ni)
+#pragma unroll
+                for (int c = 0; c < 2; ++c)
+                    mask |= (unsigned)!(__fadd_ru(acc[i >> 1][ni][2 * (i & 1) + c], -cv[ni][c]) < rc) << (2 * ni + c);
+            append_cands(p.cnt, p.cand, p.cap, p.n, p.exclude ? p.self_local0 + q : -1, q, ref0 + 2 * t, mask);
+        }
+    }
+}
+
 /*
  * MODE 0 = pass A (witnesses), 1 = pass B (filter), 2 = symmetric pass B (the CTA's
  * slices start at its own rows; see the header). VEC: 16-byte reference loads (R 16-byte
  * aligned, ldr and d multiples of 4).
  */
-template <int MODE, bool VEC>
+template <int MODE, bool VEC, bool FF>
 __global__ __launch_bounds__(kThreads, 1) void mma_kernel(const MmaParams p)
 {
     extern __shared__ __align__(16) float smem[];
@@ -351,7 +460,7 @@ __global__ __launch_bounds__(kThreads, 1) void mma_kernel(const MmaParams p)
         const int r = idx / dpad, c = idx - r * dpad;
         const int q = q0 + r;
         const float v = (q < p.qs && c < p.d) ? p.Q[(int64_t)q * p.ldq + c] : 0.0f;
-        Qs[r * dq + c] = to_tf32(v);
+        Qs[r * dq + c] = FF ? v : to_tf32(v);
     }
     /* per-row constants A_i / r_i and column terms C_j / c_j (stage_row_consts,
      * col_term):  U = fma_ru(acc, -2, fadd_ru(A_i, C_j)) >= (1 + mrel) s + mabs - 2 acc,
@@ -368,104 +477,96 @@ __global__ __launch_bounds__(kThreads, 1) void mma_kernel(const MmaParams p)
 
     const float *Aw = Qs + (wm * 64 + g) * dq + 8 * t;
     const int boff = (wn * 64 + g) * kRowB + 8 * t;
+    /* ring positions by counters (no 64-bit division per chunk): chunk kc of tile `tile`
+     * in stage stg; the chunk loaded next (it + kStages - 1) is lkc of ltile, stage lst */
+    int kc = KC - 1, stg = kStages - 1;
+    int64_t tile = t0 - 1;
+    int lkc = (kStages - 1) % KC, lst = kStages - 1;
+    int64_t ltile = t0 + (kStages - 1) / KC;
 
 #pragma unroll 1
     for (int64_t it = 0; it < total; ++it) {
+        if (++kc == KC) {
+            kc = 0;
+            ++tile;
+        }
+        if (++stg == kStages) stg = 0;
         cp_async_wait<kStages - 2>();
         __syncthreads();
-        {
-            const int64_t nx = it + kStages - 1;
-            if (nx < total)
-                load_stage<MODE, VEC>(Rs + (int)(nx % kStages) * kBN * kRowB, rn_s, p, t0 + nx / KC, (int)(nx % KC));
-            cp_async_commit();
+        if (it + kStages - 1 < total) load_stage<MODE, VEC>(Rs + lst * kBN * kRowB, rn_s, p, ltile, lkc);
+        cp_async_commit();
+        if (++lkc == KC) {
+            lkc = 0;
+            ++ltile;
         }
-        const int kc = (int)(it % KC);
+        if (++lst == kStages) lst = 0;
         const float *A = Aw + kc * kBK;
-        const float *B = Rs + (int)(it % kStages) * kBN * kRowB + boff;
+        const float *B = Rs + stg * kBN * kRowB + boff;
+        if (FF) {
+            /* CUDA cores: the thread's pairs are the fragment's (rows wm 64 + g + 16 mi +
+             * 8 hh, columns wn 64 + 8 ni + 2 t + c), so the epilogue below is shared; each
+             * sums all 32 dimensions of the chunk, 4 at a time from 16-byte loads of its 8
+             * query rows, then of its 8 reference rows of one column parity */
+            const float *Af = Qs + (wm * 64 + g) * dq + kc * kBK;
+            const float *Bf = Rs + stg * kBN * kRowB + (wn * 64 + 2 * t) * kRowB;
+#pragma unroll kFfUnroll
+            for (int k4 = 0; k4 < kBK / 4; ++k4) {
+                float4 a[8];
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            float4 a[4][2], b[8];
+                for (int i = 0; i < 8; ++i)
+                    a[i] = *reinterpret_cast<const float4 *>(Af + ((i >> 1) * 16 + 8 * (i & 1)) * dq + 4 * k4);
 #pragma unroll
-            for (int mi = 0; mi < 4; ++mi) {
-                a[mi][0] = *reinterpret_cast<const float4 *>(A + (mi * 16) * dq + 4 * h);
-                a[mi][1] = *reinterpret_cast<const float4 *>(A + (mi * 16 + 8) * dq + 4 * h);
+                for (int c = 0; c < 2; ++c) {
+                    float4 b[8];
+#pragma unroll
+                    for (int ni = 0; ni < 8; ++ni)
+                        b[ni] = *reinterpret_cast<const float4 *>(Bf + (ni * 8 + c) * kRowB + 4 * k4);
+#pragma unroll
+                    for (int i = 0; i < 8; ++i)
+#pragma unroll
+                        for (int ni = 0; ni < 8; ++ni) {
+                            float &s = acc[i >> 1][ni][2 * (i & 1) + c];
+                            s = fmaf(a[i].x, b[ni].x, s);
+                            s = fmaf(a[i].y, b[ni].y, s);
+                            s = fmaf(a[i].z, b[ni].z, s);
+                            s = fmaf(a[i].w, b[ni].w, s);
+                        }
+                }
             }
+        } else {
 #pragma unroll
-            for (int ni = 0; ni < 8; ++ni) b[ni] = *reinterpret_cast<const float4 *>(B + ni * 8 * kRowB + 4 * h);
-            /* k-step 2h, then 2h + 1: 32 independent accumulators between dependent mma */
+            for (int h = 0; h < 2; ++h) {
+                float4 a[4][2], b[8];
 #pragma unroll
-            for (int mi = 0; mi < 4; ++mi)
+                for (int mi = 0; mi < 4; ++mi) {
+                    a[mi][0] = *reinterpret_cast<const float4 *>(A + (mi * 16) * dq + 4 * h);
+                    a[mi][1] = *reinterpret_cast<const float4 *>(A + (mi * 16 + 8) * dq + 4 * h);
+                }
 #pragma unroll
-                for (int ni = 0; ni < 8; ++ni)
-                    mma_tf32(acc[mi][ni], a[mi][0].x, a[mi][1].x, a[mi][0].y, a[mi][1].y, b[ni].x, b[ni].y);
+                for (int ni = 0; ni < 8; ++ni) b[ni] = *reinterpret_cast<const float4 *>(B + ni * 8 * kRowB + 4 * h);
+                /* k-step 2h, then 2h + 1: 32 independent accumulators between dependent mma */
 #pragma unroll
-            for (int mi = 0; mi < 4; ++mi)
+                for (int mi = 0; mi < 4; ++mi)
 #pragma unroll
-                for (int ni = 0; ni < 8; ++ni)
-                    mma_tf32(acc[mi][ni], a[mi][0].z, a[mi][1].z, a[mi][0].w, a[mi][1].w, b[ni].z, b[ni].w);
+                    for (int ni = 0; ni < 8; ++ni)
+                        mma_tf32(acc[mi][ni], a[mi][0].x, a[mi][1].x, a[mi][0].y, a[mi][1].y, b[ni].x, b[ni].y);
+#pragma unroll
+                for (int mi = 0; mi < 4; ++mi)
+#pragma unroll
+                    for (int ni = 0; ni < 8; ++ni)
+                        mma_tf32(acc[mi][ni], a[mi][0].z, a[mi][1].z, a[mi][0].w, a[mi][1].w, b[ni].z, b[ni].w);
+            }
         }
         if (kc != KC - 1) continue;
 
         /* ---- epilogue of reference tile `tile` ---- */
-        const int64_t tile = t0 + it / KC;
         const int64_t ref0 = tile * kBN + wn * 64;
         const float *rnt = rn_s + (int)(tile % kRnSlots) * kBN + wn * 64;
         if (MODE == 2) {
             sym_epilogue_mma(p, acc, rnt, rn_s + kRnSlots * kBN + (int)(tile % kRnSlots) * kBN + wn * 64, row_s,
                              prow_s, wm * 64 + g, q0, ref0, t, tile * kBN >= (int64_t)q0 + kBM);
         } else {
-        float cv[8][2]; /* column terms C_j (pass A) or c_j (pass B) */
-#pragma unroll
-        for (int ni = 0; ni < 8; ++ni) {
-            const float2 r2 = *reinterpret_cast<const float2 *>(rnt + ni * 8 + 2 * t);
-#pragma unroll
-            for (int c = 0; c < 2; ++c) cv[ni][c] = col_term<MODE>(p, ref0 + ni * 8 + 2 * t + c, c ? r2.y : r2.x);
-        }
-        if (MODE == 0) {
-            /* diagonal tiles (the query itself among the references) need a per-pair test */
-            const int64_t s0 = p.self_local0 + q0;
-            const bool diag = p.exclude && ref0 < s0 + kBM && s0 < ref0 + 64;
-#pragma unroll
-            for (int mi = 0; mi < 4; ++mi)
-#pragma unroll
-                for (int hh = 0; hh < 2; ++hh) {
-                    const int r = wm * 64 + mi * 16 + g + 8 * hh;
-                    const float ai = row_s[r];
-                    float mn = INFINITY;
-#pragma unroll
-                    for (int ni = 0; ni < 8; ++ni)
-#pragma unroll
-                        for (int c = 0; c < 2; ++c) {
-                            float u = __fmaf_ru(acc[mi][ni][2 * hh + c], -2.0f, __fadd_ru(ai, cv[ni][c]));
-                            if (diag && ref0 + ni * 8 + 2 * t + c == p.self_local0 + q0 + r)
-                                u = __int_as_float(0x7fffffff);
-                            mn = fminf(mn, u);
-                        }
-                    mn = fminf(mn, __shfl_xor_sync(0xffffffffu, mn, 1));
-                    mn = fminf(mn, __shfl_xor_sync(0xffffffffu, mn, 2));
-                    const int q = q0 + r;
-                    const int64_t grp = ref0 / kMmaGroup;
-                    if (t == 0 && q < p.qs && grp < p.ga) p.gmin[(int64_t)q * p.ga + grp] = mn;
-                }
-        } else {
-#pragma unroll
-            for (int mi = 0; mi < 4; ++mi)
-#pragma unroll
-                for (int hh = 0; hh < 2; ++hh) {
-                    const int r = wm * 64 + mi * 16 + g + 8 * hh;
-                    const float ri = row_s[r];
-                    unsigned mask = 0; /* bit 2 ni + c: a candidate */
-#pragma unroll
-                    for (int ni = 0; ni < 8; ++ni)
-#pragma unroll
-                        for (int c = 0; c < 2; ++c)
-                            mask |= (unsigned)!(acc[mi][ni][2 * hh + c] < __fadd_rd(cv[ni][c], ri)) << (2 * ni + c);
-                    const int q = q0 + r;
-                    if (mask && q < p.qs)
-                        append_cands(p.cnt, p.cand, p.cap, p.n, p.exclude ? p.self_local0 + q : -1, q, ref0 + 2 * t,
-                                     mask);
-                }
-        }
+            mma_epilogue<MODE>(p, acc, row_s, wm * 64 + g, q0, ref0, t);
         }
 #pragma unroll
         for (int mi = 0; mi < 4; ++mi)
@@ -496,13 +597,6 @@ __global__ __launch_bounds__(kThreads, 1) void mma_kernel(const MmaParams p)
  * halves of a tile. Launch: 256 threads, 1 CTA per SM (227 KB of shared memory at
  * d = 128 with KB = 64, the whole opt-in; 179 KB with KB = 32). */
 #ifdef XKNN__HAVE_WGMMA
-/* max that returns NaN when either operand is NaN */
-__device__ __forceinline__ float max_nan(float a, float b)
-{
-    float r;
-    asm("max.NaN.f32 %0, %1, %2;\n" : "=f"(r) : "f"(a), "f"(b));
-    return r;
-}
 
 /* The Hopper kernels' accumulator fragment, per thread: four rows i = 2 mb + hh at
  * 128 wg + 64 mb + 16 wi + g + 8 hh and 32 columns nb * 8 + 2 t + c; wg_acc is the
@@ -1220,8 +1314,12 @@ cudaError_t launch_one(const MmaParams &p, int sms, int wgmma, cudaStream_t st)
     const char *kb32 = getenv("XKNN_CUDA_WGMMA_KB32"); /* diagnostic: the 32-dimension stages everywhere */
     const bool kb64 = wgmma_chunk_of((p.d + kBK - 1) / kBK * kBK, MODE == 2) == 64 && !(kb32 && *kb32 && *kb32 != '0');
     /* (the 32-dimension layout's bytes are those of mode 2's stages) */
+    const bool ff = p.ffma != 0;
+    if (ff) wgmma = 0;
     const size_t smem = (wgmma ? wgmma_smem_bytes(p.d, !kb64) : mma_smem_bytes(p.d)) + (MODE == 2 ? mma_sym_smem_extra() : 0);
-    cudaError_t e = !wgmma ? cudaFuncSetAttribute(mma_kernel<MODE, VEC>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem)
+    if (ff && MODE == 2) return cudaErrorInvalidValue; /* the CUDA-core kernel has passes A and B only */
+    cudaError_t e = ff ? cudaFuncSetAttribute(mma_kernel<MODE, VEC, MODE != 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem)
+                    : !wgmma ? cudaFuncSetAttribute(mma_kernel<MODE, VEC, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem)
                     : kb64 ? cudaFuncSetAttribute(wgmma_kernel<MODE, VEC, KB2>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem)
                            : cudaFuncSetAttribute(wgmma_kernel<MODE, VEC, 32>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess) return e;
@@ -1250,7 +1348,7 @@ cudaError_t launch_one(const MmaParams &p, int sms, int wgmma, cudaStream_t st)
     }
     /* the warp-specialized kernel unless asked not to (diagnostic XKNN_CUDA_WGMMA_WS=0) */
     const char *ws = getenv("XKNN_CUDA_WGMMA_WS");
-    if (wgmma && VEC && !(ws && *ws == '0')) {
+    if (wgmma && !ff && VEC && !(ws && *ws == '0')) {
         const int S = ws_stages(p.d, (size_t)wgmma); /* wgmma: the device's opt-in bytes */
         if (S) {
             const size_t wsm = ws_smem_bytes((p.d + kBK - 1) / kBK * kBK, S);
@@ -1260,12 +1358,14 @@ cudaError_t launch_one(const MmaParams &p, int sms, int wgmma, cudaStream_t st)
             return cudaGetLastError();
         }
     }
-    if (wgmma && kb64)
+    if (ff)
+        mma_kernel<MODE, VEC, MODE != 2><<<dim3((unsigned)qt, (unsigned)Z), kThreads, smem, st>>>(q);
+    else if (wgmma && kb64)
         wgmma_kernel<MODE, VEC, KB2><<<dim3((unsigned)qt, (unsigned)Z), kThreads, smem, st>>>(q);
     else if (wgmma)
         wgmma_kernel<MODE, VEC, 32><<<dim3((unsigned)qt, (unsigned)Z), kThreads, smem, st>>>(q);
     else
-        mma_kernel<MODE, VEC><<<dim3((unsigned)qt, (unsigned)Z), kThreads, smem, st>>>(q);
+        mma_kernel<MODE, VEC, false><<<dim3((unsigned)qt, (unsigned)Z), kThreads, smem, st>>>(q);
     return cudaGetLastError();
 }
 
@@ -1297,7 +1397,7 @@ int mma_wgmma_built(void)
 cudaError_t launch_mma_pass(const MmaParams &p, int mode, int sms, int wgmma, cudaStream_t st)
 {
     if (p.n <= 0 || p.qs <= 0) return cudaSuccess;
-    if (wgmma) { /* the Hopper kernels' column terms of this pass */
+    { /* the column terms of this pass (every epilogue but mma_kernel's mode 2 reads them) */
         const int64_t RN = (p.n + kBN - 1) / kBN * kBN;
         const int blocks = (int)(RN / kBlock + 1 < 4 * (int64_t)sms ? RN / kBlock + 1 : 4 * (int64_t)sms);
         if (mode == 0)
