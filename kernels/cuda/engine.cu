@@ -1119,6 +1119,17 @@ cleanup:
  * once its copy has completed (its event). */
 static const size_t kStagePiece = (size_t)4 << 20;
 
+/* Bytes per piece: kStagePiece, or XKNN_CUDA_STAGE_KIB (a diagnostic for measuring the
+ * pipeline's grain; 64 KiB to kStagePiece) */
+size_t stage_piece(void)
+{
+    const char *e = getenv("XKNN_CUDA_STAGE_KIB");
+    const long v = e && *e ? atol(e) : 0;
+    if (v <= 0) return kStagePiece;
+    const size_t b = (size_t)v << 10;
+    return b < ((size_t)64 << 10) ? (size_t)64 << 10 : b > kStagePiece ? kStagePiece : b;
+}
+
 cudaError_t stage_make(xknn_cuda_context *ctx)
 {
     cudaError_t e = cudaSuccess;
@@ -1138,7 +1149,9 @@ void host_rows_copy(char *dst, const char *src, int64_t rows, size_t row_bytes, 
     if (threads <= 0) threads = omp_get_max_threads();
 #endif
     if (ld_bytes == row_bytes) {
-        const int64_t part = 256 << 10; /* 256 KiB per task */
+        /* one part per thread, at least 32 KiB each */
+        int64_t part = (total + (threads > 0 ? threads : 1) - 1) / (threads > 0 ? threads : 1);
+        part = part < (32 << 10) ? 32 << 10 : (part + 4095) / 4096 * 4096;
         const int64_t np = (total + part - 1) / part;
 #ifdef _OPENMP
 #pragma omp parallel for schedule(static) num_threads(threads) if (np > 1)
@@ -1163,7 +1176,8 @@ xknn_status stage_bytes(xknn_cuda_context *ctx, char *dev, const char *host, int
                         size_t ld_bytes, int threads, int *piece, Err er)
 {
     xknn_status st = XKNN_SUCCESS;
-    const int64_t per = max64(1, (int64_t)(kStagePiece / row_bytes));
+    const size_t grain = stage_piece();
+    const int64_t per = max64(1, (int64_t)(grain / row_bytes));
     for (int64_t r0 = 0; r0 < rows; r0 += per) {
         const int64_t nr = min64(per, rows - r0);
         const int b = (*piece)++ & 1;
@@ -1213,8 +1227,9 @@ xknn_status results_out(xknn_cuda_context *ctx, int staged, int64_t *ids_host, c
             XKNN__CUDA_CHECK(cudaMemcpyAsync(dst[i], src[i], bytes[i], cudaMemcpyDeviceToHost, s));
             continue;
         }
-        for (size_t o = 0; o < bytes[i]; o += kStagePiece) {
-            const size_t len = bytes[i] - o < kStagePiece ? bytes[i] - o : kStagePiece;
+        const size_t grain = stage_piece();
+        for (size_t o = 0; o < bytes[i]; o += grain) {
+            const size_t len = bytes[i] - o < grain ? bytes[i] - o : grain;
             const int b = (*piece)++ & 1;
             XKNN__CUDA_CHECK(cudaEventSynchronize(ctx->stage_done[b]));
             XKNN__CUDA_CHECK(cudaMemcpyAsync(ctx->stage[b], src[i] + o, len, cudaMemcpyDeviceToHost, s));
