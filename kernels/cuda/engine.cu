@@ -1113,19 +1113,21 @@ cleanup:
 }
 
 /* ---- host path on the fused plan ----------------------------------------------------- */
-/* Pinned staging: pieces of at most kStagePiece bytes alternate between two pinned
- * buffers; the host copies a piece in (OpenMP threads: host memory bandwidth, not one
- * core, is the limit), the copy stream moves it to the device, and the buffer is reused
- * once its copy has completed (its event). */
-static const size_t kStagePiece = (size_t)4 << 20;
+/* Pinned staging: pieces of stage_piece() bytes alternate between two pinned buffers of
+ * kStagePiece bytes; the host copies a piece in (OpenMP threads: host memory bandwidth,
+ * not one core, is the limit), the copy stream moves it to the device, and the buffer is
+ * reused once its copy has completed (its event). Pieces of 512 KiB: on an H100 host
+ * (benchmarks/RESULTS.md) W4 with host arrays took 0.90 ms against 0.97 (4 MiB pieces),
+ * 0.97 (1 MiB) and 1.26 (256 KiB); W5 2.45 against 2.58, 2.67 and 3.05 ms. */
+static const size_t kStagePiece = (size_t)4 << 20, kStageGrain = (size_t)512 << 10;
 
-/* Bytes per piece: kStagePiece, or XKNN_CUDA_STAGE_KIB (a diagnostic for measuring the
+/* Bytes per piece: kStageGrain, or XKNN_CUDA_STAGE_KIB (a diagnostic for measuring the
  * pipeline's grain; 64 KiB to kStagePiece) */
 size_t stage_piece(void)
 {
     const char *e = getenv("XKNN_CUDA_STAGE_KIB");
     const long v = e && *e ? atol(e) : 0;
-    if (v <= 0) return kStagePiece;
+    if (v <= 0) return kStageGrain;
     const size_t b = (size_t)v << 10;
     return b < ((size_t)64 << 10) ? (size_t)64 << 10 : b > kStagePiece ? kStagePiece : b;
 }
