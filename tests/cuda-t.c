@@ -170,8 +170,9 @@ static const tcase cases[] = {
     {"mma ip big W1-like", DATA_UNIFORM, 300007, 2000, 128, 10, 0, IP, MM, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1},
     {"mma cosine big clustered k=100", DATA_CLUSTERED, 200000, 1000, 128, 100, 0, CO, MM, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1},
     /* path fp32 with resident references and d <= 128: the same passes with fp32 products
-     * on the CUDA cores (mma.cu's FF kernel, the FP32 bound); 16-byte and 4-byte reference
-     * loads, ties, re-runs, self-joins, tails of every tile size */
+     * on the CUDA cores (mma.cu's ffma_kernel, the FP32 bound); aligned and unaligned rows,
+     * d below and past one 64-dimension stage, ties, re-runs, self-joins, tails of every
+     * tile size */
     {"cores d=3 k=16", DATA_UNIFORM, 5003, 333, 3, 16, 0, EU, FP, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
     {"cores d=32 k=100", DATA_GAUSSIAN, 30011, 300, 32, 100, 0, L2, FP, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
     {"cores d=100 k=16", DATA_GAUSSIAN, 30001, 257, 100, 16, 0, EU, FP, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},

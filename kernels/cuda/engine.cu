@@ -528,7 +528,9 @@ void mma_bounds(Plan &p)
 int plan_mma(const xknn_cuda_context *ctx, const xknn_params *prm, int64_t n, int64_t nq, int64_t d, int64_t k,
              size_t limit, size_t per_query_extra, int ffma, Plan *out)
 {
-    if (ctx->cc_major < 8 || mma_smem_bytes(d) > ctx->smem_optin || n > kMaxRefsPerCall - kMmaBN) return 0;
+    if (ctx->cc_major < 8 || (ffma ? ffma_smem_bytes(d) : mma_smem_bytes(d)) > ctx->smem_optin ||
+        n > kMaxRefsPerCall - kMmaBN)
+        return 0;
     /* witnesses need groups: with fewer than 2 kk groups in all the threshold would be
      * loose or infinite (every query re-run), so such shapes take the cuBLAS path */
     if (ceil_div(n, kMmaGroup) < kMmaWitnessRatio * min64(k, n)) return 0;
@@ -590,7 +592,7 @@ const char *ipcos_why_not(const xknn_cuda_context *ctx, int64_t n, int64_t d, in
 }
 
 /* Path fp32 with resident references, l2 / euclidean and d <= kMmaMaxD: the tensor-core
- * path's passes with fp32 products on the CUDA cores (mma.cu's FF kernel; the FP32 bound
+ * path's passes with fp32 products on the CUDA cores (mma.cu's ffma_kernel; the FP32 bound
  * of the header), where plan_mma finds a plan; cuBLAS SGEMM tiles and the filter
  * otherwise. XKNN_CUDA_FP32_CUBLAS=1 (a diagnostic, for tests and comparisons) keeps the
  * cuBLAS tiles everywhere. */

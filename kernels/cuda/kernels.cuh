@@ -229,6 +229,7 @@ cudaError_t launch_imma_prep(const void *X, int64_t ld, int64_t rows, int64_t d,
 cudaError_t launch_imma(const ImmaParams &p, int kk, int sms, cudaStream_t st);
 
 size_t mma_smem_bytes(int64_t d);   /* mma.sync kernel (compute capability >= 8.0) */
+size_t ffma_smem_bytes(int64_t d);  /* CUDA-core kernel of MmaParams.ffma (modes 0 and 1) */
 size_t wgmma_smem_bytes(int64_t d, int sym); /* wgmma kernel (sm_90a code, cc 9.0); sym: mode 2 */
 size_t mma_sym_smem_extra(void);    /* added to either in mode 2 (thr ring, p_i)          */
 int mma_wgmma_built(void);          /* 1 when the build holds sm_90a code (gpu_arch has 90) */

@@ -71,13 +71,11 @@
  * share reference tiles through L2 (each reference row is read from HBM about once).
  *
  * FP32 ON THE CUDA CORES (MmaParams.ffma: engine.cu's path fp32 where the references are
- * resident, l2 / euclidean). The same kernel with FF = true: the queries are staged
- * unrounded and each thread computes the fragment's 8 x 16 pairs itself with fmaf over
- * all dimensions (16-byte loads of its 8 query rows and 16 reference rows per 4
- * dimensions: 24 loads per 512 FMA), so the epilogue, the passes, select, rescue and
- * re-rank are shared. acc is then an fp32 dot product in some order with FMA, the case of
- * engine.cu's FP32 bound (plan_bounds with tf32 = 0), which mma_bounds turns into the same
- * epilogue constants. Modes 0 and 1 only; 254 registers or fewer, no spills.
+ * resident, l2 / euclidean). ffma_kernel (below) runs passes A and B with the same grid,
+ * tiles, bounds and epilogue, and fp32 products summed with fmaf on the CUDA cores; the
+ * queries are staged unrounded. select, rescue and re-rank are shared. acc is then an fp32
+ * dot product in some order with FMA, the case of engine.cu's FP32 bound (plan_bounds
+ * with tf32 = 0), which mma_bounds turns into the same epilogue constants.
  */
 #include "async_primitives.cuh"
 #include "block_primitives.cuh"
@@ -91,7 +89,6 @@ constexpr int kBM = kMmaBM, kBN = kMmaBN, kBK = 32, kStages = kMmaStages;
 constexpr int kRowB = kBK + 4; /* floats per staged reference row (16-byte aligned, conflict-free) */
 constexpr int kThreads = kMmaThreads;
 constexpr int kGStages = 3; /* wgmma kernel: cp.async ring depth */
-constexpr int kFfUnroll = 2; /* CUDA-core kernel: 4-dimension steps per loop trip (W1: 1 is 5 % slower, 4 the same) */
 
 /* wgmma kernel: dimensions per ring stage, KB = 64 where the padded depth is a multiple of
  * 64 (one barrier and one wgmma drain per 64 dimensions instead of per 32), else 32. Mode
@@ -345,9 +342,11 @@ __device__ __forceinline__ float max_nan(float a, float b)
  *         column is left out.
  * pass B  not a candidate <=> fadd_ru(acc, -c_j) < r_i (then acc < c_j + r_i <= la s -
  *         thr exactly); the row maximum decides for a whole row at once (max.NaN keeps
- *         NaN: such pairs are candidates), and masks are built only for rows that pass. */
-template <int MODE>
-__device__ __forceinline__ void mma_epilogue(const MmaParams &p, const float (&acc)[4][8][4], const float *row_s,
+ *         NaN: such pairs are candidates), and masks are built only for rows that pass.
+ * Other thread layouts (ffma_kernel): 2 MI rows rbase + RS0 (i >> 1) + RS1 (i & 1), and
+ * the 4 threads that share a row's 64 columns (t = 0..3) are lanes apart by X1, X2. */
+template <int MODE, int MI = 4, int RS0 = 16, int RS1 = 8, int X1 = 1, int X2 = 2>
+__device__ __forceinline__ void mma_epilogue(const MmaParams &p, const float (&acc)[MI][8][4], const float *row_s,
                                              int rbase, int q0, int64_t ref0, int t)
 {
     float cv[8][2];
@@ -360,20 +359,20 @@ __device__ __forceinline__ void mma_epilogue(const MmaParams &p, const float (&a
     if (MODE == 0) {
         const int64_t s0 = p.self_local0 + q0;
         const bool diag = p.exclude && ref0 < s0 + kBM && s0 < ref0 + 64;
-        float mn[8];
+        float mn[2 * MI];
 #pragma unroll
-        for (int i = 0; i < 8; ++i) mn[i] = INFINITY;
+        for (int i = 0; i < 2 * MI; ++i) mn[i] = INFINITY;
 #pragma unroll
         for (int ni = 0; ni < 8; ++ni)
 #pragma unroll
             for (int c = 0; c < 2; ++c)
 #pragma unroll
-                for (int i = 0; i < 8; ++i)
+                for (int i = 0; i < 2 * MI; ++i)
                     mn[i] = fminf(mn[i], __fmaf_ru(acc[i >> 1][ni][2 * (i & 1) + c], -2.0f, cv[ni][c]));
         if (diag) { /* the tile holds some of the CTA's queries: no query is its own witness */
 #pragma unroll
-            for (int i = 0; i < 8; ++i) {
-                const int r = rbase + (i >> 1) * 16 + 8 * (i & 1);
+            for (int i = 0; i < 2 * MI; ++i) {
+                const int r = rbase + (i >> 1) * RS0 + RS1 * (i & 1);
                 const int64_t jq = s0 + r - ref0; /* the query's column in the warp's 64 */
                 if (jq < 0 || jq >= 64 || (int)(jq & 7) >> 1 != t) continue;
                 mn[i] = INFINITY;
@@ -387,28 +386,28 @@ __device__ __forceinline__ void mma_epilogue(const MmaParams &p, const float (&a
         }
         const int64_t grp = ref0 / kMmaGroup;
 #pragma unroll
-        for (int i = 0; i < 8; ++i) {
-            const int r = rbase + (i >> 1) * 16 + 8 * (i & 1);
+        for (int i = 0; i < 2 * MI; ++i) {
+            const int r = rbase + (i >> 1) * RS0 + RS1 * (i & 1);
             float m = __fadd_ru(row_s[r], mn[i]);
-            m = fminf(m, __shfl_xor_sync(0xffffffffu, m, 1));
-            m = fminf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+            m = fminf(m, __shfl_xor_sync(0xffffffffu, m, X1));
+            m = fminf(m, __shfl_xor_sync(0xffffffffu, m, X2));
             const int q = q0 + r;
             if (t == 0 && q < p.qs && grp < p.ga) p.gmin[(int64_t)q * p.ga + grp] = m;
         }
     } else {
-        float mx[8];
+        float mx[2 * MI];
 #pragma unroll
-        for (int i = 0; i < 8; ++i) mx[i] = -INFINITY;
+        for (int i = 0; i < 2 * MI; ++i) mx[i] = -INFINITY;
 #pragma unroll
         for (int ni = 0; ni < 8; ++ni)
 #pragma unroll
             for (int c = 0; c < 2; ++c)
 #pragma unroll
-                for (int i = 0; i < 8; ++i)
+                for (int i = 0; i < 2 * MI; ++i)
                     mx[i] = max_nan(mx[i], __fadd_ru(acc[i >> 1][ni][2 * (i & 1) + c], -cv[ni][c]));
 #pragma unroll
-        for (int i = 0; i < 8; ++i) {
-            const int r = rbase + (i >> 1) * 16 + 8 * (i & 1);
+        for (int i = 0; i < 2 * MI; ++i) {
+            const int r = rbase + (i >> 1) * RS0 + RS1 * (i & 1);
             const int q = q0 + r;
             const float rc = row_s[r];
             if (mx[i] < rc || q >= p.qs) continue;
@@ -428,7 +427,7 @@ __device__ __forceinline__ void mma_epilogue(const MmaParams &p, const float (&a
  * slices start at its own rows; see the header). VEC: 16-byte reference loads (R 16-byte
  * aligned, ldr and d multiples of 4).
  */
-template <int MODE, bool VEC, bool FF>
+template <int MODE, bool VEC>
 __global__ __launch_bounds__(kThreads, 1) void mma_kernel(const MmaParams p)
 {
     extern __shared__ __align__(16) float smem[];
@@ -460,7 +459,7 @@ __global__ __launch_bounds__(kThreads, 1) void mma_kernel(const MmaParams p)
         const int r = idx / dpad, c = idx - r * dpad;
         const int q = q0 + r;
         const float v = (q < p.qs && c < p.d) ? p.Q[(int64_t)q * p.ldq + c] : 0.0f;
-        Qs[r * dq + c] = FF ? v : to_tf32(v);
+        Qs[r * dq + c] = to_tf32(v);
     }
     /* per-row constants A_i / r_i and column terms C_j / c_j (stage_row_consts,
      * col_term):  U = fma_ru(acc, -2, fadd_ru(A_i, C_j)) >= (1 + mrel) s + mabs - 2 acc,
@@ -502,60 +501,27 @@ __global__ __launch_bounds__(kThreads, 1) void mma_kernel(const MmaParams p)
         if (++lst == kStages) lst = 0;
         const float *A = Aw + kc * kBK;
         const float *B = Rs + stg * kBN * kRowB + boff;
-        if (FF) {
-            /* CUDA cores: the thread's pairs are the fragment's (rows wm 64 + g + 16 mi +
-             * 8 hh, columns wn 64 + 8 ni + 2 t + c), so the epilogue below is shared; each
-             * sums all 32 dimensions of the chunk, 4 at a time from 16-byte loads of its 8
-             * query rows, then of its 8 reference rows of one column parity */
-            const float *Af = Qs + (wm * 64 + g) * dq + kc * kBK;
-            const float *Bf = Rs + stg * kBN * kRowB + (wn * 64 + 2 * t) * kRowB;
-#pragma unroll kFfUnroll
-            for (int k4 = 0; k4 < kBK / 4; ++k4) {
-                float4 a[8];
 #pragma unroll
-                for (int i = 0; i < 8; ++i)
-                    a[i] = *reinterpret_cast<const float4 *>(Af + ((i >> 1) * 16 + 8 * (i & 1)) * dq + 4 * k4);
+        for (int h = 0; h < 2; ++h) {
+            float4 a[4][2], b[8];
 #pragma unroll
-                for (int c = 0; c < 2; ++c) {
-                    float4 b[8];
-#pragma unroll
-                    for (int ni = 0; ni < 8; ++ni)
-                        b[ni] = *reinterpret_cast<const float4 *>(Bf + (ni * 8 + c) * kRowB + 4 * k4);
-#pragma unroll
-                    for (int i = 0; i < 8; ++i)
-#pragma unroll
-                        for (int ni = 0; ni < 8; ++ni) {
-                            float &s = acc[i >> 1][ni][2 * (i & 1) + c];
-                            s = fmaf(a[i].x, b[ni].x, s);
-                            s = fmaf(a[i].y, b[ni].y, s);
-                            s = fmaf(a[i].z, b[ni].z, s);
-                            s = fmaf(a[i].w, b[ni].w, s);
-                        }
-                }
+            for (int mi = 0; mi < 4; ++mi) {
+                a[mi][0] = *reinterpret_cast<const float4 *>(A + (mi * 16) * dq + 4 * h);
+                a[mi][1] = *reinterpret_cast<const float4 *>(A + (mi * 16 + 8) * dq + 4 * h);
             }
-        } else {
 #pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                float4 a[4][2], b[8];
+            for (int ni = 0; ni < 8; ++ni) b[ni] = *reinterpret_cast<const float4 *>(B + ni * 8 * kRowB + 4 * h);
+            /* k-step 2h, then 2h + 1: 32 independent accumulators between dependent mma */
 #pragma unroll
-                for (int mi = 0; mi < 4; ++mi) {
-                    a[mi][0] = *reinterpret_cast<const float4 *>(A + (mi * 16) * dq + 4 * h);
-                    a[mi][1] = *reinterpret_cast<const float4 *>(A + (mi * 16 + 8) * dq + 4 * h);
-                }
+            for (int mi = 0; mi < 4; ++mi)
 #pragma unroll
-                for (int ni = 0; ni < 8; ++ni) b[ni] = *reinterpret_cast<const float4 *>(B + ni * 8 * kRowB + 4 * h);
-                /* k-step 2h, then 2h + 1: 32 independent accumulators between dependent mma */
+                for (int ni = 0; ni < 8; ++ni)
+                    mma_tf32(acc[mi][ni], a[mi][0].x, a[mi][1].x, a[mi][0].y, a[mi][1].y, b[ni].x, b[ni].y);
 #pragma unroll
-                for (int mi = 0; mi < 4; ++mi)
+            for (int mi = 0; mi < 4; ++mi)
 #pragma unroll
-                    for (int ni = 0; ni < 8; ++ni)
-                        mma_tf32(acc[mi][ni], a[mi][0].x, a[mi][1].x, a[mi][0].y, a[mi][1].y, b[ni].x, b[ni].y);
-#pragma unroll
-                for (int mi = 0; mi < 4; ++mi)
-#pragma unroll
-                    for (int ni = 0; ni < 8; ++ni)
-                        mma_tf32(acc[mi][ni], a[mi][0].z, a[mi][1].z, a[mi][0].w, a[mi][1].w, b[ni].z, b[ni].w);
-            }
+                for (int ni = 0; ni < 8; ++ni)
+                    mma_tf32(acc[mi][ni], a[mi][0].z, a[mi][1].z, a[mi][0].w, a[mi][1].w, b[ni].z, b[ni].w);
         }
         if (kc != KC - 1) continue;
 
@@ -570,6 +536,187 @@ __global__ __launch_bounds__(kThreads, 1) void mma_kernel(const MmaParams p)
         }
 #pragma unroll
         for (int mi = 0; mi < 4; ++mi)
+#pragma unroll
+            for (int ni = 0; ni < 8; ++ni)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) acc[mi][ni][e] = 0.0f;
+    }
+    cp_async_wait<0>();
+}
+
+/* ---- fp32 on the CUDA cores: ffma_kernel (MmaParams.ffma, modes 0 and 1) -------------
+ * The grid, ring, passes and epilogue of mma_kernel with 16 warps of 64 accumulators a
+ * thread instead of 8 warps of 128, so that 4 warps per scheduler hide the latency of
+ * shared memory. The CTA tile is the same 256 queries x 128 references; warp w takes
+ * rows 16 w .. 16 w + 15 against all 128 columns. Lane (g, t) = (lane / 4, lane % 4)
+ * owns rows 16 w + t + 4 i (i = 0..3) and columns 64 h + 8 ni + 2 u + c (h = g / 4, u =
+ * g % 4, m = 2 ni + c = 0..15): the 4 threads that share a row's 64-column witness group
+ * are lanes 4 apart, which mma_epilogue<MODE, 2, 8, 4, 4, 8> handles with u in the role
+ * of the fragment's t. Both operands are stored dimension-major; within a dimension a
+ * thread's 4 rows (16 columns) are contiguous, so one dimension is one 16-byte load of
+ * rows and four of columns, and the column groups are swizzled by (u >> 1) | 2 h so that
+ * the 8 distinct addresses of a warp's load fall in distinct banks. Rows vary with t and
+ * columns with g because a 16-byte shared load costs one wavefront per distinct address
+ * within a quarter warp (ncu): 4 + 4 x 2 wavefronts per dimension and warp, against 2 + 4
+ * x 4 with the roles the other way round, which made the kernel shared-memory bound.
+ * Reference chunks arrive transposed by 4-byte cp.async (8 a thread, 32-byte runs of
+ * global memory). Each accumulator sums its dimensions in order with fmaf: an fp32 dot
+ * product, the case of engine.cu's FP32 bound. */
+constexpr int kFfThreads = 512;
+constexpr int kFfBK = 64;           /* dimensions per ring stage: one barrier per 64 */
+constexpr int kFfStages = 2;        /* ring depth: a stage loads while the other is used */
+constexpr int kFfUnroll = 8;        /* dimensions per loop trip (W1: 4 is 7 % slower, 16 the same) */
+constexpr int kFfPitch = kBN + 4;   /* floats per dimension of a staged reference chunk */
+
+/* position of query row r (of the CTA's kBM) within a dimension of the staged queries */
+__device__ __forceinline__ int ff_qpos(int r) { return (r >> 4) * 16 + (r & 3) * 4 + ((r >> 2) & 3); }
+
+/* position of reference row j (of a kBN tile) within a dimension of a staged chunk */
+__device__ __forceinline__ int ff_rpos(int j)
+{
+    const int h = j >> 6, ni = (j >> 3) & 7, u = (j >> 1) & 3, m = 2 * ni + (j & 1);
+    return h * 64 + u * 16 + 4 * ((m >> 2) ^ ((u >> 1) | (h << 1))) + (m & 3);
+}
+
+/* Per-thread constants of ff_load_stage: the thread copies dimensions kq + 8 b (kq = tid
+ * % 8, b = 0..7) of rows jq + 64 a (jq = tid / 8, a = 0, 1) of a chunk: a warp covers 4
+ * rows x 8 dimensions, four 32-byte runs. dst[a] = ff_rpos(jq + 64 a) + kq kFfPitch. */
+struct FfCopy {
+    int dst[2];
+    int kq, jq;
+};
+
+__device__ __forceinline__ FfCopy ff_copy_init()
+{
+    FfCopy c;
+    const int tid = (int)threadIdx.x;
+    c.kq = tid & 7;
+    c.jq = tid >> 3;
+#pragma unroll
+    for (int a = 0; a < 2; ++a) c.dst[a] = ff_rpos(c.jq + 64 * a) + c.kq * kFfPitch;
+    return c;
+}
+
+/* chunk kc of reference tile `tile`, transposed: stage[k * kFfPitch + ff_rpos(j)];
+ * rows >= n and dimensions >= d are zero-filled (checked only for a chunk that has any) */
+__device__ __forceinline__ void ff_load_stage(float *stage, const MmaParams &p, const FfCopy &fc, int64_t tile, int kc)
+{
+    static_assert(kBN * kFfBK / kFfThreads == 16 && kBN == 128 && kFfBK == 64, "2 rows x 8 dimensions a thread");
+    const int64_t ref0 = tile * kBN;
+    const int k0 = kc * kFfBK;
+    const float *src = p.R + (ref0 + fc.jq) * p.ldr + k0 + fc.kq;
+    const int64_t ld64 = 64 * p.ldr;
+    if (ref0 + kBN <= p.n && k0 + kFfBK <= p.d) {
+#pragma unroll
+        for (int a = 0; a < 2; ++a)
+#pragma unroll
+            for (int b = 0; b < 8; ++b) cp_async4(stage + fc.dst[a] + 8 * b * kFfPitch, src + a * ld64 + 8 * b, 4);
+    } else {
+#pragma unroll
+        for (int a = 0; a < 2; ++a) {
+            const bool row = ref0 + fc.jq + 64 * a < p.n;
+#pragma unroll
+            for (int b = 0; b < 8; ++b) {
+                const bool ok = row && k0 + fc.kq + 8 * b < p.d;
+                cp_async4(stage + fc.dst[a] + 8 * b * kFfPitch, ok ? src + a * ld64 + 8 * b : p.R, ok ? 4 : 0);
+            }
+        }
+    }
+}
+
+template <int MODE>
+__global__ __launch_bounds__(kFfThreads, 1) void ffma_kernel(const MmaParams p)
+{
+    static_assert(MODE == 0 || MODE == 1, "passes A and B only");
+    static_assert(kBM == 256 && kBN == 128, "the layout assumes these tiles");
+    extern __shared__ __align__(16) float smem[];
+    const int dpad = (int)((p.d + kFfBK - 1) / kFfBK * kFfBK);
+    float *Qt = smem;                                 /* dpad x kBM */
+    float *Rs = Qt + dpad * kBM;                      /* kFfStages x kFfBK x kFfPitch */
+    float *row_s = Rs + kFfStages * kFfBK * kFfPitch; /* kBM: per-row epilogue constant */
+
+    const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int h = g >> 2, u = g & 3;
+    const int q0 = (int)blockIdx.x * kBM;
+    int64_t t0, t1;
+    cta_tiles<MODE>(p, q0, t0, t1);
+    if (t0 >= t1) return;
+    const int KC = dpad / kFfBK;
+    const int64_t total = (t1 - t0) * KC;
+    const FfCopy fc = ff_copy_init();
+
+#pragma unroll
+    for (int s = 0; s < kFfStages - 1; ++s) {
+        if (s < total) ff_load_stage(Rs + s * kFfBK * kFfPitch, p, fc, t0 + s / KC, s % KC);
+        cp_async_commit();
+    }
+    for (int idx = tid; idx < kBM * dpad; idx += kFfThreads) {
+        const int r = idx & (kBM - 1), c = idx / kBM;
+        const int q = q0 + r;
+        Qt[c * kBM + ff_qpos(r)] = (q < p.qs && c < p.d) ? p.Q[(int64_t)q * p.ldq + c] : 0.0f;
+    }
+    stage_row_consts<MODE>(row_s, nullptr, p, q0, kBM, kFfThreads);
+
+    float acc[2][8][4];
+#pragma unroll
+    for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+        for (int ni = 0; ni < 8; ++ni)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[mi][ni][e] = 0.0f;
+
+    const float *Aw = Qt + warp * 16 + t * 4;
+    const int bsw = (u >> 1) | (h << 1);
+    const int bw = h * 64 + u * 16;
+    int kc = KC - 1, stg = kFfStages - 1;
+    int64_t tile = t0 - 1;
+    int lkc = (kFfStages - 1) % KC, lst = kFfStages - 1;
+    int64_t ltile = t0 + (kFfStages - 1) / KC;
+
+#pragma unroll 1
+    for (int64_t it = 0; it < total; ++it) {
+        if (++kc == KC) {
+            kc = 0;
+            ++tile;
+        }
+        if (++stg == kFfStages) stg = 0;
+        cp_async_wait<kFfStages - 2>();
+        __syncthreads();
+        if (it + kFfStages - 1 < total) ff_load_stage(Rs + lst * kFfBK * kFfPitch, p, fc, ltile, lkc);
+        cp_async_commit();
+        if (++lkc == KC) {
+            lkc = 0;
+            ++ltile;
+        }
+        if (++lst == kFfStages) lst = 0;
+        const float *A = Aw + kc * kFfBK * kBM;
+        const float *B = Rs + stg * kFfBK * kFfPitch + bw;
+#pragma unroll kFfUnroll
+        for (int k = 0; k < kFfBK; ++k) {
+            const float4 a4 = *reinterpret_cast<const float4 *>(A + k * kBM);
+            float4 b4[4];
+#pragma unroll
+            for (int e = 0; e < 4; ++e) b4[e] = *reinterpret_cast<const float4 *>(B + k * kFfPitch + 4 * (e ^ bsw));
+            const float a[4] = {a4.x, a4.y, a4.z, a4.w};
+#pragma unroll
+            for (int i = 0; i < 4; ++i)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    /* columns m = 4 e .. 4 e + 3: ni = 2 e + (m >> 1 & 1), c = m & 1 */
+                    float *r0 = acc[i >> 1][2 * e];
+                    float *r1 = acc[i >> 1][2 * e + 1];
+                    r0[2 * (i & 1)] = fmaf(a[i], b4[e].x, r0[2 * (i & 1)]);
+                    r0[2 * (i & 1) + 1] = fmaf(a[i], b4[e].y, r0[2 * (i & 1) + 1]);
+                    r1[2 * (i & 1)] = fmaf(a[i], b4[e].z, r1[2 * (i & 1)]);
+                    r1[2 * (i & 1) + 1] = fmaf(a[i], b4[e].w, r1[2 * (i & 1) + 1]);
+                }
+        }
+        if (kc != KC - 1) continue;
+
+        mma_epilogue<MODE, 2, 8, 4, 4, 8>(p, acc, row_s, warp * 16 + t, q0, tile * kBN + h * 64, u);
+#pragma unroll
+        for (int mi = 0; mi < 2; ++mi)
 #pragma unroll
             for (int ni = 0; ni < 8; ++ni)
 #pragma unroll
@@ -1318,8 +1465,21 @@ cudaError_t launch_one(const MmaParams &p, int sms, int wgmma, cudaStream_t st)
     if (ff) wgmma = 0;
     const size_t smem = (wgmma ? wgmma_smem_bytes(p.d, !kb64) : mma_smem_bytes(p.d)) + (MODE == 2 ? mma_sym_smem_extra() : 0);
     if (ff && MODE == 2) return cudaErrorInvalidValue; /* the CUDA-core kernel has passes A and B only */
-    cudaError_t e = ff ? cudaFuncSetAttribute(mma_kernel<MODE, VEC, MODE != 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem)
-                    : !wgmma ? cudaFuncSetAttribute(mma_kernel<MODE, VEC, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem)
+    if (ff) { /* ffma_kernel: mma_kernel's grid with its own block and shared memory */
+        const int64_t qt = (p.qs + kBM - 1) / kBM;
+        const int64_t RT = (p.n + kBN - 1) / kBN;
+        MmaParams q = p;
+        int64_t Z = choose_slices(qt, RT, sms);
+        q.tiles_per_cta = (int)((RT + Z - 1) / Z);
+        Z = (RT + q.tiles_per_cta - 1) / q.tiles_per_cta;
+        const int fsm = (int)ffma_smem_bytes(p.d);
+        constexpr int M = MODE == 2 ? 1 : MODE; /* (mode 2 returned above) */
+        const cudaError_t e = cudaFuncSetAttribute(ffma_kernel<M>, cudaFuncAttributeMaxDynamicSharedMemorySize, fsm);
+        if (e != cudaSuccess) return e;
+        ffma_kernel<M><<<dim3((unsigned)qt, (unsigned)Z), kFfThreads, fsm, st>>>(q);
+        return cudaGetLastError();
+    }
+    cudaError_t e = !wgmma ? cudaFuncSetAttribute(mma_kernel<MODE, VEC>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem)
                     : kb64 ? cudaFuncSetAttribute(wgmma_kernel<MODE, VEC, KB2>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem)
                            : cudaFuncSetAttribute(wgmma_kernel<MODE, VEC, 32>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess) return e;
@@ -1358,14 +1518,12 @@ cudaError_t launch_one(const MmaParams &p, int sms, int wgmma, cudaStream_t st)
             return cudaGetLastError();
         }
     }
-    if (ff)
-        mma_kernel<MODE, VEC, MODE != 2><<<dim3((unsigned)qt, (unsigned)Z), kThreads, smem, st>>>(q);
-    else if (wgmma && kb64)
+    if (wgmma && kb64)
         wgmma_kernel<MODE, VEC, KB2><<<dim3((unsigned)qt, (unsigned)Z), kThreads, smem, st>>>(q);
     else if (wgmma)
         wgmma_kernel<MODE, VEC, 32><<<dim3((unsigned)qt, (unsigned)Z), kThreads, smem, st>>>(q);
     else
-        mma_kernel<MODE, VEC, false><<<dim3((unsigned)qt, (unsigned)Z), kThreads, smem, st>>>(q);
+        mma_kernel<MODE, VEC><<<dim3((unsigned)qt, (unsigned)Z), kThreads, smem, st>>>(q);
     return cudaGetLastError();
 }
 
@@ -1378,6 +1536,12 @@ size_t wgmma_smem_bytes(int64_t d, int sym)
 }
 
 size_t mma_sym_smem_extra(void) { return sizeof(float) * (size_t)(kRnSlots * kBN + kBM); }
+
+size_t ffma_smem_bytes(int64_t d)
+{
+    const int64_t dpad = (d + kFfBK - 1) / kFfBK * kFfBK;
+    return sizeof(float) * (size_t)(kBM * dpad + kFfStages * kFfBK * kFfPitch + kBM);
+}
 
 size_t mma_smem_bytes(int64_t d)
 {
