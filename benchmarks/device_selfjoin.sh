@@ -1,15 +1,23 @@
 #!/usr/bin/env bash
-# benchmarks/device_selfjoin.sh -- issue 7's GPU rows in one call: the all-kNN graph of
-# n = 1M uniform points (d = 128, k = 16, l2) symmetric against plain in the same run,
-# and at n = 100k the same with PyTorch's blocked mm + topk on the same data. From the
-# repository root, OUT set:
+# benchmarks/device_selfjoin.sh -- issue 7's GPU rows. From the repository root, OUT set:
 #
 #   XKNN_GIT_COMMIT=<short hash> bash benchmarks/device_selfjoin.sh
 #
+# Steps (STEPS, default "single"):
+#   single  one GPU, bench_selfjoin: the all-kNN graph of n = N uniform points (d = 128,
+#           k = 16, l2) symmetric against plain in the same run, and at n = NPEER the same
+#           with PyTorch's blocked mm + topk on the same data
+#   mpi     knn_mpi REF (no query file: the symmetric ring) under mpirun for each rank
+#           count in NPS, one GPU a rank (kind nvidia-h200-x2 or nvidia-h100-x2), on
+#           MPI_N uniform points written by tests/mkdata; the outputs must be byte-identical
+#           across rank counts, and SAMPLE rows are checked against a float64 brute force
+#           (benchmarks/check_result.py --self); per-rank busy seconds come from --json
+#
 # Environment (all optional): BUILD=build-dev  GPU_ARCH=90  N=1M  NPEER=100k  REPEATS=3
-#   PEERS=1 (0: no PyTorch)  WORK=/tmp/xknn-selfjoin
+#   PEERS=1 (0: no PyTorch)  WORK=/tmp/xknn-selfjoin  MPI_N=4M  NPS="1 2"  SAMPLE=8
+#   BACKEND=cuda (knn_mpi --backend; cpu to try the mpi step on a machine without GPU)
 # Files written to OUT: bench_selfjoin.json and peers_selfjoin.json (one JSON object per
-# line), device_selfjoin.log (everything).
+# line), knn_mpi_npP.json (mpi step, one per rank count), device_selfjoin.log (everything).
 set -uo pipefail
 OUT=${OUT:-$PWD/device-out}
 BUILD=${BUILD:-build-dev}
@@ -19,6 +27,11 @@ NPEER=${NPEER:-100k}
 REPEATS=${REPEATS:-3}
 PEERS=${PEERS:-1}
 WORK=${WORK:-/tmp/xknn-selfjoin}
+STEPS=${STEPS:-single}
+MPI_N=${MPI_N:-4M}
+NPS=${NPS:-"1 2"}
+SAMPLE=${SAMPLE:-8}
+BACKEND=${BACKEND:-cuda}
 mkdir -p "$OUT" "$WORK"
 LOG=$OUT/device_selfjoin.log
 J=$OUT/bench_selfjoin.json
@@ -27,18 +40,65 @@ P=$OUT/peers_selfjoin.json
 : > "$P"
 exec > >(tee -a "$LOG") 2>&1
 
-if [ ! -x "$BUILD/benchmarks/bench_selfjoin" ]; then
+has_step() { case " $STEPS " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+
+if [ ! -f "$BUILD/build.ninja" ]; then
     meson setup "$BUILD" -Dbuildtype=release -Dcuda=enabled "-Dgpu_arch=$GPU_ARCH" > "$WORK/setup.log" 2>&1 ||
         { tail -20 "$WORK/setup.log"; exit 1; }
 fi
-ninja -C "$BUILD" benchmarks/bench_selfjoin > "$WORK/build.log" 2>&1 || { tail -20 "$WORK/build.log"; exit 1; }
-B=$BUILD/benchmarks/bench_selfjoin
+ninja -C "$BUILD" benchmarks/bench_selfjoin mpi/knn_mpi tests/mkdata > "$WORK/build.log" 2>&1 ||
+    { tail -20 "$WORK/build.log"; exit 1; }
 rc=0
-timeout 400 "$B" -v --n "$N" --d 128 --k 16 --repeats "$REPEATS" --check 64 --json "$J" || rc=1
-timeout 200 "$B" --n "$NPEER" --d 128 --k 16 --repeats "$REPEATS" --check 64 --json "$J" \
-    --write-data "$WORK/peer.fbin" || rc=1
-if [ "$PEERS" = 1 ]; then
-    timeout 300 python3 benchmarks/peers_selfjoin.py --data "$WORK/peer.fbin" --k 16 --repeats "$REPEATS" \
-        --json "$P" || rc=1
+
+if has_step single; then
+    B=$BUILD/benchmarks/bench_selfjoin
+    timeout 400 "$B" -v --n "$N" --d 128 --k 16 --repeats "$REPEATS" --check 64 --json "$J" || rc=1
+    timeout 200 "$B" --n "$NPEER" --d 128 --k 16 --repeats "$REPEATS" --check 64 --json "$J" \
+        --write-data "$WORK/peer.fbin" || rc=1
+    if [ "$PEERS" = 1 ]; then
+        timeout 300 python3 benchmarks/peers_selfjoin.py --data "$WORK/peer.fbin" --k 16 --repeats "$REPEATS" \
+            --json "$P" || rc=1
+    fi
+fi
+
+if has_step mpi; then
+    n=$(python3 -c "import sys; s=sys.argv[1]; m={'k':10**3,'M':10**6,'G':10**9}; print(int(float(s[:-1])*m[s[-1]]) if s[-1] in m else int(s))" "$MPI_N")
+    D=$WORK/sj_$MPI_N.fbin
+    echo "=== mpi: $n uniform points, d = 128 -> $D"
+    [ -f "$D" ] || timeout 120 "$BUILD/tests/mkdata" data uniform "$n" 128 7 "$D" || rc=1
+    first=""
+    for np in $NPS; do
+        echo "=== mpi: knn_mpi, $np rank(s), backend $BACKEND (cuda: one GPU a rank)"
+        timeout 300 mpirun --allow-run-as-root --oversubscribe --bind-to none -np "$np" \
+            "$BUILD/mpi/knn_mpi" "$D" -k 16 -o "$WORK/sj_np$np.bin" --backend "$BACKEND" -v \
+            --json "$OUT/knn_mpi_np$np.json" || { rc=1; continue; }
+        if [ -z "$first" ]; then
+            first=$WORK/sj_np$np.bin
+        elif cmp "$first" "$WORK/sj_np$np.bin"; then
+            echo "=== mpi: $np ranks: output byte-identical to $first"
+        else
+            echo "=== mpi: $np ranks: output DIFFERS from $first"; rc=1
+        fi
+    done
+    [ -n "$first" ] && { timeout 200 python3 benchmarks/check_result.py "$first" "$D" "$D" --self \
+        --sample "$SAMPLE" || rc=1; }
+    python3 - "$OUT" $NPS <<'PY'
+import json, os, sys
+out, nps = sys.argv[1], sys.argv[2:]
+base = None
+for np_ in nps:
+    p = os.path.join(out, f"knn_mpi_np{np_}.json")
+    if not os.path.exists(p):
+        print(f"ranks {np_}: no result"); continue
+    j = json.load(open(p)); t = j["time_s"]
+    base = base or t["query_phase"]
+    busy = [r["busy_s"] for r in j.get("per_rank", [])]
+    bal = f" busy {'/'.join(f'{b:.2f}' for b in busy)} s (max/mean {max(busy) * len(busy) / sum(busy):.3f})" if busy else ""
+    print(f"ranks {np_}: n={j['n']} k={j['k']} {j.get('self_join_path')} read {t['read']:.2f} s, "
+          f"self-join {t['query_phase']:.3f} s (search {t['search']:.3f}, reduce {t['reduce']:.3f}), "
+          f"total {t['total']:.2f} s; speed-up {base / t['query_phase']:.2f}x;{bal}")
+PY
 fi
 exit $rc
