@@ -516,8 +516,8 @@ agree_setup:
             goto verdict;
         }
         if (ctx->config.verbose && rank == 0)
-            fprintf(stderr, "xknn_mpi: self-join: %s%s\n", all ? "symmetric ring" : "plain",
-                    all ? "" : (why ? why : "another rank's backend has no symmetric kernel"));
+            fprintf(stderr, "xknn_mpi: self-join: %s%s%s\n", all ? "symmetric ring" : "plain search (",
+                    all ? "" : (why ? why : "another rank's backend has no symmetric kernel"), all ? "" : ")");
         if (all) {
             int64_t *row0s = (int64_t *)malloc((size_t)P * 2 * sizeof(int64_t));
             int have = row0s != NULL, every = 0;
