@@ -11,10 +11,11 @@
 #           count in NPS, one GPU a rank (kind nvidia-h200-x2 or nvidia-h100-x2), on
 #           MPI_N uniform points written by tests/mkdata; the outputs must be byte-identical
 #           across rank counts, and SAMPLE rows are checked against a float64 brute force
-#           (benchmarks/check_result.py --self); per-rank busy seconds come from --json
+#           (benchmarks/check_result.py --self); per-rank busy seconds come from --json;
+#           speed-ups are against the first rank count of NPS
 #
 # Environment (all optional): BUILD=build-dev  GPU_ARCH=90  N=1M  NPEER=100k  REPEATS=3
-#   PEERS=1 (0: no PyTorch)  WORK=/tmp/xknn-selfjoin  MPI_N=4M  NPS="1 2"  SAMPLE=8
+#   PEERS=1 (0: no PyTorch)  WORK=/tmp/xknn-selfjoin  MPI_N=4000000  NPS="1 2"  SAMPLE=8
 #   BACKEND=cuda (knn_mpi --backend; cpu to try the mpi step on a machine without GPU)
 # Files written to OUT: bench_selfjoin.json and peers_selfjoin.json (one JSON object per
 # line), knn_mpi_npP.json (mpi step, one per rank count), device_selfjoin.log (everything).
@@ -28,7 +29,7 @@ REPEATS=${REPEATS:-3}
 PEERS=${PEERS:-1}
 WORK=${WORK:-/tmp/xknn-selfjoin}
 STEPS=${STEPS:-single}
-MPI_N=${MPI_N:-4M}
+MPI_N=${MPI_N:-4000000}
 NPS=${NPS:-"1 2"}
 SAMPLE=${SAMPLE:-8}
 BACKEND=${BACKEND:-cuda}
@@ -64,10 +65,9 @@ if has_step single; then
 fi
 
 if has_step mpi; then
-    n=$(python3 -c "import sys; s=sys.argv[1]; m={'k':10**3,'M':10**6,'G':10**9}; print(int(float(s[:-1])*m[s[-1]]) if s[-1] in m else int(s))" "$MPI_N")
     D=$WORK/sj_$MPI_N.fbin
-    echo "=== mpi: $n uniform points, d = 128 -> $D"
-    [ -f "$D" ] || timeout 120 "$BUILD/tests/mkdata" data uniform "$n" 128 7 "$D" || rc=1
+    echo "=== mpi: $MPI_N uniform points, d = 128 -> $D"
+    [ -f "$D" ] || timeout 120 "$BUILD/tests/mkdata" data uniform "$MPI_N" 128 7 "$D" || rc=1
     first=""
     for np in $NPS; do
         echo "=== mpi: knn_mpi, $np rank(s), backend $BACKEND (cuda: one GPU a rank)"
