@@ -792,7 +792,7 @@ const char *xknn_search_pair_why_not(const xknn_params *params, xknn_dtype dtype
 {
     const xknn_params p = xknn__resolved(params);
     if (p.self_join == XKNN_SELF_JOIN_PLAIN) return "self_join plain asked for";
-    if (xknn__takes_cuda(&p)) return "the cuda backend has no symmetric pair kernel (xknn_search_pair runs on the CPU only)";
+    if (xknn__takes_cuda(&p)) return "the cuda backend has no pair kernel (xknn_search_pair runs on the CPU)";
     return xknn__cpu_sym_why_not(&p, dtype, d);
 }
 

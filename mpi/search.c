@@ -515,9 +515,13 @@ agree_setup:
             if (stats) stats->blocks = 1;
             goto verdict;
         }
-        if (ctx->config.verbose && rank == 0)
-            fprintf(stderr, "xknn_mpi: self-join: %s%s%s\n", all ? "symmetric ring" : "plain search (",
-                    all ? "" : (why ? why : "another rank's backend has no symmetric kernel"), all ? "" : ")");
+        if (ctx->config.verbose && rank == 0) {
+            if (all)
+                fprintf(stderr, "xknn_mpi: self-join: symmetric ring\n");
+            else
+                fprintf(stderr, "xknn_mpi: self-join: plain search (%s)\n",
+                        why ? why : "another rank's backend has no symmetric kernel");
+        }
         if (all) {
             int64_t *row0s = (int64_t *)malloc((size_t)P * 2 * sizeof(int64_t));
             int have = row0s != NULL, every = 0;
