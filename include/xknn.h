@@ -91,10 +91,12 @@
  *     dtype this way except the paths whose fast kernels are not symmetric yet: u8/i8
  *     l2/euclidean/ip (exact integer path), f32 ip/cosine with CBLAS (sgemm inner-
  *     product path), cpu_path INT8. The CUDA backend does it on its tensor-core path
- *     (f32 l2/euclidean/ip/cosine, d <= 128, the state of all n points in device
- *     memory, for cosine also unit-length copies of the rows): the CTA
- *     of each row block takes the tiles from its diagonal on, and each off-diagonal
- *     tile's bounds feed both its rows' and its columns' candidates. Other cases run
+ *     (f32 l2/euclidean/ip/cosine, d <= 128; for cosine also unit-length copies of
+ *     the rows): the CTA of each row block takes the tiles from its diagonal on, and
+ *     each off-diagonal tile's bounds feed both its rows' and its columns'
+ *     candidates. When the state of all n points exceeds the device memory budget, the
+ *     set is halved (recursively) into triangles and rectangles (the pair kernel of
+ *     xknn_search_pair), each merged into the lists as it is done. Other cases run
  *     the plain search; xknn_self_join_why_plain() says which, and params.verbose
  *     prints it. (f32 l2/euclidean whose values are small integers take the symmetric
  *     sgemm path, not the integer one, in a self-join.)
@@ -332,23 +334,33 @@ XKNN_API xknn_status xknn_search(const xknn_params *params, const xknn_matrix *r
  * for BIN) takes the symmetric path (see SELF-JOIN), else a static one-line reason why
  * it runs the plain search. backend auto counts as cuda when a CUDA device would take
  * the search. On the cuda backend NULL means "symmetric where the shape allows": the
- * kernel is the tensor-core path's (f32 l2/euclidean, d <= 128, at least 4k groups of
- * 64 references, the state of all n points within the device memory budget); a shape
- * outside that runs the plain search and params.verbose says why.
+ * kernel is the tensor-core path's (f32 l2/euclidean/ip/cosine, d <= 128, at least 4k
+ * groups of 64 references); where the state of all n points exceeds the device memory
+ * budget it runs in blocks (the triangles of halves and their rectangles, as
+ * xknn_search_pair does); a shape outside that runs the plain search and params.verbose
+ * says why.
  */
 XKNN_API const char *xknn_self_join_why_plain(const xknn_params *params, xknn_dtype dtype, int64_t d);
 
 /*
  * Not collective. NULL when xknn_search_pair() takes these params and dtype on the
- * backend that xknn_search() would use (the CPU: there is no cuda pair kernel), else a
- * static one-line reason. A distributed self-join (xknn_mpi.h) runs its symmetric ring
- * when this is NULL on every rank.
+ * backend that xknn_search() would use, else a static one-line reason. On the cuda
+ * backend: f32 l2/euclidean/ip/cosine with d <= 128 (the tensor-core path's). A
+ * distributed self-join (xknn_mpi.h) runs its symmetric ring when this is NULL on every
+ * rank.
  */
 XKNN_API const char *xknn_search_pair_why_not(const xknn_params *params, xknn_dtype dtype, int64_t d);
 
 /*
- * Symmetric tile update, the primitive of the symmetric self-join. Host memory, CPU
- * backend (backend cuda: INVALID_ARGUMENT; auto runs it on the CPU). Not collective.
+ * Symmetric tile update, the primitive of the symmetric self-join. Host memory. Not
+ * collective. On the backend xknn_search() would use where xknn_search_pair_why_not()
+ * is NULL (else on the CPU; backend cuda: INVALID_ARGUMENT with the reason). The cuda
+ * backend runs the tensor-core pair kernel (each tile of a x b feeds both sides; a
+ * against itself: the symmetric self-join's triangle) and merges into the lists on the
+ * host; a pair whose state exceeds the device memory budget runs in parts (halves, each
+ * merged as it is done), and a part too small for the kernel (fewer than 128 k rows on a
+ * side) runs on the CPU. params also: device, cuda_context, cuda_path (auto or mma),
+ * device_memory_budget.
  *   a, b         row-major blocks of the same dtype and d (b may be NULL: a against
  *                itself); global ids a_id0 + i and b_id0 + j, ranges not overlapping.
  *   a_ids/a_dist a->rows x k running lists of a's rows (ld = k), sorted by the result
@@ -792,7 +804,13 @@ const char *xknn_search_pair_why_not(const xknn_params *params, xknn_dtype dtype
 {
     const xknn_params p = xknn__resolved(params);
     if (p.self_join == XKNN_SELF_JOIN_PLAIN) return "self_join plain asked for";
-    if (xknn__takes_cuda(&p)) return "the cuda backend has no pair kernel (xknn_search_pair runs on the CPU)";
+    if (xknn__takes_cuda(&p)) {
+        if (dtype != XKNN_DTYPE_F32 || (p.metric != XKNN_METRIC_L2 && p.metric != XKNN_METRIC_EUCLIDEAN &&
+                                        p.metric != XKNN_METRIC_IP && p.metric != XKNN_METRIC_COSINE))
+            return "the cuda backend's pair kernel takes f32 l2/euclidean/ip/cosine only";
+        if (d > 128) return "the cuda backend's pair kernel takes d <= 128";
+        return NULL;
+    }
     return xknn__cpu_sym_why_not(&p, dtype, d);
 }
 
@@ -824,9 +842,6 @@ xknn_status xknn_search_pair(const xknn_params *params, const xknn_matrix *a, in
     if (!a || !a_ids || !a_dist || (b && (!b_ids || !b_dist)))
         return xknn__fail(err, XKNN_ERROR_INVALID_ARGUMENT, "xknn_search_pair: NULL argument");
     if (k < 1) return xknn__fail(err, XKNN_ERROR_INVALID_ARGUMENT, "k=%lld: need k >= 1", (long long)k);
-    if (p.backend == XKNN_BACKEND_CUDA)
-        return xknn__fail(err, XKNN_ERROR_INVALID_ARGUMENT,
-                          "xknn_search_pair: the cuda backend has no symmetric kernel yet (use backend cpu or auto)");
     if ((int)p.cpu_path < 0 || p.cpu_path >= XKNN_CPU_PATH_COUNT || p.num_threads < 0 || p.query_block < 0)
         return xknn__fail(err, XKNN_ERROR_INVALID_ARGUMENT, "xknn_search_pair: bad cpu_path, num_threads or query_block");
     if ((st = xknn_check_input(&p, "a", a, a_id0, err)) != XKNN_SUCCESS) return st;
@@ -847,6 +862,21 @@ xknn_status xknn_search_pair(const xknn_params *params, const xknn_matrix *a, in
     job.msg_size = err ? sizeof err->message : 0;
     sa = xknn__sym_side_of(a, a_id0, a_ids, a_dist);
     if (b) sb = xknn__sym_side_of(b, b_id0, b_ids, b_dist);
+    if (xknn__takes_cuda(&p)) {
+        const char *why = xknn_search_pair_why_not(&p, a->dtype, a->cols);
+        if (!why) {
+            if (!xknn__cuda_built())
+                return xknn__fail(err, XKNN_ERROR_NOT_BUILT,
+                                  "backend cuda: this xknn was built without CUDA (reconfigure with -Dcuda=enabled)");
+            if (xknn__cuda_device_count() <= 0)
+                return xknn__fail(err, XKNN_ERROR_NO_DEVICE, "backend cuda: no CUDA device is available");
+            st = xknn__cuda_pair(&job, &sa, b ? &sb : NULL);
+            if (err) err->status = st;
+            return st;
+        }
+        if (p.backend == XKNN_BACKEND_CUDA)
+            return xknn__fail(err, XKNN_ERROR_INVALID_ARGUMENT, "xknn_search_pair: %s (use backend cpu or auto)", why);
+    }
     st = xknn__cpu_sym_pair(&job, &sa, b ? &sb : NULL);
     if (err) err->status = st;
     return st;

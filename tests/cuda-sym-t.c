@@ -1,6 +1,8 @@
 /* cuda-sym-t: the symmetric self-join of the CUDA backend (the triangle of tensor-core
- * tiles, mma.cu mode 2; l2, euclidean, ip, cosine) against the plain self-join on the same
- * device and against the oracle, byte for byte (ids and distance bits).
+ * tiles, mma.cu mode 2; l2, euclidean, ip, cosine; in blocks where its state exceeds the
+ * budget) against the plain self-join on the same device and against the oracle, byte for
+ * byte (ids and distance bits); and xknn_search_pair on the device (mode 2 over two sets)
+ * applied over a partition, against the oracle and the device's self-join.
  *
  * The symmetric cases run with XKNN_CUDA_SYM_REQUIRE=1, so a shape that silently fell
  * back to the plain search would fail here instead of passing as plain; the fallback
@@ -10,6 +12,7 @@
  * the cases whose description contains TEXT (the others skip). Skips everything
  * (1..0 # SKIP) when the CUDA backend is not built or no device is present. */
 #define _POSIX_C_SOURCE 200809L
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -50,9 +53,44 @@ static const scase cases[] = {
     {"cosine duplicates", DATA_DUPLICATES, 2600, 16, 9, XKNN_METRIC_COSINE, 0, 0, 0, 1},
     {"cosine clustered d=128 k=30", DATA_CLUSTERED, 9000, 128, 30, XKNN_METRIC_COSINE, 0, 0, 0, 1},
     {"k=n-1: plain (too few witness groups)", DATA_INTEGER, 300, 8, -1, 0, 0, 0, 0, 0},
-    {"1 MiB budget: plain", DATA_UNIFORM, 4000, 32, 5, 0, 0, 0, (size_t)1 << 20, 0},
+    /* a state larger than the budget: the blocked triangle (halves, their rectangles on
+     * the pair kernel, every part on the device: SYM_REQUIRE) */
+    {"200 MiB budget: blocked triangle", DATA_UNIFORM, 20000, 16, 8, 0, 0, 0, (size_t)200 << 20, 1},
+    {"200 MiB budget: blocked triangle, ties", DATA_INTEGER, 20000, 16, 8, 0, 0, 0, (size_t)200 << 20, 1},
+    /* 1 MiB: halves down to parts too small for the kernels, which run on the CPU */
+    {"1 MiB budget: blocked, small parts on the CPU", DATA_UNIFORM, 4000, 32, 5, 0, 0, 0, (size_t)1 << 20, 0},
 };
 #define NCASES (int)(sizeof cases / sizeof cases[0])
+
+/* xknn_search_pair on the device: the slices of a partition (cut[0] = 0 < ... < cut[ns]
+ * = n) applied pair by pair, (i, i) and (i, j > i), as the MPI ring does; the lists must
+ * equal the oracle's and the device's own self-join, byte for byte. */
+typedef struct {
+    const char *what;
+    data_kind kind;
+    int64_t n, d, k;
+    int metric;
+    int64_t off;       /* global id of row 0 */
+    size_t budget;     /* device_memory_budget, 0 = default */
+    int require;       /* XKNN_CUDA_SYM_REQUIRE=1: every part on the device */
+    int ns;            /* slices */
+    int64_t cut[5];
+} pcase;
+
+static const pcase pcases[] = {
+    {"pair: uniform, slices not tile multiples", DATA_UNIFORM, 7001, 32, 8, 0, 0, 0, 1, 3, {0, 2100, 4501, 7001}},
+    {"pair: ties, integer data d=8 (rescues)", DATA_INTEGER, 6000, 8, 10, 0, 0, 0, 1, 2, {0, 2999, 6000}},
+    {"pair: duplicates, id offset", DATA_DUPLICATES, 5200, 16, 9, 0, 1000000, 0, 1, 2, {0, 2600, 5200}},
+    {"pair: euclidean clustered d=128 k=16", DATA_CLUSTERED, 9000, 128, 16, 1, 0, 0, 1, 3, {0, 3000, 6100, 9000}},
+    {"pair: ip gaussian d=100", DATA_GAUSSIAN, 5000, 100, 16, XKNN_METRIC_IP, 0, 0, 1, 2, {0, 2300, 5000}},
+    {"pair: cosine, ties and zero rows d=3", DATA_INTEGER, 5000, 3, 8, XKNN_METRIC_COSINE, 0, 0, 1, 2, {0, 2500, 5000}},
+    {"pair: unequal slices, d=17 (4-byte loads)", DATA_UNIFORM, 6177, 17, 4, 0, 0, 0, 1, 4, {0, 600, 1700, 4000, 6177}},
+    /* a 96 MiB budget: the larger pairs run in parts (halves of the larger side) */
+    {"pair: 96 MiB budget, in parts", DATA_UNIFORM, 16000, 16, 8, 0, 0, (size_t)96 << 20, 1, 2, {0, 7000, 16000}},
+    /* slices too small for the kernels: the CPU pair (no REQUIRE) */
+    {"pair: small slices on the CPU", DATA_INTEGER, 900, 8, 6, 0, 0, 0, 0, 3, {0, 250, 600, 900}},
+};
+#define NPCASES (int)(sizeof pcases / sizeof pcases[0])
 
 static int quick;
 
@@ -135,13 +173,85 @@ static void run_case(const scase *c)
     free(wd);
 }
 
+/* Two TAP lines per case. */
+static void run_pair_case(const pcase *c)
+{
+    const int64_t n = c->n, d = c->d, k = c->k;
+    const int neg = c->metric == XKNN_METRIC_IP;
+    float *x = (float *)xmalloc((size_t)(n * d) * sizeof(float));
+    int64_t *ids = (int64_t *)xmalloc((size_t)(n * k) * sizeof(int64_t));
+    int64_t *sid = (int64_t *)xmalloc((size_t)(n * k) * sizeof(int64_t));
+    int64_t *wid = (int64_t *)xmalloc((size_t)(n * k) * sizeof(int64_t));
+    float *dist = (float *)xmalloc((size_t)(n * k) * sizeof(float));
+    float *sd = (float *)xmalloc((size_t)(n * k) * sizeof(float));
+    float *wd = (float *)xmalloc((size_t)(n * k) * sizeof(float));
+    xknn_params p = XKNN_PARAMS_INIT;
+    xknn_error e, serr;
+    xknn_status sst;
+    char name[256];
+    int i, j, bad = 0;
+    int64_t t;
+    ref_spec spec;
+    scase sc;
+
+    memset(&spec, 0, sizeof spec);
+    spec.metric = c->metric;
+    spec.dtype = REF_F32;
+    snprintf(name, sizeof name, "%s: %s n=%lld d=%lld k=%lld %s, %d slices", c->what, ref_data_name(c->kind),
+             (long long)n, (long long)d, (long long)k, xknn_metric_name((xknn_metric)c->metric), c->ns);
+    ref_make_data(c->kind, x, n, d, 11);
+    for (t = 0; t < n * k; t++) {
+        ids[t] = -1;
+        dist[t] = neg ? -INFINITY : INFINITY;
+    }
+    p.backend = XKNN_BACKEND_CUDA;
+    p.metric = (xknn_metric)c->metric;
+    p.device_memory_budget = c->budget;
+    p.verbose = getenv("XKNN_CUDA_TEST_VERBOSE") != NULL;
+    if (c->require) setenv("XKNN_CUDA_SYM_REQUIRE", "1", 1);
+    for (j = c->ns - 1; j >= 0 && !bad; j--)
+        for (i = 0; i <= j && !bad; i++) {
+            const int64_t ci = c->cut[i], cj = c->cut[j];
+            xknn_matrix a = XKNN_MATRIX_F32(x + ci * d, c->cut[i + 1] - ci, d);
+            xknn_matrix b = XKNN_MATRIX_F32(x + cj * d, c->cut[j + 1] - cj, d);
+            if (xknn_search_pair(&p, &a, c->off + ci, i == j ? NULL : &b, c->off + cj, k, ids + ci * k, dist + ci * k,
+                                 ids + cj * k, dist + cj * k, &e) != XKNN_SUCCESS) {
+                diag("xknn_search_pair (slices %d, %d): %s", i, j, e.message);
+                bad = 1;
+            }
+        }
+    unsetenv("XKNN_CUDA_SYM_REQUIRE");
+    if (ref_knn_ex(&spec, x, n, d, NULL, n, d, d, k, 1, c->off, c->off, wid, wd) != 0) bail("oracle out of memory");
+    if (bad)
+        ok(0, "%s: pairs vs oracle (a pair failed)", name);
+    else
+        is_knn_equal(ids, dist, wid, wd, n, k, "%s: pairs vs oracle", name);
+    memset(&sc, 0, sizeof sc);
+    sc.n = n;
+    sc.d = d;
+    sc.metric = c->metric;
+    sc.off = c->off;
+    sst = self_join(&sc, x, d, k, XKNN_SELF_JOIN_AUTO, sid, sd, &serr);
+    if (sst != XKNN_SUCCESS) diag("self-join: %s", serr.message);
+    ok(!bad && sst == XKNN_SUCCESS && !memcmp(ids, sid, (size_t)(n * k) * sizeof(int64_t)) &&
+           !memcmp(dist, sd, (size_t)(n * k) * sizeof(float)),
+       "%s: pairs and the device self-join are the same bytes", name);
+    free(x);
+    free(ids);
+    free(sid);
+    free(wid);
+    free(dist);
+    free(sd);
+    free(wd);
+}
+
 int main(void)
 {
     int i;
     if (!xknn_backend_built(XKNN_BACKEND_CUDA) || xknn_cuda_device_count() == 0) skip_all("no CUDA device");
     const char *only = getenv("XKNN_CUDA_TEST_ONLY");
     quick = getenv("XKNN_CUDA_TEST_QUICK") ? atoi(getenv("XKNN_CUDA_TEST_QUICK")) : 0;
-    plan(3 * NCASES);
+    plan(3 * NCASES + 2 * NPCASES);
     for (i = 0; i < NCASES; i++) {
         if (only && *only && !strstr(cases[i].what, only))
             skip(3, "%s: not selected by XKNN_CUDA_TEST_ONLY", cases[i].what);
@@ -149,6 +259,14 @@ int main(void)
             skip(3, "%s n=%lld: not with XKNN_CUDA_TEST_QUICK", cases[i].what, (long long)cases[i].n);
         else
             run_case(&cases[i]);
+    }
+    for (i = 0; i < NPCASES; i++) {
+        if (only && *only && !strstr(pcases[i].what, only))
+            skip(2, "%s: not selected by XKNN_CUDA_TEST_ONLY", pcases[i].what);
+        else if (quick && pcases[i].n > 6000)
+            skip(2, "%s n=%lld: not with XKNN_CUDA_TEST_QUICK", pcases[i].what, (long long)pcases[i].n);
+        else
+            run_pair_case(&pcases[i]);
     }
     return tap_done();
 }

@@ -160,7 +160,7 @@ int main(void)
     const mcase l2 = {XKNN_METRIC_L2, 0}, eu = {XKNN_METRIC_EUCLIDEAN, 0};
     /* every real metric x dtype x shape, the bit metrics x shape (2 tests each), the
      * loop kernel for f32 l2/euclidean, two larger BLAS cases, pairs, path choice */
-    plan((9 * NDT * NSHAPES + 2 * NSHAPES) * 2 + 2 * NSHAPES * 2 + 2 * 2 + 4 + 10);
+    plan((9 * NDT * NSHAPES + 2 * NSHAPES) * 2 + 2 * NSHAPES * 2 + 2 * 2 + 4 + 12);
 
     for (mi = 0; mi < NMETRICS; mi++) {
         const int bin = metrics[mi].metric == XKNN_METRIC_HAMMING || metrics[mi].metric == XKNN_METRIC_WHAMMING;
@@ -193,7 +193,9 @@ int main(void)
         ok(xknn_self_join_why_plain(&p, XKNN_DTYPE_F32, 8) == NULL, "backend cuda, f32 l2: the symmetric kernel");
         ok(xknn_self_join_why_plain(&p, XKNN_DTYPE_F32, 200) != NULL, "backend cuda, d = 200: plain");
         ok(xknn_self_join_why_plain(&p, XKNN_DTYPE_U8, 8) != NULL, "backend cuda, u8: plain");
-        ok(xknn_search_pair_why_not(&p, XKNN_DTYPE_F32, 8) != NULL, "backend cuda: no pair kernel");
+        ok(xknn_search_pair_why_not(&p, XKNN_DTYPE_F32, 8) == NULL, "backend cuda, f32 l2: the pair kernel");
+        ok(xknn_search_pair_why_not(&p, XKNN_DTYPE_F32, 200) != NULL, "backend cuda, d = 200: no pair kernel");
+        ok(xknn_search_pair_why_not(&p, XKNN_DTYPE_U8, 8) != NULL, "backend cuda, u8: no pair kernel");
         p.backend = XKNN_BACKEND_CPU;
         ok(xknn_search_pair_why_not(&p, XKNN_DTYPE_F32, 8) == NULL, "backend cpu: the pair kernel");
         p.metric = XKNN_METRIC_L1;

@@ -805,6 +805,9 @@ MmaParams mma_params(const Run &r, const float *Q, int64_t ldq, int64_t qs, int 
     mp.cap = (int)p.cap;
     mp.exclude = exclude;
     mp.ffma = p.ffma;
+    mp.cthr = mp.thr; /* mode 2's columns: the rows' own state (Q = R) */
+    mp.ccnt = mp.cnt;
+    mp.ccand = mp.cand;
     return mp;
 }
 
@@ -1847,6 +1850,8 @@ static double wall_seconds(void)
     return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
+static const char kSymNoFit[] = "the state of all n points does not fit the device memory budget";
+
 static const char *plan_sym(const xknn_cuda_context *ctx, const xknn__job *job, size_t budget, Plan *out,
                             int64_t *out_block)
 {
@@ -1869,16 +1874,19 @@ static const char *plan_sym(const xknn_cuda_context *ctx, const xknn__job *job, 
     const int64_t block = min64(n, kMaxStateQueries);
     const size_t need = p.bytes + (size_t)n * (size_t)d * sizeof(float) +
                         (size_t)block * (size_t)k * (sizeof(int64_t) + (job->dist ? sizeof(float) : 0));
-    if (need > budget) return "the state of all n points does not fit the device memory budget";
+    if (need > budget) return kSymNoFit;
     *out = p;
     *out_block = block;
     return NULL;
 }
 
 /* *done = 0 (and XKNN_SUCCESS) when the symmetric path does not apply or its allocation
- * fails: the caller runs the plain search. staged: a caller's context (pinned staging).
- * XKNN_CUDA_SYM_REQUIRE=1 (diagnostic, for the tests) makes either an error instead. */
-xknn_status host_sym(const xknn__job *job, xknn_cuda_context *ctx, int staged, size_t budget, int *done, Err er)
+ * fails: the caller runs the plain search, or with *too_big = 1 (only the memory stood in
+ * the way) the blocked triangle (host_sym_blocked). staged: a caller's context (pinned
+ * staging). XKNN_CUDA_SYM_REQUIRE=1 (diagnostic, for the tests) makes a shape that does
+ * not apply an error instead. */
+xknn_status host_sym(const xknn__job *job, xknn_cuda_context *ctx, int staged, size_t budget, int *done,
+                     int *too_big, Err er)
 {
     const xknn_params *prm = &job->params;
     const int64_t n = job->n, d = job->d, k = job->k;
@@ -1902,6 +1910,11 @@ xknn_status host_sym(const xknn__job *job, xknn_cuda_context *ctx, int staged, s
     const int require = req && *req && *req != '0';
 
     *done = 0;
+    *too_big = why == kSymNoFit;
+    if (*too_big) {
+        if (prm->verbose) fprintf(stderr, "xknn: cuda: self-join of %lld points: %s\n", (long long)n, why);
+        return XKNN_SUCCESS;
+    }
     if (why) {
         if (require) return failf(er, XKNN_ERROR_INVALID_ARGUMENT, "XKNN_CUDA_SYM_REQUIRE: plain search: %s", why);
         if (prm->verbose) fprintf(stderr, "xknn: cuda: self-join: plain search (%s)\n", why);
@@ -1916,9 +1929,8 @@ xknn_status host_sym(const xknn__job *job, xknn_cuda_context *ctx, int staged, s
     ok = alloc_outcome(hb, e, er, &st);
     if (ok < 0) return st;
     if (ok == 0) {
-        if (require)
-            return failf(er, XKNN_ERROR_OUT_OF_MEMORY, "XKNN_CUDA_SYM_REQUIRE: the symmetric state's allocation failed");
-        if (prm->verbose) fprintf(stderr, "xknn: cuda: self-join: plain search (the symmetric state's allocation failed)\n");
+        *too_big = 1;
+        if (prm->verbose) fprintf(stderr, "xknn: cuda: self-join: the symmetric state's allocation failed\n");
         return XKNN_SUCCESS;
     }
     *done = 1;
@@ -2009,6 +2021,413 @@ cleanup:
     return st;
 }
 
+/* ---- xknn_search_pair on the device (mma.cu's TWO SETS), the blocked triangle ------- */
+
+/* Row a (ai, ad: k entries sorted by the result order, missing ids -1 last) merged with
+ * row b the same way: the k first of both by (distance, id), -distance for ip, missing
+ * last, back into a. mid / md: k entries of scratch. */
+void merge_row(int64_t *ai, float *ad, const int64_t *bi, const float *bd, int64_t k, int ip, int64_t *mid, float *md)
+{
+    int64_t a = 0, b = 0;
+    for (int64_t j = 0; j < k; ++j) {
+        /* a + b == j < k: neither index runs past its row */
+        const int take_a = bi[b] < 0 || (ai[a] >= 0 && (ip ? xknn__result_less(-ad[a], ai[a], -bd[b], bi[b])
+                                                          : xknn__result_less(ad[a], ai[a], bd[b], bi[b])));
+        if (take_a) {
+            mid[j] = ai[a];
+            md[j] = ad[a];
+            ++a;
+        } else {
+            mid[j] = bi[b];
+            md[j] = bd[b];
+            ++b;
+        }
+    }
+    memcpy(ai, mid, (size_t)k * sizeof(int64_t));
+    memcpy(ad, md, (size_t)k * sizeof(float));
+}
+
+/* Rows [0, rows) of the running lists ids / dist (ld k) merged with the new lists nids /
+ * ndist, rows spread over OpenMP threads (threads: 0 for the default). */
+xknn_status merge_lists(int64_t *ids, float *dist, const int64_t *nids, const float *ndist, int64_t rows, int64_t k,
+                        int ip, int threads, Err er)
+{
+#ifdef _OPENMP
+    if (threads <= 0) threads = omp_get_max_threads();
+#endif
+    if (threads < 1) threads = 1;
+    int64_t *mid = (int64_t *)malloc((size_t)threads * (size_t)k * sizeof(int64_t));
+    float *md = (float *)malloc((size_t)threads * (size_t)k * sizeof(float));
+    if (!mid || !md) {
+        free(mid);
+        free(md);
+        return failf(er, XKNN_ERROR_OUT_OF_MEMORY, "cuda backend: out of host memory for a merge of lists (k=%lld)",
+                     (long long)k);
+    }
+#ifdef _OPENMP
+#pragma omp parallel num_threads(threads) if (rows * k > (1 << 16))
+#endif
+    {
+#ifdef _OPENMP
+        const int t = omp_get_thread_num(), nt = omp_get_num_threads();
+#else
+        const int t = 0, nt = 1;
+#endif
+        for (int64_t r = t; r < rows; r += nt)
+            merge_row(ids + r * k, dist + r * k, nids + r * k, ndist + r * k, k, ip, mid + (int64_t)t * k,
+                      md + (int64_t)t * k);
+    }
+    free(md);
+    free(mid);
+    return XKNN_SUCCESS;
+}
+
+static const char kPairNoFit[] = "the state of both sets does not fit the device memory budget";
+
+/* The plan of a pair of disjoint sets A (na rows, the queries of the kernels) and B (nb
+ * rows): the tensor-core plans of each side against the other give the witness prefixes
+ * *wa (of B, for A's rows) and *wb (of A, for B's rows) and the epilogue constants; the
+ * state holds both sides (A's first, B's from na on), cap covers the larger side's
+ * expected count as plan_sym's does. NULL, or why the pair cannot run on the device
+ * (kPairNoFit: only the memory). */
+const char *plan_pair(const xknn_cuda_context *ctx, const xknn__job *job, int64_t na, int64_t nb, size_t budget,
+                      Plan *out, int64_t *wa, int64_t *wb, int64_t *out_block)
+{
+    const xknn_params *prm = &job->params;
+    const int64_t d = job->d, k = job->k;
+    Plan pa, pb;
+    if (prm->cuda_path != XKNN_CUDA_PATH_AUTO && prm->cuda_path != XKNN_CUDA_PATH_MMA)
+        return "the pair kernel is the tensor-core path's (cuda_path auto or mma)";
+    if (!mma_supported(prm, d)) return "the pair kernel takes f32 l2/euclidean/ip/cosine with d <= 128";
+    if (!plan_mma(ctx, prm, nb, na, d, k, SIZE_MAX / 4, 0, 0, &pa) ||
+        !plan_mma(ctx, prm, na, nb, d, k, SIZE_MAX / 4, 0, 0, &pb))
+        return "no tensor-core plan (device, d, or fewer than 4k witness groups of 64 rows on a side)";
+    if ((pa.wgmma ? wgmma_smem_bytes(d, 1) : mma_smem_bytes(d)) + mma_sym_smem_extra() > ctx->smem_optin)
+        return "the symmetric kernel's shared memory exceeds the device's";
+    if (pa.kk != pb.kk || pa.wgmma != pb.wgmma) return "the two sides' plans differ";
+    Plan p = pa;
+    *wa = pa.nA;
+    *wb = pb.nA;
+    const double ea = 3.0 * (double)p.kk * (double)nb / (double)pa.nA + 256.0;
+    const double eb = 3.0 * (double)p.kk * (double)na / (double)pb.nA + 256.0;
+    p.cap = round_up(max64((int64_t)(1.25 * (ea > eb ? ea : eb)) + 512, p.kk + kBlock + 256), 256);
+    p.QS = na + round_up(nb, kMmaBN) + kMmaBN; /* B's thresholds and norms are read a whole tile at a time */
+    p.ga = max64(pa.ga, pb.ga);
+    p.RN = round_up(max64(na, nb), kMmaBN);
+    p.sym = 1;
+    plan_layout(p);
+    const int64_t block = min64(max64(na, nb), kMaxStateQueries);
+    const size_t per_row = (size_t)d * sizeof(float) + (p.kind == kCanonCosine ? (size_t)p.dh * sizeof(float) : 0);
+    const size_t need =
+        p.bytes + (size_t)(na + nb) * per_row + (size_t)block * (size_t)k * (sizeof(int64_t) + sizeof(float));
+    if (need > budget) return kPairNoFit;
+    *out = p;
+    *out_block = block;
+    return NULL;
+}
+
+/* One side's results: rows [0, rows) of the state from `base` on (queries Q, the other
+ * set R as references, ids from id0), resolved and finished in blocks, each merged into
+ * the side's running lists. tids / tdist: host scratch of block x k. */
+xknn_status pair_side_out(xknn_cuda_context *ctx, const Run &run, int64_t base, const float *Q, int64_t rows,
+                          const float *R, int64_t id0, int64_t block, const xknn__sym_side *side, int64_t *dIds,
+                          float *dDist, int64_t *tids, float *tdist, int staged, int threads, int *piece, Err er)
+{
+    const Plan &p = *run.p;
+    xknn_status st = XKNN_SUCCESS;
+    for (int64_t q0 = 0; q0 < rows; q0 += block) {
+        const int64_t qs = min64(block, rows - q0);
+        Run rb = run; /* the state from row base + q0 on */
+        rb.tau = run.tau + base + q0;
+        rb.cnt = run.cnt + base + q0;
+        rb.cand = run.cand + (base + q0) * p.cap;
+        XKNN__CUDA_CHECK(launch_resolve(resolve_params(rb, Q + q0 * p.d, p.d, R, p.d, 0), (int)qs, run.st));
+        XKNN__TRY(block_finish(rb, qs, dIds, dDist, id0, er));
+        XKNN__TRY(results_out(ctx, staged, tids, dIds, tdist, dDist, (size_t)(qs * p.k), threads, run.st, piece, er));
+        XKNN__TRY(merge_lists(side->ids + q0 * p.k, side->dist + q0 * p.k, tids, tdist, qs, p.k, p.kind == kCanonIp,
+                              threads, er));
+    }
+cleanup:
+    return st;
+}
+
+/* The pair (A, B) of two disjoint sets on the device: each distance of A x B once, for
+ * A's lists and B's (mma.cu's TWO SETS), merged into the running lists on the host.
+ * *done = 0 (and XKNN_SUCCESS) when the shape does not allow it (XKNN_CUDA_SYM_REQUIRE=1:
+ * an error instead) or, with *too_big = 1, when the memory does not. */
+xknn_status host_pair(const xknn__job *job, xknn_cuda_context *ctx, int staged, size_t budget, const xknn__sym_side *a,
+                      const xknn__sym_side *b, int *done, int *too_big, Err er)
+{
+    const xknn_params *prm = &job->params;
+    const int64_t na = a->rows, nb = b->rows, d = job->d, k = job->k;
+    const size_t row_bytes = (size_t)d * sizeof(float);
+    xknn_status st = XKNN_SUCCESS;
+    HostBuffers hb;
+    Plan plan;
+    Run run;
+    int64_t wa = 0, wb = 0, block = 0;
+    int piece = 0, ok = 0;
+    unsigned long long stats[kStatCount];
+    int64_t *tids = NULL;
+    float *tdist = NULL;
+    cudaStream_t sc = ctx->stream;
+    const char *why = plan_pair(ctx, job, na, nb, budget, &plan, &wa, &wb, &block);
+    const char *req = getenv("XKNN_CUDA_SYM_REQUIRE");
+    const int require = req && *req && *req != '0';
+
+    *done = 0;
+    *too_big = why == kPairNoFit;
+    if (why) {
+        if (prm->verbose) fprintf(stderr, "xknn: cuda: pair %lld x %lld: %s\n", (long long)na, (long long)nb, why);
+        if (require && !*too_big)
+            return failf(er, XKNN_ERROR_INVALID_ARGUMENT, "XKNN_CUDA_SYM_REQUIRE: pair %lld x %lld: %s", (long long)na,
+                         (long long)nb, why);
+        return XKNN_SUCCESS;
+    }
+    tids = (int64_t *)malloc((size_t)(block * k) * sizeof(int64_t));
+    tdist = (float *)malloc((size_t)(block * k) * sizeof(float));
+    if (!tids || !tdist) {
+        st = failf(er, XKNN_ERROR_OUT_OF_MEMORY, "cuda backend: out of host memory for %lld x %lld pair results",
+                   (long long)block, (long long)k);
+        goto cleanup;
+    }
+    hb.pool = ctx->pool;
+    hb.s = sc;
+    {
+        cudaError_t e = hb.alloc((void **)&hb.dR, (size_t)na * row_bytes);
+        if (e == cudaSuccess) e = hb.alloc((void **)&hb.dQ, (size_t)nb * row_bytes);
+        if (e == cudaSuccess) e = hb.alloc(&hb.dWs, plan.bytes);
+        if (e == cudaSuccess) e = hb.alloc((void **)&hb.dIds, (size_t)block * k * sizeof(int64_t));
+        if (e == cudaSuccess) e = hb.alloc((void **)&hb.dDist, (size_t)block * k * sizeof(float));
+        if (e == cudaSuccess && plan.kind == kCanonCosine)
+            e = hb.alloc((void **)&hb.dChunk[0], (size_t)(na + nb) * (size_t)plan.dh * sizeof(float));
+        ok = alloc_outcome(hb, e, er, &st);
+    }
+    if (ok < 0) goto cleanup;
+    if (ok == 0) {
+        *too_big = 1;
+        if (prm->verbose) fprintf(stderr, "xknn: cuda: pair %lld x %lld: the allocation failed\n", (long long)na, (long long)nb);
+        goto cleanup;
+    }
+    *done = 1;
+    if (prm->verbose) {
+        print_plan(ctx, plan, "pair of sets, resident", budget, 0);
+        fprintf(stderr, "xknn: cuda: pair %lld x %lld: each tile feeds both sides (witnesses: %lld of B, %lld of A)\n",
+                (long long)na, (long long)nb, (long long)wa, (long long)wb);
+    }
+    if (staged) {
+        XKNN__CUDA_CHECK(stage_make(ctx));
+        XKNN__TRY(stage_rows(ctx, hb.dR, (const float *)a->data, na, d, a->ld, prm->num_threads, &piece, er));
+        XKNN__TRY(stage_rows(ctx, hb.dQ, (const float *)b->data, nb, d, b->ld, prm->num_threads, &piece, er));
+        XKNN__CUDA_CHECK(cudaStreamWaitEvent(sc, ctx->stage_done[(piece - 1) & 1], 0));
+    } else {
+        XKNN__CUDA_CHECK(cudaMemcpy2DAsync(hb.dR, row_bytes, a->data, (size_t)a->ld * sizeof(float), row_bytes,
+                                           (size_t)na, cudaMemcpyHostToDevice, sc));
+        XKNN__CUDA_CHECK(cudaMemcpy2DAsync(hb.dQ, row_bytes, b->data, (size_t)b->ld * sizeof(float), row_bytes,
+                                           (size_t)nb, cudaMemcpyHostToDevice, sc));
+    }
+    run = run_bind(ctx, &plan, hb.dWs, sc);
+    XKNN__TRY(run_start(run, er));
+    XKNN__CUDA_CHECK(launch_init_state(run.tau, run.cnt, (int)(na + nb), 1, sc));
+    /* norms and thresholds past each side's rows are read with their tile (and masked):
+     * defined values */
+    XKNN__CUDA_CHECK(cudaMemsetAsync(run.qn, 0, (size_t)plan.QS * sizeof(float), sc));
+    {
+        /* the tensor cores' operands (cosine: unit rows, A's then B's) and their norms:
+         * A's at qn[0, na), B's at qn[na, na + nb) */
+        const float *XA = hb.dR, *XB = hb.dQ;
+        int64_t ldx = d;
+        const int sms = ctx->sms, wg = plan.wgmma ? (int)ctx->smem_optin : 0;
+        if (plan.kind == kCanonCosine) {
+            float *xh = hb.dChunk[0];
+            XKNN__CUDA_CHECK(launch_unit_rows(hb.dR, d, na, d, xh, plan.dh, sc));
+            XKNN__CUDA_CHECK(launch_unit_rows(hb.dQ, d, nb, d, xh + na * plan.dh, plan.dh, sc));
+            XA = xh;
+            XB = xh + na * plan.dh;
+            ldx = plan.dh;
+        }
+        XKNN__CUDA_CHECK(launch_sqnorms(XA, ldx, na, d, run.qn, sc));
+        XKNN__CUDA_CHECK(launch_sqnorms(XB, ldx, nb, d, run.qn + na, sc));
+        MmaParams ma = mma_params(run, XA, ldx, na, 0, 0, XB, ldx);
+        MmaParams mb = mma_params(run, XB, ldx, nb, 0, 0, XA, ldx);
+        XKNN__CUDA_CHECK(cudaMemsetAsync(ma.thr, 0, (size_t)plan.QS * sizeof(float), sc));
+        /* pass A and tau, per side: A's rows against B's first wa rows, B's against A's
+         * first wb (a side's witnesses belong to the set it is searched in) */
+        ma.rn = run.qn + na;
+        ma.n = wa;
+        ma.ga = ceil_div(wa, kMmaGroup);
+        mb.qn = run.qn + na;
+        mb.rn = run.qn;
+        mb.n = wb;
+        mb.ga = ceil_div(wb, kMmaGroup);
+        mb.gmin = ma.gmin + na * ma.ga;
+        mb.thr = ma.thr + na;
+        mb.cnt = run.cnt + na;
+        mb.cand = run.cand + na * plan.cap;
+        XKNN__CUDA_CHECK(launch_mma_pass(ma, 0, sms, wg, sc));
+        XKNN__CUDA_CHECK(launch_mma_select(ma, (int)plan.kk, sms, sc));
+        XKNN__CUDA_CHECK(launch_mma_pass(mb, 0, sms, wg, sc));
+        XKNN__CUDA_CHECK(launch_mma_select(mb, (int)plan.kk, sms, sc));
+        /* pass B: A's row tiles against every tile of B, candidates for both sides */
+        ma.n = nb;
+        ma.rect = 1;
+        ma.cthr = mb.thr;
+        ma.ccnt = mb.cnt;
+        ma.ccand = mb.cand;
+        XKNN__CUDA_CHECK(launch_mma_pass(ma, 2, sms, wg, sc));
+        /* overflowed buffers re-run exactly, per side, on the rows themselves */
+        ma.Q = mb.R = hb.dR;
+        ma.R = mb.Q = hb.dQ;
+        ma.ldq = ma.ldr = mb.ldq = mb.ldr = d;
+        ma.n = nb;
+        mb.n = na;
+        XKNN__CUDA_CHECK(launch_mma_rescue(ma, (int)plan.kk, plan.kind, sms, sc));
+        XKNN__CUDA_CHECK(launch_mma_rescue(mb, (int)plan.kk, plan.kind, sms, sc));
+    }
+    XKNN__TRY(pair_side_out(ctx, run, 0, hb.dR, na, hb.dQ, b->id0, block, a, hb.dIds, hb.dDist, tids, tdist, staged,
+                            prm->num_threads, &piece, er));
+    XKNN__TRY(pair_side_out(ctx, run, na, hb.dQ, nb, hb.dR, a->id0, block, b, hb.dIds, hb.dDist, tids, tdist, staged,
+                            prm->num_threads, &piece, er));
+    XKNN__CUDA_CHECK(cudaMemcpyAsync(stats, run.stats, sizeof stats, cudaMemcpyDeviceToHost, sc));
+    XKNN__CUDA_CHECK(cudaStreamSynchronize(sc));
+    if (prm->verbose)
+        fprintf(stderr, "xknn: cuda: pair %lld x %lld: %llu candidates appended, %llu rows re-run exactly\n",
+                (long long)na, (long long)nb, stats[kStatAppended], stats[kStatReruns]);
+    if (stats[kStatUnresolved])
+        st = failf(er, XKNN_ERROR_INTERNAL, "cuda backend: %llu final candidates had no canonical distance",
+                   stats[kStatUnresolved]);
+cleanup:
+    (void)cudaStreamSynchronize(sc);
+    if (ctx->copy_stream) (void)cudaStreamSynchronize(ctx->copy_stream);
+    hb.release();
+    (void)cudaStreamSynchronize(sc);
+    free(tdist);
+    free(tids);
+    return st;
+}
+
+/* A set against itself (b NULL in xknn_search_pair): host_sym's self-join of its rows
+ * (each row's own id excluded, ids from a->id0) merged into the running lists. *done = 0
+ * where host_sym does not apply, with *too_big = 1 where only the memory stood in the way. */
+xknn_status host_pair_self(const xknn__job *job, xknn_cuda_context *ctx, int staged, size_t budget,
+                           const xknn__sym_side *a, int *done, int *too_big, Err er)
+{
+    const int64_t n = a->rows, k = job->k;
+    xknn_status st = XKNN_SUCCESS;
+    xknn__job j = *job;
+    int64_t *tids = NULL;
+    float *tdist = NULL;
+    *done = 0;
+    *too_big = 0;
+    if (n <= k) return XKNN_SUCCESS; /* (fewer than k others: the CPU pair pads) */
+    tids = (int64_t *)malloc((size_t)(n * k) * sizeof(int64_t));
+    tdist = (float *)malloc((size_t)(n * k) * sizeof(float));
+    if (!tids || !tdist) {
+        st = failf(er, XKNN_ERROR_OUT_OF_MEMORY, "cuda backend: out of host memory for %lld x %lld pair results",
+                   (long long)n, (long long)k);
+        goto cleanup;
+    }
+    j.ref = j.query = (const float *)a->data;
+    j.ref_data = j.query_data = a->data;
+    j.n = j.nq = n;
+    j.ldr = j.ldq = a->ld;
+    j.ids = tids;
+    j.dist = tdist;
+    j.params.exclude_self = 1;
+    j.params.ref_id_offset = j.params.query_id_offset = a->id0;
+    j.params.self_join = XKNN_SELF_JOIN_AUTO;
+    /* the triangle is the tensor-core path's: auto must not pick a plain path's shape rule */
+    if (j.params.cuda_path == XKNN_CUDA_PATH_AUTO) j.params.cuda_path = XKNN_CUDA_PATH_MMA;
+    j.symmetric = 1;
+    XKNN__TRY(host_sym(&j, ctx, staged, budget, done, too_big, er));
+    if (*done) XKNN__TRY(merge_lists(a->ids, a->dist, tids, tdist, n, k, job->params.metric == XKNN_METRIC_IP,
+                                     job->params.num_threads, er));
+cleanup:
+    free(tdist);
+    free(tids);
+    return st;
+}
+
+/* Rows [r0, r0 + rows) of a side, as a side of their own. */
+xknn__sym_side side_rows(const xknn__sym_side *s, int64_t r0, int64_t rows, int64_t k)
+{
+    xknn__sym_side h = *s;
+    h.data = (const float *)s->data + r0 * s->ld;
+    h.rows = rows;
+    h.id0 = s->id0 + r0;
+    h.ids = s->ids + r0 * k;
+    h.dist = s->dist + r0 * k;
+    return h;
+}
+
+/* The pair (a, b) (b NULL: a against itself) into the running lists, on the device where
+ * it fits: a pair whose state does not fit the budget is split in halves (of the larger
+ * side; a set against itself into two triangles and their rectangle), recursively, each
+ * part merged into the lists as it is done; a part the device kernels do not take runs
+ * the CPU pair (xknn__cpu_sym_pair), so the lists always end complete. The merge is by
+ * (distance, id) of canonical values, so any split gives the same bits. */
+xknn_status pair_rec(const xknn__job *job, xknn_cuda_context *ctx, int staged, size_t budget, const xknn__sym_side *a,
+                     const xknn__sym_side *b, Err er)
+{
+    int done = 0, big = 0;
+    xknn_status st = b ? host_pair(job, ctx, staged, budget, a, b, &done, &big, er)
+                       : host_pair_self(job, ctx, staged, budget, a, &done, &big, er);
+    if (st != XKNN_SUCCESS || done) return st;
+    const xknn__sym_side *s = b && b->rows > a->rows ? b : a; /* the side to halve */
+    if (big && s->rows >= 2) {
+        const int64_t h = s->rows / 2, k = job->k;
+        const xknn__sym_side h0 = side_rows(s, 0, h, k), h1 = side_rows(s, h, s->rows - h, k);
+        if (job->params.verbose)
+            fprintf(stderr, "xknn: cuda: pair %lld x %lld: in parts (%lld rows halved)\n", (long long)a->rows,
+                    (long long)(b ? b->rows : a->rows), (long long)s->rows);
+        if (!b) {
+            st = pair_rec(job, ctx, staged, budget, &h0, NULL, er);
+            if (st == XKNN_SUCCESS) st = pair_rec(job, ctx, staged, budget, &h1, NULL, er);
+            if (st == XKNN_SUCCESS) st = pair_rec(job, ctx, staged, budget, &h0, &h1, er);
+        } else if (s == a) {
+            st = pair_rec(job, ctx, staged, budget, &h0, b, er);
+            if (st == XKNN_SUCCESS) st = pair_rec(job, ctx, staged, budget, &h1, b, er);
+        } else {
+            st = pair_rec(job, ctx, staged, budget, a, &h0, er);
+            if (st == XKNN_SUCCESS) st = pair_rec(job, ctx, staged, budget, a, &h1, er);
+        }
+        return st;
+    }
+    if (job->params.verbose)
+        fprintf(stderr, "xknn: cuda: pair %lld x %lld: on the CPU\n", (long long)a->rows,
+                (long long)(b ? b->rows : a->rows));
+    return xknn__cpu_sym_pair(job, a, b);
+}
+
+/* The self-join whose state does not fit the device at once (host_sym's *too_big): the
+ * blocked triangle, pair_rec on the whole set, into job's lists (padding first). */
+xknn_status host_sym_blocked(const xknn__job *job, xknn_cuda_context *ctx, int staged, size_t budget, Err er)
+{
+    const int64_t n = job->n, k = job->k;
+    const int ip = job->params.metric == XKNN_METRIC_IP;
+    xknn_status st = XKNN_SUCCESS;
+    float *dist = job->dist ? job->dist : (float *)malloc((size_t)(n * k) * sizeof(float));
+    xknn__sym_side a;
+    if (!dist)
+        return failf(er, XKNN_ERROR_OUT_OF_MEMORY, "cuda backend: out of host memory for %lld x %lld distances",
+                     (long long)n, (long long)k);
+    for (int64_t i = 0; i < n * k; ++i) {
+        job->ids[i] = -1;
+        dist[i] = ip ? -INFINITY : INFINITY;
+    }
+    a.data = job->ref;
+    a.rows = n;
+    a.ld = job->ldr;
+    a.id0 = job->params.ref_id_offset;
+    a.ids = job->ids;
+    a.dist = dist;
+    if (job->params.verbose)
+        fprintf(stderr, "xknn: cuda: self-join: symmetric in blocks (triangles and rectangles of halves)\n");
+    st = pair_rec(job, ctx, staged, budget, &a, NULL, er);
+    if (dist != job->dist) free(dist);
+    return st;
+}
+
 xknn_status host_search(const xknn__job *job, Err er)
 {
     if (generic_job(job)) return host_generic(job, er);
@@ -2037,8 +2456,12 @@ xknn_status host_search(const xknn__job *job, Err er)
 
     /* The symmetric self-join where it applies (else the plain search, -v says why). */
     if (job->symmetric) {
-        int done = 0;
-        st = host_sym(job, ctx, own_ctx == NULL, budget, &done, er);
+        int done = 0, big = 0;
+        st = host_sym(job, ctx, own_ctx == NULL, budget, &done, &big, er);
+        if (st == XKNN_SUCCESS && !done && big) {
+            st = host_sym_blocked(job, ctx, own_ctx == NULL, budget, er);
+            done = 1;
+        }
         if (st != XKNN_SUCCESS || done) goto cleanup;
     }
 
@@ -2256,28 +2679,7 @@ xknn_status host_search_sliced(const xknn__job *job, int64_t slice, Err er)
         sub.ids = tid;
         sub.dist = td;
         XKNN__TRY(host_search(&sub, er));
-        for (int64_t q = 0; q < nq; ++q) {
-            const int64_t *ai = job->ids + q * k, *bi = tid + q * k;
-            const float *ad = cd + q * k, *bd = td + q * k;
-            int64_t a = 0, b = 0;
-            for (int64_t j = 0; j < k; ++j) {
-                /* missing (-1) sorts after everything */
-                const int take_a =
-                    bi[b] < 0 || (ai[a] >= 0 && (ip ? xknn__result_less(-ad[a], ai[a], -bd[b], bi[b])
-                                                    : xknn__result_less(ad[a], ai[a], bd[b], bi[b])));
-                if (take_a) {
-                    mid[j] = ai[a];
-                    md[j] = ad[a];
-                    ++a;
-                } else {
-                    mid[j] = bi[b];
-                    md[j] = bd[b];
-                    ++b;
-                }
-            }
-            memcpy(job->ids + q * k, mid, (size_t)k * sizeof(int64_t));
-            memcpy(cd + q * k, md, (size_t)k * sizeof(float));
-        }
+        for (int64_t q = 0; q < nq; ++q) merge_row(job->ids + q * k, cd + q * k, tid + q * k, td + q * k, k, ip, mid, md);
     }
     if (job->dist) memcpy(job->dist, cd, nk * sizeof(float));
 cleanup:
@@ -2341,6 +2743,32 @@ xknn_status xknn__cuda_search(const xknn__job *job)
     }
     if (job->n > slice) return host_search_sliced(job, slice, er);
     return host_search(job, er);
+}
+
+/* xknn_search_pair on the device (pair_rec: the pair kernel where it fits, halves where
+ * it does not, the CPU pair for parts the kernels do not take). */
+xknn_status xknn__cuda_pair(const xknn__job *job, const xknn__sym_side *a, const xknn__sym_side *b)
+{
+    Err er;
+    er.msg = job->msg;
+    er.size = job->msg_size;
+    if (a->rows <= 0 || (b && b->rows <= 0) || job->k <= 0) return XKNN_SUCCESS;
+    xknn__job j = *job; /* the sizes host_begin checks: a's rows as queries, b's (or a's) as references */
+    j.query = (const float *)a->data;
+    j.query_data = a->data;
+    j.nq = a->rows;
+    j.ldq = a->ld;
+    j.ref = (const float *)(b ? b->data : a->data);
+    j.ref_data = j.ref;
+    j.n = b ? b->rows : a->rows;
+    j.ldr = b ? b->ld : a->ld;
+    DeviceScope scope;
+    xknn_cuda_context *ctx = NULL, *own_ctx = NULL;
+    size_t budget = 0;
+    xknn_status st = host_begin(&j, scope, &ctx, &own_ctx, &budget, er);
+    if (st == XKNN_SUCCESS) st = pair_rec(&j, ctx, own_ctx == NULL, budget, a, b, er);
+    if (own_ctx) xknn_cuda_context_destroy(own_ctx);
+    return st;
 }
 
 xknn_status xknn_cuda_context_create(int device, xknn_cuda_context **out, xknn_error *err)

@@ -137,6 +137,14 @@ struct MmaParams {
     int qs, cap, exclude;
     int tiles_per_cta;     /* set by the launcher (mode 2: tiles of a CTA's row chunk)   */
     int ffma;              /* 1: fp32 products on the CUDA cores (modes 0 and 1), not TF32 */
+    /* Mode 2's column side: the state of reference j is cthr[j], ccnt[j], ccand[j cap ..]
+     * (mma_params: the rows' own state, Q = R). rect = 1: Q and R are two disjoint sets
+     * (xknn_search_pair): every CTA takes all reference tiles, none is a diagonal tile,
+     * and the columns' state is the other set's. */
+    const float *cthr;
+    int *ccnt;
+    Cand *ccand;
+    int rect;
 };
 
 /* Generic path (generic.cu): canonical distances of any metric and dtype, tile by tile,

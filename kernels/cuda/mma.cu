@@ -58,6 +58,14 @@
  * the threshold are in units of twice the order key, ua is the relative margin itself
  * and la < 0; every rounding above keeps its direction whatever the signs.
  *
+ * TWO SETS (pass B in mode 2 with rect = 1; engine.cu's host_pair, xknn_search_pair). The
+ * queries are a set A and the references a disjoint set B, each with its own state (A's
+ * at p.thr / p.cnt / p.cand, B's at p.cthr / p.ccnt / p.ccand; ids local to the other
+ * set). Every CTA takes every reference tile, none is diagonal, and each tile feeds A's
+ * rows and B's columns with the tests above: each pair of A x B is evaluated once for
+ * both sides. Pass A runs twice (A's rows against a prefix of B, B's against a prefix of
+ * A), and rescue and resolve once per side with the other set as the references.
+ *
  * THE KERNEL. A CTA keeps kMmaBM = 256 queries resident in shared memory (TF32, rows of
  * dpad + 4 floats: the padding makes the fragment loads conflict-free) and streams its
  * slice of reference tiles (kMmaBN = 128 rows) through a kMmaStages-deep cp.async ring of
@@ -120,7 +128,7 @@ __device__ __forceinline__ float norm_or_nan(float v) { return v <= 5e36f ? v : 
  * norm ring (rn has round_up(n, kMmaBN) entries; those past n are masked later). */
 constexpr int kRnSlots = 4;
 /* Mode 2 also brings the tile's thresholds thr_x, into a second ring right after the
- * norms' (p.thr has round_up(n, kMmaBN) entries; those past n are masked later). */
+ * norms' (p.cthr has round_up(n, kMmaBN) entries; those past n are masked later). */
 template <int MODE>
 __device__ __forceinline__ void load_tile_terms(float *rn_ring, const MmaParams &p, int64_t tile)
 {
@@ -130,7 +138,7 @@ __device__ __forceinline__ void load_tile_terms(float *rn_ring, const MmaParams 
     if (tid < kBN / 4)
         cp_async16(rn_ring + slot + 4 * tid, p.rn + ref0 + 4 * tid, 16);
     else if (MODE == 2 && tid < kBN / 2)
-        cp_async16(rn_ring + kRnSlots * kBN + slot + 4 * (tid - kBN / 4), p.thr + ref0 + 4 * (tid - kBN / 4), 16);
+        cp_async16(rn_ring + kRnSlots * kBN + slot + 4 * (tid - kBN / 4), p.cthr + ref0 + 4 * (tid - kBN / 4), 16);
 }
 
 template <int MODE, bool VEC>
@@ -162,12 +170,12 @@ __device__ __forceinline__ void load_stage(float *stage, float *rn_ring, const M
 }
 
 /* The reference tiles [t0, t1) of this CTA: slice blockIdx.y of p.tiles_per_cta tiles;
- * mode 2's slices start at the CTA's own rows (the triangle). */
+ * mode 2's slices start at the CTA's own rows (the triangle), except for two sets (rect). */
 template <int MODE>
 __device__ __forceinline__ void cta_tiles(const MmaParams &p, int q0, int64_t &t0, int64_t &t1)
 {
     const int64_t RT = (p.n + kBN - 1) / kBN;
-    t0 = (MODE == 2 ? (int64_t)q0 / kBN : 0) + (int64_t)blockIdx.y * p.tiles_per_cta;
+    t0 = (MODE == 2 && !p.rect ? (int64_t)q0 / kBN : 0) + (int64_t)blockIdx.y * p.tiles_per_cta;
     t1 = t0 + p.tiles_per_cta < RT ? t0 + p.tiles_per_cta : RT;
 }
 
@@ -305,7 +313,7 @@ __device__ __forceinline__ void sym_epilogue(const MmaParams &p, Acc A, const fl
         const int q = q0 + rows[i];
         if (q >= p.qs) continue;
         if (rm[i]) append_cands(p.cnt, p.cand, p.cap, p.n, p.exclude ? p.self_local0 + q : -1, q, ref0 + 2 * t, rm[i]);
-        if (offdiag && cm[i]) append_cols(p.cnt, p.cand, p.cap, p.n, q, ref0 + 2 * t, cm[i]);
+        if (offdiag && cm[i]) append_cols(p.ccnt, p.ccand, p.cap, p.n, q, ref0 + 2 * t, cm[i]);
     }
 }
 
@@ -530,7 +538,7 @@ __global__ __launch_bounds__(kThreads, 1) void mma_kernel(const MmaParams p)
         const float *rnt = rn_s + (int)(tile % kRnSlots) * kBN + wn * 64;
         if (MODE == 2) {
             sym_epilogue_mma(p, acc, rnt, rn_s + kRnSlots * kBN + (int)(tile % kRnSlots) * kBN + wn * 64, row_s,
-                             prow_s, wm * 64 + g, q0, ref0, t, tile * kBN >= (int64_t)q0 + kBM);
+                             prow_s, wm * 64 + g, q0, ref0, t, p.rect || tile * kBN >= (int64_t)q0 + kBM);
         } else {
             mma_epilogue<MODE>(p, acc, row_s, wm * 64 + g, q0, ref0, t);
         }
@@ -824,7 +832,7 @@ __device__ __forceinline__ void sym_epilogue_wg(const MmaParams &p, float (&acc)
         const int q = q0 + rbase + (i >> 1) * 64 + 8 * (i & 1);
         if (q >= p.qs) continue;
         if (rm[i]) append_cands(p.cnt, p.cand, p.cap, p.n, p.exclude ? p.self_local0 + q : -1, q, ref0 + 2 * t, rm[i]);
-        if (cmk[i]) append_cols(p.cnt, p.cand, p.cap, p.n, q, ref0 + 2 * t, cmk[i]);
+        if (cmk[i]) append_cols(p.ccnt, p.ccand, p.cap, p.n, q, ref0 + 2 * t, cmk[i]);
     }
 }
 
@@ -929,7 +937,7 @@ __device__ __forceinline__ void wg_epilogue(const MmaParams &p, float (&acc)[2][
     const int64_t ref0 = tile * kBN;
     if constexpr (MODE == 2) {
         sym_epilogue_wg(p, acc, reinterpret_cast<const float2 *>(p.ct) + ref0 + 2 * t, row_s, prow_s,
-                        wg * 128 + wi * 16 + g, q0, ref0, t, tile * kBN >= (int64_t)q0 + kBM);
+                        wg * 128 + wi * 16 + g, q0, ref0, t, p.rect || tile * kBN >= (int64_t)q0 + kBM);
     } else {
         /* the tile's column terms (col_term, computed once a pass by mma_col_terms_kernel) */
         float cv[16][2];
@@ -1438,7 +1446,7 @@ __global__ __launch_bounds__(kBlock) void mma_col_terms_kernel(const MmaParams p
         const float x = j < p.n ? p.rn[j] : 0.0f;
         if (MODE == 2)
             reinterpret_cast<float2 *>(p.ct)[j] =
-                make_float2(col_term<2>(p, j, x), col_sym_term(p, j, x, j < p.n ? p.thr[j] : 0.0f));
+                make_float2(col_term<2>(p, j, x), col_sym_term(p, j, x, j < p.n ? p.cthr[j] : 0.0f));
         else
             p.ct[j] = col_term<MODE>(p, j, x);
     }
@@ -1487,7 +1495,7 @@ cudaError_t launch_one(const MmaParams &p, int sms, int wgmma, cudaStream_t st)
     const int64_t RT = (p.n + kBN - 1) / kBN;
     MmaParams q = p;
     int64_t Z;
-    if (MODE == 2) {
+    if (MODE == 2 && !p.rect) {
         /* triangle: CTA (I, z) takes tiles [2 I + z L, 2 I + (z + 1) L) of its row's
          * RT - 2 I (the diagonal is at most one tile past n's last); L makes at least 8
          * CTAs' worth per SM of the qt RT - qt (qt - 1) tiles in all, so the shorter rows

@@ -17,6 +17,14 @@ xknn_status xknn__cuda_search(const xknn__job *job)
     return XKNN_ERROR_NOT_BUILT;
 }
 
+xknn_status xknn__cuda_pair(const xknn__job *job, const xknn__sym_side *a, const xknn__sym_side *b)
+{
+    (void)job;
+    (void)a;
+    (void)b;
+    return XKNN_ERROR_NOT_BUILT;
+}
+
 static xknn_status xknn__cuda_not_built(xknn_error *err)
 {
     if (err) {

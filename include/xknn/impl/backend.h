@@ -67,6 +67,10 @@ xknn_status xknn__cpu_sym_pair(const xknn__job *job, const xknn__sym_side *a, co
 int xknn__cuda_built(void);
 int xknn__cuda_device_count(void);
 xknn_status xknn__cuda_search(const xknn__job *job);
+/* xknn_search_pair on a CUDA device (f32, l2/euclidean/ip/cosine, d <= 128): the
+ * tensor-core pair kernel where the shape and memory allow, in parts where only the
+ * memory does not, the CPU pair (xknn__cpu_sym_pair) for parts the kernels do not take. */
+xknn_status xknn__cuda_pair(const xknn__job *job, const xknn__sym_side *a, const xknn__sym_side *b);
 
 /* Canonical distance (host): double accumulation in dimension order with fma,
  * rounded once to float. Shared by every backend's re-rank and by tests. */
