@@ -246,8 +246,8 @@ XKNN_API xknn_status xknn_mpi_search(xknn_mpi_context *ctx, const xknn_params *p
 /*
  * Collective. The all-kNN graph: the queries are the references (n = nq); a point is
  * never its own neighbour (duplicates at other ids are); 1 <= k <= n - 1.
- * One rank whose backend has no pair kernel but a symmetric self-join of its own (the
- * GPU: xknn_self_join_why_plain() is NULL) runs that: one xknn_search of the whole graph.
+ * One rank on a GPU whose self-join is symmetric (xknn_self_join_why_plain() is NULL)
+ * runs the backend's own: one xknn_search of the whole graph.
  * Symmetric (params->self_join = XKNN_SELF_JOIN_AUTO, where every rank's backend
  * supports it: xknn_search_pair_why_not() is NULL on all ranks): only the slice pairs
  * (i, j), i <= j, are computed, each distance once for both points, with

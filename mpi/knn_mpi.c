@@ -108,7 +108,8 @@ static void knn__usage(FILE *f)
             "                       Values are searched in their own type (u8 and i8 l2/euclidean/ip\n"
             "                       exactly in integers); f16 with l2/euclidean widens to float32\n"
             "                       exactly (same results, faster)\n"
-            "      --threads N      CPU threads per rank (default: OpenMP default)\n"
+            "      --threads N      CPU threads per rank (default: OMP_NUM_THREADS, else the\n"
+            "                       node's cores over its ranks)\n"
             "      --device-memory BYTES\n"
             "                       device memory the CUDA backend may use per rank, with an\n"
             "                       optional K, M or G suffix (powers of 1024; default: 90% of\n"
@@ -1245,7 +1246,7 @@ static xknn_status knn__write_json(const knn_run *r, double qps, xknn_error *err
     fprintf(f, "  \"dtype\": \"%s\",\n  \"d_searched\": %lld,\n", xknn_dtype_name(r->dtype), (long long)r->dsearch);
     if (r->o.metric == XKNN_METRIC_MINKOWSKI) fprintf(f, "  \"p\": %.17g,\n", r->params.p);
     fprintf(f, "  \"threads\": %d,\n  \"query_block\": %lld,\n  \"blocks\": %lld,\n  \"transfer\": \"%s\",\n",
-            r->o.threads, (long long)r->query_block, (long long)r->blocks, r->transfer);
+            r->params.num_threads, (long long)r->query_block, (long long)r->blocks, r->transfer);
     fprintf(f,
             "  \"time_s\": {\"read\": %.6f, \"broadcast\": %.6f, \"search\": %.6f, \"reduce\": %.6f, "
             "\"write\": %.6f, \"query_phase\": %.6f, \"total\": %.6f},\n",
@@ -1335,6 +1336,14 @@ int main(int argc, char **argv)
         cfg.verbose = r->o.verbose;
         st = xknn_mpi_create(r->comm, &cfg, &r->ctx, &err);
         if (st != XKNN_SUCCESS) goto report;
+        /* Ranks that share a node share its cores: without --threads or OMP_NUM_THREADS,
+         * each takes its share (OpenMP's default of every core per rank oversubscribes
+         * them, and each parallel region then waits out scheduler ticks). */
+        if (r->o.threads == 0 && !getenv("OMP_NUM_THREADS") && xknn_mpi_local_size(r->ctx) > 1) {
+            const long cores = sysconf(_SC_NPROCESSORS_ONLN);
+            const long share = cores / xknn_mpi_local_size(r->ctx);
+            r->params.num_threads = share > 1 ? (int)share : 1;
+        }
     }
 #endif
 

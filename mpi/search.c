@@ -242,9 +242,9 @@ static xknn_status xknn__check_table(const int64_t *tab, int P, int *order, int 
 
 /* Queries per block: the configured value, or about 4 blocks per rank within
  * [min(64, nq), 2048]; then capped so buffers stay under ~256 MiB and MPI counts fit. */
-/* A self-join on one rank whose backend has a symmetric self-join of its own but no
- * pair kernel (the GPU's triangle of tiles): the whole graph in one xknn_search, then
- * the output as the pipeline delivers it (gather, one sink call, progress). */
+/* A self-join on one rank whose backend has a symmetric self-join of its own (the GPU's
+ * triangle of tiles): the whole graph in one xknn_search, then the output as the
+ * pipeline delivers it (gather, one sink call, progress). */
 static xknn_status xknn__self_local(int rank, const xknn_params *params, const xknn_matrix *ref, int64_t ref_offset,
                                     int64_t k, const xknn_mpi_output *out, xknn_mpi_timings *tm, xknn_error *lerr)
 {
@@ -503,7 +503,10 @@ agree_setup:
             st = xknn__mpi_error(rank, &lerr, rc, "MPI_Allreduce (symmetric)");
             goto verdict;
         }
-        if (!all && P == 1 && nloc > 0 && xknn_self_join_why_plain(&p, dtype, d) == NULL) {
+        /* one rank on a GPU: the backend's own self-join (its triangle, in blocks where
+         * the state does not fit), not the ring's one pair through extra lists */
+        const int gpu = p.backend == XKNN_BACKEND_CUDA || (p.backend == XKNN_BACKEND_AUTO && ctx->device >= 0);
+        if ((!all || gpu) && P == 1 && nloc > 0 && xknn_self_join_why_plain(&p, dtype, d) == NULL) {
             if (ctx->config.verbose)
                 fprintf(stderr, "xknn_mpi: self-join: one rank: the backend's own symmetric self-join\n");
             if (p.device < 0) p.device = ctx->device;
@@ -533,6 +536,7 @@ agree_setup:
                     row0s[P + i] = tab[i * D_COUNT + D_ROWS];
                 }
                 p.ref_id_offset = ref_offset;
+                if (p.device < 0) p.device = ctx->device; /* the pair kernel runs on the rank's GPU */
                 st = xknn__sym_ring(ctx, &p, nloc > 0 ? ref : NULL, ref_offset, k, row0s, row0s + P, d, dtype, out, &tm,
                                     &owned, &evals, &mpi_broken, &lerr);
             } else if (rc != MPI_SUCCESS) {
