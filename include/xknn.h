@@ -786,31 +786,34 @@ static int xknn__takes_cuda(const xknn_params *p)
            (p->backend == XKNN_BACKEND_AUTO && xknn__cuda_built() && xknn__cuda_device_count() > 0);
 }
 
+/* What the cuda backend's triangle and pair kernels take (the tensor-core path's): 0, or
+ * 1 (not f32 l2/euclidean/ip/cosine) or 2 (d > 128). */
+static int xknn__cuda_sym_misfit(const xknn_params *p, xknn_dtype dtype, int64_t d)
+{
+    if (dtype != XKNN_DTYPE_F32 || (p->metric != XKNN_METRIC_L2 && p->metric != XKNN_METRIC_EUCLIDEAN &&
+                                    p->metric != XKNN_METRIC_IP && p->metric != XKNN_METRIC_COSINE))
+        return 1;
+    return d > 128 ? 2 : 0;
+}
+
 const char *xknn_self_join_why_plain(const xknn_params *params, xknn_dtype dtype, int64_t d)
 {
+    static const char *const why[3] = {
+        NULL, "the cuda backend's symmetric kernel takes f32 l2/euclidean/ip/cosine only: plain search",
+        "the cuda backend's symmetric kernel takes d <= 128: plain search"};
     const xknn_params p = xknn__resolved(params);
     if (p.self_join == XKNN_SELF_JOIN_PLAIN) return "self_join plain asked for";
-    if (xknn__takes_cuda(&p)) {
-        if (dtype != XKNN_DTYPE_F32 || (p.metric != XKNN_METRIC_L2 && p.metric != XKNN_METRIC_EUCLIDEAN &&
-                                        p.metric != XKNN_METRIC_IP && p.metric != XKNN_METRIC_COSINE))
-            return "the cuda backend's symmetric kernel takes f32 l2/euclidean/ip/cosine only: plain search";
-        if (d > 128) return "the cuda backend's symmetric kernel takes d <= 128: plain search";
-        return NULL;
-    }
+    if (xknn__takes_cuda(&p)) return why[xknn__cuda_sym_misfit(&p, dtype, d)];
     return xknn__cpu_sym_why_not(&p, dtype, d);
 }
 
 const char *xknn_search_pair_why_not(const xknn_params *params, xknn_dtype dtype, int64_t d)
 {
+    static const char *const why[3] = {NULL, "the cuda backend's pair kernel takes f32 l2/euclidean/ip/cosine only",
+                                       "the cuda backend's pair kernel takes d <= 128"};
     const xknn_params p = xknn__resolved(params);
     if (p.self_join == XKNN_SELF_JOIN_PLAIN) return "self_join plain asked for";
-    if (xknn__takes_cuda(&p)) {
-        if (dtype != XKNN_DTYPE_F32 || (p.metric != XKNN_METRIC_L2 && p.metric != XKNN_METRIC_EUCLIDEAN &&
-                                        p.metric != XKNN_METRIC_IP && p.metric != XKNN_METRIC_COSINE))
-            return "the cuda backend's pair kernel takes f32 l2/euclidean/ip/cosine only";
-        if (d > 128) return "the cuda backend's pair kernel takes d <= 128";
-        return NULL;
-    }
+    if (xknn__takes_cuda(&p)) return why[xknn__cuda_sym_misfit(&p, dtype, d)];
     return xknn__cpu_sym_why_not(&p, dtype, d);
 }
 

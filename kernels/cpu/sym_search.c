@@ -461,20 +461,11 @@ xknn_status xknn__cpu_sym_self(const xknn__job *job)
     float *dist = job->dist ? job->dist : (float *)malloc((size_t)(n * k) * sizeof(float));
     xknn__sym_side a;
     xknn_status st;
-    int64_t x;
     if (!dist)
         return xknn__cpu_fail(job, XKNN_ERROR_OUT_OF_MEMORY, "cpu backend: out of memory for %lld x %lld distances",
                               (long long)n, (long long)k);
-    for (x = 0; x < n * k; x++) {
-        job->ids[x] = -1;
-        dist[x] = neg ? -INFINITY : INFINITY;
-    }
-    a.data = job->ref_data;
-    a.rows = n;
-    a.ld = job->ldr;
-    a.id0 = job->params.ref_id_offset;
-    a.ids = job->ids;
-    a.dist = dist;
+    xknn__lists_pad(job->ids, dist, n * k, neg);
+    a = xknn__job_side(job, dist);
     st = xknn__cpu_sym_pair(job, &a, NULL);
     if (dist != job->dist) free(dist);
     return st;

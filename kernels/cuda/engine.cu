@@ -2126,6 +2126,16 @@ const char *plan_pair(const xknn_cuda_context *ctx, const xknn__job *job, int64_
     return NULL;
 }
 
+/* Host lists of rows x k (ids, dist) for a pair's results; OUT_OF_MEMORY with a message. */
+xknn_status host_lists(int64_t rows, int64_t k, int64_t **ids, float **dist, Err er)
+{
+    *ids = (int64_t *)malloc((size_t)(rows * k) * sizeof(int64_t));
+    *dist = (float *)malloc((size_t)(rows * k) * sizeof(float));
+    if (*ids && *dist) return XKNN_SUCCESS;
+    return failf(er, XKNN_ERROR_OUT_OF_MEMORY, "cuda backend: out of host memory for %lld x %lld pair results",
+                 (long long)rows, (long long)k);
+}
+
 /* One side's results: rows [0, rows) of the state from `base` on (queries Q, the other
  * set R as references, ids from id0), resolved and finished in blocks, each merged into
  * the side's running lists. tids / tdist: host scratch of block x k. */
@@ -2184,13 +2194,7 @@ xknn_status host_pair(const xknn__job *job, xknn_cuda_context *ctx, int staged, 
                          (long long)nb, why);
         return XKNN_SUCCESS;
     }
-    tids = (int64_t *)malloc((size_t)(block * k) * sizeof(int64_t));
-    tdist = (float *)malloc((size_t)(block * k) * sizeof(float));
-    if (!tids || !tdist) {
-        st = failf(er, XKNN_ERROR_OUT_OF_MEMORY, "cuda backend: out of host memory for %lld x %lld pair results",
-                   (long long)block, (long long)k);
-        goto cleanup;
-    }
+    XKNN__TRY(host_lists(block, k, &tids, &tdist, er));
     hb.pool = ctx->pool;
     hb.s = sc;
     {
@@ -2320,13 +2324,7 @@ xknn_status host_pair_self(const xknn__job *job, xknn_cuda_context *ctx, int sta
     *done = 0;
     *too_big = 0;
     if (n <= k) return XKNN_SUCCESS; /* (fewer than k others: the CPU pair pads) */
-    tids = (int64_t *)malloc((size_t)(n * k) * sizeof(int64_t));
-    tdist = (float *)malloc((size_t)(n * k) * sizeof(float));
-    if (!tids || !tdist) {
-        st = failf(er, XKNN_ERROR_OUT_OF_MEMORY, "cuda backend: out of host memory for %lld x %lld pair results",
-                   (long long)n, (long long)k);
-        goto cleanup;
-    }
+    XKNN__TRY(host_lists(n, k, &tids, &tdist, er));
     j.ref = j.query = (const float *)a->data;
     j.ref_data = j.query_data = a->data;
     j.n = j.nq = n;
@@ -2411,16 +2409,8 @@ xknn_status host_sym_blocked(const xknn__job *job, xknn_cuda_context *ctx, int s
     if (!dist)
         return failf(er, XKNN_ERROR_OUT_OF_MEMORY, "cuda backend: out of host memory for %lld x %lld distances",
                      (long long)n, (long long)k);
-    for (int64_t i = 0; i < n * k; ++i) {
-        job->ids[i] = -1;
-        dist[i] = ip ? -INFINITY : INFINITY;
-    }
-    a.data = job->ref;
-    a.rows = n;
-    a.ld = job->ldr;
-    a.id0 = job->params.ref_id_offset;
-    a.ids = job->ids;
-    a.dist = dist;
+    xknn__lists_pad(job->ids, dist, n * k, ip);
+    a = xknn__job_side(job, dist);
     if (job->params.verbose)
         fprintf(stderr, "xknn: cuda: self-join: symmetric in blocks (triangles and rectangles of halves)\n");
     st = pair_rec(job, ctx, staged, budget, &a, NULL, er);

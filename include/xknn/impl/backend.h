@@ -53,6 +53,19 @@ typedef struct xknn__sym_side {
     float *dist;
 } xknn__sym_side;
 
+/* A self-join job's whole reference set as one side, its lists job->ids and dist. */
+static inline xknn__sym_side xknn__job_side(const xknn__job *job, float *dist)
+{
+    xknn__sym_side a;
+    a.data = job->ref_data;
+    a.rows = job->n;
+    a.ld = job->ldr;
+    a.id0 = job->params.ref_id_offset;
+    a.ids = job->ids;
+    a.dist = dist;
+    return a;
+}
+
 /* kernels/cpu */
 xknn_status xknn__cpu_search(const xknn__job *job);
 
@@ -87,6 +100,16 @@ static inline size_t xknn__dtype_bytes(xknn_dtype dtype)
     case XKNN_DTYPE_I8: return 1;
     case XKNN_DTYPE_BIN: return 8;
     default: return 4;
+    }
+}
+
+/* count entries of k-best lists set to padding: id -1, distance +inf (-inf for ip). */
+static inline void xknn__lists_pad(int64_t *ids, float *dist, int64_t count, int ip)
+{
+    int64_t i;
+    for (i = 0; i < count; i++) {
+        ids[i] = -1;
+        dist[i] = ip ? -INFINITY : INFINITY;
     }
 }
 
