@@ -75,20 +75,22 @@ typedef struct {
     int require;       /* XKNN_CUDA_SYM_REQUIRE=1: every part on the device */
     int ns;            /* slices */
     int64_t cut[5];
+    int ctx;           /* 1: a caller's context (pinned staging of rows and results) */
 } pcase;
 
 static const pcase pcases[] = {
-    {"pair: uniform, slices not tile multiples", DATA_UNIFORM, 7001, 32, 8, 0, 0, 0, 1, 3, {0, 2100, 4501, 7001}},
-    {"pair: ties, integer data d=8 (rescues)", DATA_INTEGER, 6000, 8, 10, 0, 0, 0, 1, 2, {0, 2999, 6000}},
-    {"pair: duplicates, id offset", DATA_DUPLICATES, 5200, 16, 9, 0, 1000000, 0, 1, 2, {0, 2600, 5200}},
-    {"pair: euclidean clustered d=128 k=16", DATA_CLUSTERED, 9000, 128, 16, 1, 0, 0, 1, 3, {0, 3000, 6100, 9000}},
-    {"pair: ip gaussian d=100", DATA_GAUSSIAN, 5000, 100, 16, XKNN_METRIC_IP, 0, 0, 1, 2, {0, 2300, 5000}},
-    {"pair: cosine, ties and zero rows d=3", DATA_INTEGER, 5000, 3, 8, XKNN_METRIC_COSINE, 0, 0, 1, 2, {0, 2500, 5000}},
-    {"pair: unequal slices, d=17 (4-byte loads)", DATA_UNIFORM, 6177, 17, 4, 0, 0, 0, 1, 4, {0, 600, 1700, 4000, 6177}},
+    {"pair: uniform, slices not tile multiples", DATA_UNIFORM, 7001, 32, 8, 0, 0, 0, 1, 3, {0, 2100, 4501, 7001}, 0},
+    {"pair: ties, integer data d=8 (rescues)", DATA_INTEGER, 6000, 8, 10, 0, 0, 0, 1, 2, {0, 2999, 6000}, 0},
+    {"pair: duplicates, id offset", DATA_DUPLICATES, 5200, 16, 9, 0, 1000000, 0, 1, 2, {0, 2600, 5200}, 0},
+    {"pair: euclidean clustered d=128 k=16", DATA_CLUSTERED, 9000, 128, 16, 1, 0, 0, 1, 3, {0, 3000, 6100, 9000}, 0},
+    {"pair: ip gaussian d=100", DATA_GAUSSIAN, 5000, 100, 16, XKNN_METRIC_IP, 0, 0, 1, 2, {0, 2300, 5000}, 0},
+    {"pair: cosine, ties and zero rows d=3", DATA_INTEGER, 5000, 3, 8, XKNN_METRIC_COSINE, 0, 0, 1, 2, {0, 2500, 5000}, 0},
+    {"pair: unequal slices, d=17 (4-byte loads)", DATA_UNIFORM, 6177, 17, 4, 0, 0, 0, 1, 4, {0, 600, 1700, 4000, 6177}, 0},
     /* a 96 MiB budget: the larger pairs run in parts (halves of the larger side) */
-    {"pair: 96 MiB budget, in parts", DATA_UNIFORM, 16000, 16, 8, 0, 0, (size_t)96 << 20, 1, 2, {0, 7000, 16000}},
+    {"pair: 96 MiB budget, in parts", DATA_UNIFORM, 16000, 16, 8, 0, 0, (size_t)96 << 20, 1, 2, {0, 7000, 16000}, 0},
     /* slices too small for the kernels: the CPU pair (no REQUIRE) */
-    {"pair: small slices on the CPU", DATA_INTEGER, 900, 8, 6, 0, 0, 0, 0, 3, {0, 250, 600, 900}},
+    {"pair: small slices on the CPU", DATA_INTEGER, 900, 8, 6, 0, 0, 0, 0, 3, {0, 250, 600, 900}, 0},
+    {"pair: caller's context, ties", DATA_INTEGER, 6000, 16, 8, 0, 0, 0, 1, 3, {0, 1900, 4000, 6000}, 1},
 };
 #define NPCASES (int)(sizeof pcases / sizeof pcases[0])
 
@@ -193,6 +195,7 @@ static void run_pair_case(const pcase *c)
     int64_t t;
     ref_spec spec;
     scase sc;
+    xknn_cuda_context *cx = NULL;
 
     memset(&spec, 0, sizeof spec);
     spec.metric = c->metric;
@@ -208,6 +211,11 @@ static void run_pair_case(const pcase *c)
     p.metric = (xknn_metric)c->metric;
     p.device_memory_budget = c->budget;
     p.verbose = getenv("XKNN_CUDA_TEST_VERBOSE") != NULL;
+    if (c->ctx && xknn_cuda_context_create(0, &cx, &e) != XKNN_SUCCESS) {
+        diag("xknn_cuda_context_create: %s", e.message);
+        bad = 1;
+    }
+    p.cuda_context = cx;
     if (c->require) setenv("XKNN_CUDA_SYM_REQUIRE", "1", 1);
     for (j = c->ns - 1; j >= 0 && !bad; j--)
         for (i = 0; i <= j && !bad; i++) {
@@ -221,6 +229,7 @@ static void run_pair_case(const pcase *c)
             }
         }
     unsetenv("XKNN_CUDA_SYM_REQUIRE");
+    xknn_cuda_context_destroy(cx);
     if (ref_knn_ex(&spec, x, n, d, NULL, n, d, d, k, 1, c->off, c->off, wid, wd) != 0) bail("oracle out of memory");
     if (bad)
         ok(0, "%s: pairs vs oracle (a pair failed)", name);
