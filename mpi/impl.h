@@ -48,7 +48,9 @@ typedef struct xknn__cands {
 } xknn__cands;
 
 /* Point-to-point moves of rows x k candidates in the context's transfer mode.
- * staging: rows x k x 12 bytes (HOST_STAGED only). Not collective. */
+ * staging: rows x k x 12 bytes (HOST_STAGED only), or NULL for lists that are host
+ * memory: then ids and distances go as two messages from the arrays themselves.
+ * Not collective. */
 int xknn__mpi_send_cands(const xknn_mpi_context *ctx, const xknn__cands *c, int64_t rows, int64_t k,
                          unsigned char *staging, int dst, int tag);
 int xknn__mpi_recv_cands(const xknn_mpi_context *ctx, xknn__cands *c, int64_t rows, int64_t k,

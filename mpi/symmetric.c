@@ -52,7 +52,8 @@
  * order), every rank contributes what it has for those rows (padding if nothing) to the
  * binomial-tree reduction of the plain search (xknn__tree_reduce, whose merge orders by
  * (distance, id), padding last), rooted at the slice's owner, which then delivers its
- * rows (sink, gather) like a plain block. Each list set is the exact k best of the pairs
+ * rows (sink, gather) like a plain block. The lists are host memory, so they travel as
+ * they are, without a staging copy. Each list set is the exact k best of the pairs
  * that rank evaluated for those rows, and the ranks' pairs partition all pairs, so the
  * merge gives the plain self-join's ids and distance bits.
  */
@@ -185,7 +186,7 @@ xknn_status xknn__sym_ring(xknn_mpi_context *ctx, const xknn_params *params, con
     unsigned char *slice[2] = {NULL, NULL};
     int64_t *lid = NULL, *cid = NULL;
     float *ldist = NULL, *cdist = NULL;
-    unsigned char *staging = NULL;
+    const unsigned char *own = NULL; /* the own slice as it travels: ref's rows, or a dense copy */
     double *all = NULL; /* rank 0: every rank's busy seconds */
     MPI_Datatype rowtype = MPI_DATATYPE_NULL;
     int s, j, rc;
@@ -198,13 +199,13 @@ xknn_status xknn__sym_ring(xknn_mpi_context *ctx, const xknn_params *params, con
     /* lists: own rows (step 0) and the visited slices' rows (steps 1 .. S) */
     lid = (int64_t *)malloc((size_t)((S + 1) * maxrows * k) * sizeof(int64_t));
     ldist = (float *)malloc((size_t)((S + 1) * maxrows * k) * sizeof(float));
-    /* tree reduction: this rank's lists, received, spare (3 x maxrows x k) */
+    /* tree reduction: received, spare, and padding for a slice this rank never held
+     * (3 x maxrows x k); a held slice's lists go in as they are (the reduction may
+     * overwrite them: they are not needed after it) */
     cid = (int64_t *)malloc((size_t)(3 * maxrows * k) * sizeof(int64_t));
     cdist = (float *)malloc((size_t)(3 * maxrows * k) * sizeof(float));
     slice[0] = (unsigned char *)malloc((size_t)(maxrows * row_bytes) + 1);
     slice[1] = (unsigned char *)malloc((size_t)(maxrows * row_bytes) + 1);
-    if (ctx->transfer == XKNN_MPI_TRANSFER_HOST_STAGED)
-        staging = (unsigned char *)malloc((size_t)(maxrows * k) * (sizeof(int64_t) + sizeof(float)) + 1);
     plan = (int64_t *)malloc((size_t)(3 * P + 1) * sizeof(int64_t));
     if (rank == 0) {
         all = (double *)malloc((size_t)P * sizeof(double));
@@ -213,9 +214,7 @@ xknn_status xknn__sym_ring(xknn_mpi_context *ctx, const xknn_params *params, con
     {
         /* Every rank learns whether all could allocate before anything travels; a rank
          * that could not carries the message to the caller's final agreement. */
-        int have = lid && ldist && cid && cdist && slice[0] && slice[1] &&
-                   (ctx->transfer != XKNN_MPI_TRANSFER_HOST_STAGED || staging) &&
-                   plan && (rank != 0 || (all && allev)),
+        int have = lid && ldist && cid && cdist && slice[0] && slice[1] && plan && (rank != 0 || (all && allev)),
             all = 0;
         if (!have)
             st = xknn__mpi_fail(lerr, XKNN_ERROR_OUT_OF_MEMORY,
@@ -241,17 +240,23 @@ xknn_status xknn__sym_ring(xknn_mpi_context *ctx, const xknn_params *params, con
         goto done;
     }
     if (nloc > 0) {
-        /* own slice, dense, as the first travelling buffer */
+        /* own slice, dense, as the first travelling buffer: ref's rows themselves when
+         * they are dense, else a packed copy */
         const int64_t ld_bytes = (ref->ld ? ref->ld : xknn_row_elems(dtype, d)) * (row_bytes / xknn_row_elems(dtype, d));
         int64_t i;
-        for (i = 0; i < nloc; i++)
-            memcpy(slice[0] + i * row_bytes, (const unsigned char *)ref->data + i * ld_bytes, (size_t)row_bytes);
+        own = (const unsigned char *)ref->data;
+        if (ld_bytes != row_bytes) {
+            for (i = 0; i < nloc; i++)
+                memcpy(slice[0] + i * row_bytes, (const unsigned char *)ref->data + i * ld_bytes, (size_t)row_bytes);
+            own = slice[0];
+        }
     }
 
     for (s = 0; s <= S && !*mpi_broken; s++) {
         const int jown = (rank + s) % P;             /* the slice held in this step */
         const int jnext = (rank + s + 1) % P;         /* the one needed in step s + 1 */
-        unsigned char *cur = slice[s & 1], *nxt = slice[(s + 1) & 1];
+        const unsigned char *cur = s == 0 ? own : slice[s & 1];
+        unsigned char *nxt = slice[(s + 1) & 1];
         MPI_Request req[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
 
         t0 = MPI_Wtime();
@@ -329,28 +334,28 @@ xknn_status xknn__sym_ring(xknn_mpi_context *ctx, const xknn_params *params, con
         xknn__cands mine, recvb, spare;
         const xknn__cands *res = NULL;
         if (rows == 0) continue; /* the same on every rank */
-        mine.ids = cid;
-        mine.dist = cdist;
         recvb.ids = cid + maxrows * k;
         recvb.dist = cdist + maxrows * k;
         spare.ids = cid + 2 * maxrows * k;
         spare.dist = cdist + 2 * maxrows * k;
-        if (sj <= S) { /* padding where this rank evaluated nothing for slice j */
-            memcpy(mine.ids, lid + sj * maxrows * k, (size_t)m * sizeof(int64_t));
-            memcpy(mine.dist, ldist + sj * maxrows * k, (size_t)m * sizeof(float));
-        } else {
+        if (sj <= S) { /* this rank's lists of slice j */
+            mine.ids = lid + sj * maxrows * k;
+            mine.dist = ldist + sj * maxrows * k;
+        } else { /* padding where this rank evaluated nothing for slice j */
+            mine.ids = cid;
+            mine.dist = cdist;
             xknn__sym_pad(mine.ids, mine.dist, m, neg);
         }
         t0 = MPI_Wtime();
-        rc = xknn__tree_reduce(ctx, j, rows, k, neg, &mine, &recvb, &spare, staging, &res);
+        rc = xknn__tree_reduce(ctx, j, rows, k, neg, &mine, &recvb, &spare, NULL, &res);
         if (rc == MPI_SUCCESS && out->gather_root >= 0) {
             if (rank == j && j == out->gather_root) {
                 memcpy(out->ids + row0s[j] * k, res->ids, (size_t)m * sizeof(int64_t));
                 if (out->dist) memcpy(out->dist + row0s[j] * k, res->dist, (size_t)m * sizeof(float));
             } else if (rank == j) {
-                rc = xknn__mpi_send_cands(ctx, res, rows, k, staging, out->gather_root, XKNN__TAG_GATHER);
+                rc = xknn__mpi_send_cands(ctx, res, rows, k, NULL, out->gather_root, XKNN__TAG_GATHER);
             } else if (rank == out->gather_root) {
-                rc = xknn__mpi_recv_cands(ctx, &recvb, rows, k, staging, j, XKNN__TAG_GATHER);
+                rc = xknn__mpi_recv_cands(ctx, &recvb, rows, k, NULL, j, XKNN__TAG_GATHER);
                 if (rc == MPI_SUCCESS) {
                     memcpy(out->ids + row0s[j] * k, recvb.ids, (size_t)m * sizeof(int64_t));
                     if (out->dist) memcpy(out->dist + row0s[j] * k, recvb.dist, (size_t)m * sizeof(float));
@@ -408,7 +413,6 @@ done:
     free(allev);
     free(all);
     free(plan);
-    free(staging);
     free(slice[1]);
     free(slice[0]);
     free(cdist);

@@ -42,14 +42,14 @@ int xknn__mpi_send_cands(const xknn_mpi_context *ctx, const xknn__cands *c, int6
 {
     const int64_t m = rows * k;
     int rc;
-    if (ctx->transfer == XKNN_MPI_TRANSFER_HOST_STAGED) {
+    if (ctx->transfer == XKNN_MPI_TRANSFER_HOST_STAGED && staging) {
         /* Staged: one message through the staging buffer (pinned host memory once the
          * candidates live on a device; then this memcpy becomes the device->host copy). */
         memcpy(staging, c->ids, (size_t)m * sizeof(int64_t));
         memcpy(staging + m * (int64_t)sizeof(int64_t), c->dist, (size_t)m * sizeof(float));
         return xknn__send_bytes(ctx->comm, staging, m * (int64_t)(sizeof(int64_t) + sizeof(float)), dst, tag);
     }
-    /* Direct (cuda-aware): the candidate arrays themselves go to MPI. */
+    /* Direct (cuda-aware, or host lists without staging): the arrays themselves. */
     rc = xknn__send_bytes(ctx->comm, c->ids, m * (int64_t)sizeof(int64_t), dst, tag);
     if (rc == MPI_SUCCESS) rc = xknn__send_bytes(ctx->comm, c->dist, m * (int64_t)sizeof(float), dst, tag);
     return rc;
@@ -60,7 +60,7 @@ int xknn__mpi_recv_cands(const xknn_mpi_context *ctx, xknn__cands *c, int64_t ro
 {
     const int64_t m = rows * k;
     int rc;
-    if (ctx->transfer == XKNN_MPI_TRANSFER_HOST_STAGED) {
+    if (ctx->transfer == XKNN_MPI_TRANSFER_HOST_STAGED && staging) {
         rc = xknn__recv_bytes(ctx->comm, staging, m * (int64_t)(sizeof(int64_t) + sizeof(float)), src, tag);
         if (rc == MPI_SUCCESS) {
             memcpy(c->ids, staging, (size_t)m * sizeof(int64_t));
