@@ -13,6 +13,8 @@
 #   memcheck    compute-sanitizer --tool memcheck  build-dev/tests/cuda-t (quick list)
 #   racecheck   compute-sanitizer --tool racecheck build-dev/tests/cuda-t (quick list)
 #   synccheck   compute-sanitizer --tool synccheck build-dev/tests/cuda-t (quick list)
+#   symcheck    compute-sanitizer --tool memcheck build-dev/tests/cuda-sym-t (quick list:
+#               the triangle, the blocked triangle and the pair kernel up to n = 6000)
 # The sanitizer runs set XKNN_CUDA_TEST_QUICK: same TAP plan, fewer cases (1: heavy cases
 # skipped, ~30 s each on an H100 for memcheck and synccheck; 2: a covering subset for
 # racecheck, which is ~100x slower).
@@ -28,7 +30,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=build-dev
 GPU_ARCH=${GPU_ARCH:-90}
-STEPS=${STEPS:-"configure build device test memcheck racecheck synccheck"}
+STEPS=${STEPS:-"configure build device test memcheck racecheck synccheck symcheck"}
 STEP_TIMEOUT=${STEP_TIMEOUT:-1800}
 LOGDIR=$(mktemp -d /tmp/xknn-device-run.XXXXXX)
 declare -a RESULTS=()
@@ -65,11 +67,12 @@ step() {
 # t CMD...: CMD under the per-step time limit.
 t() { timeout "$STEP_TIMEOUT" "$@"; }
 
-# sanitize LEVEL TOOL ARGS...: cuda-t under compute-sanitizer with a reduced case list
+# sanitize LEVEL TOOL ARGS...: cuda-t (TEST: another test program) under compute-sanitizer
+# with a reduced case list
 sanitize() {
     local level=$1 tool=$2
     shift 2
-    XKNN_CUDA_TEST_QUICK=$level t compute-sanitizer --tool "$tool" --error-exitcode 99 "$@" "$BUILD/tests/cuda-t"
+    XKNN_CUDA_TEST_QUICK=$level t compute-sanitizer --tool "$tool" --error-exitcode 99 "$@" "$BUILD/tests/${TEST:-cuda-t}"
 }
 
 if want configure; then
@@ -86,6 +89,7 @@ step test 1 t meson test -C "$BUILD" --print-errorlogs
 step memcheck 1 sanitize 1 memcheck --leak-check full
 step racecheck 1 sanitize 2 racecheck --racecheck-report all
 step synccheck 1 sanitize 1 synccheck
+TEST=cuda-sym-t step symcheck 1 sanitize 1 memcheck
 
 {
     echo "device-run on $(hostname) at $(date -u +%Y-%m-%dT%H:%M:%SZ), commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
@@ -96,9 +100,9 @@ step synccheck 1 sanitize 1 synccheck
 
 if [[ -n ${OUT:-} ]]; then
     mkdir -p "$OUT"
-    # at most 7 files: configure+build in one log, the device log only in the summary
+    # at most 8 files: configure+build in one log, the device log only in the summary
     cat "$LOGDIR"/device-run-configure.log "$LOGDIR"/device-run-build.log >"$OUT/device-run-build.log" 2>/dev/null || true
-    for s in test memcheck racecheck synccheck; do
+    for s in test memcheck racecheck synccheck symcheck; do
         [[ -f $LOGDIR/device-run-$s.log ]] && cp "$LOGDIR/device-run-$s.log" "$OUT"/ || true
     done
     cp "$LOGDIR/summary.txt" "$OUT"/
