@@ -13,6 +13,9 @@
  * Exit codes: 0 ok, 1 usage, 2 input, 3 resource, 4 internal; every rank exits with the
  * same code, and only rank 0 prints.
  */
+#if defined(__linux__)
+#define _GNU_SOURCE /* sched_getaffinity: the cores a rank may run on */
+#endif
 #define _POSIX_C_SOURCE 200809L
 
 #include <errno.h>
@@ -28,6 +31,9 @@
 #include <sys/types.h>
 #include <time.h>
 #include <unistd.h>
+#if defined(__linux__)
+#include <sched.h>
+#endif
 
 #include "cmd.h"
 #include "knn_predict.h"
@@ -1340,8 +1346,11 @@ int main(int argc, char **argv)
          * each takes its share (OpenMP's default of every core per rank oversubscribes
          * them, and each parallel region then waits out scheduler ticks). */
         if (r->o.threads == 0 && !getenv("OMP_NUM_THREADS") && xknn_mpi_local_size(r->ctx) > 1) {
-            const long cores = sysconf(_SC_NPROCESSORS_ONLN);
-            const long share = cores / xknn_mpi_local_size(r->ctx);
+            long share = sysconf(_SC_NPROCESSORS_ONLN) / xknn_mpi_local_size(r->ctx);
+#if defined(__linux__)
+            cpu_set_t set; /* a rank bound to fewer cores (mpirun --bind-to core) gets those */
+            if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) < share) share = CPU_COUNT(&set);
+#endif
             r->params.num_threads = share > 1 ? (int)share : 1;
         }
     }
