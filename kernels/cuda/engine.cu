@@ -2279,11 +2279,11 @@ xknn_status host_pair(const xknn__job *job, xknn_cuda_context *ctx, int staged, 
         ma.ccnt = mb.cnt;
         ma.ccand = mb.cand;
         XKNN__CUDA_CHECK(launch_mma_pass(ma, 2, sms, wg, sc));
-        /* overflowed buffers re-run exactly, per side, on the rows themselves */
+        /* overflowed buffers re-run exactly, per side, on the rows themselves (ma.n is
+         * nb already) */
         ma.Q = mb.R = hb.dR;
         ma.R = mb.Q = hb.dQ;
         ma.ldq = ma.ldr = mb.ldq = mb.ldr = d;
-        ma.n = nb;
         mb.n = na;
         XKNN__CUDA_CHECK(launch_mma_rescue(ma, (int)plan.kk, plan.kind, sms, sc));
         XKNN__CUDA_CHECK(launch_mma_rescue(mb, (int)plan.kk, plan.kind, sms, sc));
@@ -2358,12 +2358,42 @@ xknn__sym_side side_rows(const xknn__sym_side *s, int64_t r0, int64_t rows, int6
     return h;
 }
 
+xknn_status pair_rec(const xknn__job *job, xknn_cuda_context *ctx, int staged, size_t budget, const xknn__sym_side *a,
+                     const xknn__sym_side *b, Err er);
+
+/* The pair (a, b) (b NULL: a against itself) as halves of its larger side (a set against
+ * itself: two triangles and their rectangle), each through pair_rec; a single row on the
+ * CPU pair. */
+xknn_status pair_split(const xknn__job *job, xknn_cuda_context *ctx, int staged, size_t budget,
+                       const xknn__sym_side *a, const xknn__sym_side *b, Err er)
+{
+    const xknn__sym_side *s = b && b->rows > a->rows ? b : a; /* the side to halve */
+    const int64_t h = s->rows / 2, k = job->k;
+    const xknn__sym_side h0 = side_rows(s, 0, h, k), h1 = side_rows(s, h, s->rows - h, k);
+    xknn_status st;
+    if (s->rows < 2) return xknn__cpu_sym_pair(job, a, b);
+    if (job->params.verbose)
+        fprintf(stderr, "xknn: cuda: pair %lld x %lld: in parts (%lld rows halved)\n", (long long)a->rows,
+                (long long)(b ? b->rows : a->rows), (long long)s->rows);
+    if (!b) {
+        st = pair_rec(job, ctx, staged, budget, &h0, NULL, er);
+        if (st == XKNN_SUCCESS) st = pair_rec(job, ctx, staged, budget, &h1, NULL, er);
+        if (st == XKNN_SUCCESS) st = pair_rec(job, ctx, staged, budget, &h0, &h1, er);
+    } else if (s == a) {
+        st = pair_rec(job, ctx, staged, budget, &h0, b, er);
+        if (st == XKNN_SUCCESS) st = pair_rec(job, ctx, staged, budget, &h1, b, er);
+    } else {
+        st = pair_rec(job, ctx, staged, budget, a, &h0, er);
+        if (st == XKNN_SUCCESS) st = pair_rec(job, ctx, staged, budget, a, &h1, er);
+    }
+    return st;
+}
+
 /* The pair (a, b) (b NULL: a against itself) into the running lists, on the device where
- * it fits: a pair whose state does not fit the budget is split in halves (of the larger
- * side; a set against itself into two triangles and their rectangle), recursively, each
- * part merged into the lists as it is done; a part the device kernels do not take runs
- * the CPU pair (xknn__cpu_sym_pair), so the lists always end complete. The merge is by
- * (distance, id) of canonical values, so any split gives the same bits. */
+ * it fits: a pair whose state does not fit the budget is split in halves (pair_split),
+ * recursively, each part merged into the lists as it is done; a part the device kernels
+ * do not take runs the CPU pair (xknn__cpu_sym_pair), so the lists always end complete.
+ * The merge is by (distance, id) of canonical values, so any split gives the same bits. */
 xknn_status pair_rec(const xknn__job *job, xknn_cuda_context *ctx, int staged, size_t budget, const xknn__sym_side *a,
                      const xknn__sym_side *b, Err er)
 {
@@ -2371,26 +2401,7 @@ xknn_status pair_rec(const xknn__job *job, xknn_cuda_context *ctx, int staged, s
     xknn_status st = b ? host_pair(job, ctx, staged, budget, a, b, &done, &big, er)
                        : host_pair_self(job, ctx, staged, budget, a, &done, &big, er);
     if (st != XKNN_SUCCESS || done) return st;
-    const xknn__sym_side *s = b && b->rows > a->rows ? b : a; /* the side to halve */
-    if (big && s->rows >= 2) {
-        const int64_t h = s->rows / 2, k = job->k;
-        const xknn__sym_side h0 = side_rows(s, 0, h, k), h1 = side_rows(s, h, s->rows - h, k);
-        if (job->params.verbose)
-            fprintf(stderr, "xknn: cuda: pair %lld x %lld: in parts (%lld rows halved)\n", (long long)a->rows,
-                    (long long)(b ? b->rows : a->rows), (long long)s->rows);
-        if (!b) {
-            st = pair_rec(job, ctx, staged, budget, &h0, NULL, er);
-            if (st == XKNN_SUCCESS) st = pair_rec(job, ctx, staged, budget, &h1, NULL, er);
-            if (st == XKNN_SUCCESS) st = pair_rec(job, ctx, staged, budget, &h0, &h1, er);
-        } else if (s == a) {
-            st = pair_rec(job, ctx, staged, budget, &h0, b, er);
-            if (st == XKNN_SUCCESS) st = pair_rec(job, ctx, staged, budget, &h1, b, er);
-        } else {
-            st = pair_rec(job, ctx, staged, budget, a, &h0, er);
-            if (st == XKNN_SUCCESS) st = pair_rec(job, ctx, staged, budget, a, &h1, er);
-        }
-        return st;
-    }
+    if (big) return pair_split(job, ctx, staged, budget, a, b, er);
     if (job->params.verbose)
         fprintf(stderr, "xknn: cuda: pair %lld x %lld: on the CPU\n", (long long)a->rows,
                 (long long)(b ? b->rows : a->rows));
@@ -2398,7 +2409,8 @@ xknn_status pair_rec(const xknn__job *job, xknn_cuda_context *ctx, int staged, s
 }
 
 /* The self-join whose state does not fit the device at once (host_sym's *too_big): the
- * blocked triangle, pair_rec on the whole set, into job's lists (padding first). */
+ * blocked triangle, the whole set's halves (pair_split) into job's lists (padding
+ * first). */
 xknn_status host_sym_blocked(const xknn__job *job, xknn_cuda_context *ctx, int staged, size_t budget, Err er)
 {
     const int64_t n = job->n, k = job->k;
@@ -2413,7 +2425,7 @@ xknn_status host_sym_blocked(const xknn__job *job, xknn_cuda_context *ctx, int s
     a = xknn__job_side(job, dist);
     if (job->params.verbose)
         fprintf(stderr, "xknn: cuda: self-join: symmetric in blocks (triangles and rectangles of halves)\n");
-    st = pair_rec(job, ctx, staged, budget, &a, NULL, er);
+    st = pair_split(job, ctx, staged, budget, &a, NULL, er);
     if (dist != job->dist) free(dist);
     return st;
 }
