@@ -1030,7 +1030,16 @@ struct HostBuffers {
     cudaStream_t s = nullptr;
     cudaError_t alloc(void **p, size_t bytes)
     {
-        return pool ? cudaMallocFromPoolAsync(p, bytes, pool, s) : cudaMalloc(p, bytes);
+        if (!pool) return cudaMalloc(p, bytes);
+        cudaError_t e = cudaMallocFromPoolAsync(p, bytes, pool, s);
+        if (e == cudaErrorMemoryAllocation) {
+            /* the pool keeps what earlier calls freed (budget_of counts it as free): give
+             * the unused part back and try once more */
+            (void)cudaGetLastError();
+            if (cudaStreamSynchronize(s) == cudaSuccess && cudaMemPoolTrimTo(pool, 0) == cudaSuccess)
+                e = cudaMallocFromPoolAsync(p, bytes, pool, s);
+        }
+        return e;
     }
     void dfree(void *p)
     {
@@ -1081,7 +1090,10 @@ xknn_status fail_alloc_kept_failing(Err er, size_t budget, size_t bytes)
                  budget, bytes);
 }
 
-size_t budget_of(const xknn_params *prm, Err er, xknn_status *st)
+/* The device memory budget: the caller's, or 0.9 x what is free, counting as free what
+ * the context's pool holds unused from earlier calls (HostBuffers::alloc trims it when
+ * an allocation needs it). */
+size_t budget_of(const xknn_params *prm, cudaMemPool_t pool, Err er, xknn_status *st)
 {
     size_t free_b = 0, total_b = 0;
     *st = XKNN_SUCCESS;
@@ -1091,6 +1103,13 @@ size_t budget_of(const xknn_params *prm, Err er, xknn_status *st)
         (void)cudaGetLastError();
         *st = failf(er, XKNN_ERROR_DEVICE, "cuda backend: cudaMemGetInfo: %s", cudaGetErrorString(e));
         return 0;
+    }
+    if (pool) {
+        uint64_t reserved = 0, used = 0;
+        if (cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemCurrent, &reserved) == cudaSuccess &&
+            cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemCurrent, &used) == cudaSuccess && reserved > used)
+            free_b += (size_t)(reserved - used);
+        (void)cudaGetLastError();
     }
     return (size_t)((double)free_b * 0.9);
 }
@@ -1112,7 +1131,7 @@ xknn_status host_begin(const xknn__job *job, DeviceScope &scope, xknn_cuda_conte
         *ctx = *own_ctx;
     }
     XKNN__CUDA_CHECK(scope.enter((*ctx)->device));
-    *budget = budget_of(prm, er, &st);
+    *budget = budget_of(prm, (*ctx)->pool, er, &st);
 cleanup:
     return st;
 }
@@ -1289,7 +1308,12 @@ xknn_status host_fused(const xknn__job *job, xknn_cuda_context *ctx, const Plan 
 
     *alloc_failed = 0;
     if (staged) XKNN__CUDA_CHECK(stage_make(ctx));
-    e = ctx->pool ? cudaMallocFromPoolAsync((void **)&mem, total, ctx->pool, s) : cudaMalloc((void **)&mem, total);
+    {
+        HostBuffers hb; /* (its alloc: from the pool, trimmed once when it runs out) */
+        hb.pool = ctx->pool;
+        hb.s = s;
+        e = hb.alloc((void **)&mem, total);
+    }
     if (e == cudaErrorMemoryAllocation) {
         (void)cudaGetLastError();
         *alloc_failed = 1;
@@ -2084,6 +2108,11 @@ xknn_status merge_lists(int64_t *ids, float *dist, const int64_t *nids, const fl
 
 static const char kPairNoFit[] = "the state of both sets does not fit the device memory budget";
 
+/* B's first row in a pair's state (norms, thresholds, counts, buffers): A's rows rounded
+ * up to 32, so that B's norms and thresholds start 16-byte aligned (the mma.sync kernel
+ * stages them with 16-byte copies). */
+int64_t pair_b0(int64_t na) { return round_up(na, 32); }
+
 /* The plan of a pair of disjoint sets A (na rows, the queries of the kernels) and B (nb
  * rows): the tensor-core plans of each side against the other give the witness prefixes
  * *wa (of B, for A's rows) and *wb (of A, for B's rows) and the epilogue constants; the
@@ -2111,7 +2140,7 @@ const char *plan_pair(const xknn_cuda_context *ctx, const xknn__job *job, int64_
     const double ea = 3.0 * (double)p.kk * (double)nb / (double)pa.nA + 256.0;
     const double eb = 3.0 * (double)p.kk * (double)na / (double)pb.nA + 256.0;
     p.cap = round_up(max64((int64_t)(1.25 * (ea > eb ? ea : eb)) + 512, p.kk + kBlock + 256), 256);
-    p.QS = na + round_up(nb, kMmaBN) + kMmaBN; /* B's thresholds and norms are read a whole tile at a time */
+    p.QS = pair_b0(na) + round_up(nb, kMmaBN) + kMmaBN; /* B's thresholds and norms are read a whole tile at a time */
     p.ga = max64(pa.ga, pb.ga);
     p.RN = round_up(max64(na, nb), kMmaBN);
     p.sym = 1;
@@ -2119,7 +2148,7 @@ const char *plan_pair(const xknn_cuda_context *ctx, const xknn__job *job, int64_
     const int64_t block = min64(max64(na, nb), kMaxStateQueries);
     const size_t per_row = (size_t)d * sizeof(float) + (p.kind == kCanonCosine ? (size_t)p.dh * sizeof(float) : 0);
     const size_t need =
-        p.bytes + (size_t)(na + nb) * per_row + (size_t)block * (size_t)k * (sizeof(int64_t) + sizeof(float));
+        p.bytes + (size_t)(na + nb) * per_row + 2 * (size_t)block * (size_t)k * (sizeof(int64_t) + sizeof(float));
     if (need > budget) return kPairNoFit;
     *out = p;
     *out_block = block;
@@ -2136,26 +2165,65 @@ xknn_status host_lists(int64_t rows, int64_t k, int64_t **ids, float **dist, Err
                  (long long)rows, (long long)k);
 }
 
-/* One side's results: rows [0, rows) of the state from `base` on (queries Q, the other
- * set R as references, ids from id0), resolved and finished in blocks, each merged into
- * the side's running lists. tids / tdist: host scratch of block x k. */
-xknn_status pair_side_out(xknn_cuda_context *ctx, const Run &run, int64_t base, const float *Q, int64_t rows,
-                          const float *R, int64_t id0, int64_t block, const xknn__sym_side *side, int64_t *dIds,
-                          float *dDist, int64_t *tids, float *tdist, int staged, int threads, int *piece, Err er)
+/* One side of a pair for the output: rows [0, rows) of the state from `base` on, the
+ * queries Q, the other set R as references (ids from id0), the running lists. */
+struct PairSide {
+    int64_t base, rows, id0;
+    const float *Q, *R;
+    const xknn__sym_side *lists;
+};
+
+/* Enqueues the re-rank and final selection of rows [q0, q0 + qs) of side ps into
+ * (dIds, dDist) on the run's stream. */
+xknn_status pair_block_enqueue(const Run &run, const PairSide &ps, int64_t q0, int64_t qs, int64_t *dIds,
+                               float *dDist, Err er)
 {
     const Plan &p = *run.p;
     xknn_status st = XKNN_SUCCESS;
-    for (int64_t q0 = 0; q0 < rows; q0 += block) {
-        const int64_t qs = min64(block, rows - q0);
-        Run rb = run; /* the state from row base + q0 on */
-        rb.tau = run.tau + base + q0;
-        rb.cnt = run.cnt + base + q0;
-        rb.cand = run.cand + (base + q0) * p.cap;
-        XKNN__CUDA_CHECK(launch_resolve(resolve_params(rb, Q + q0 * p.d, p.d, R, p.d, 0), (int)qs, run.st));
-        XKNN__TRY(block_finish(rb, qs, dIds, dDist, id0, er));
-        XKNN__TRY(results_out(ctx, staged, tids, dIds, tdist, dDist, (size_t)(qs * p.k), threads, run.st, piece, er));
-        XKNN__TRY(merge_lists(side->ids + q0 * p.k, side->dist + q0 * p.k, tids, tdist, qs, p.k, p.kind == kCanonIp,
-                              threads, er));
+    Run rb = run; /* the state from row base + q0 on */
+    rb.tau = run.tau + ps.base + q0;
+    rb.cnt = run.cnt + ps.base + q0;
+    rb.cand = run.cand + (ps.base + q0) * p.cap;
+    XKNN__CUDA_CHECK(launch_resolve(resolve_params(rb, ps.Q + q0 * p.d, p.d, ps.R, p.d, 0), (int)qs, run.st));
+    XKNN__TRY(block_finish(rb, qs, dIds, dDist, ps.id0, er));
+cleanup:
+    return st;
+}
+
+/* Both sides' results, block by block (block rows of a side at a time), each merged
+ * into its side's running lists on the host. Two device and two host buffers
+ * (dIds[b], dDist[b]: block x k; tids[b], tdist[b] likewise): while the host merges
+ * block i the device re-ranks block i + 1. */
+xknn_status pair_out(xknn_cuda_context *ctx, const Run &run, const PairSide *sides, int nsides, int64_t block,
+                     int64_t *const dIds[2], float *const dDist[2], int64_t *const tids[2], float *const tdist[2],
+                     int staged, int threads, int *piece, Err er)
+{
+    const Plan &p = *run.p;
+    xknn_status st = XKNN_SUCCESS;
+    int si = 0, b = 0;
+    int64_t q0 = 0;
+    while (si < nsides && sides[si].rows == 0) ++si;
+    if (si < nsides) XKNN__TRY(pair_block_enqueue(run, sides[si], 0, min64(block, sides[si].rows), dIds[0], dDist[0], er));
+    while (si < nsides) {
+        const PairSide &ps = sides[si];
+        const int64_t qs = min64(block, ps.rows - q0);
+        /* the next block: later in this side, or the next side's first */
+        int nsi = si;
+        int64_t nq0 = q0 + qs;
+        if (nq0 >= ps.rows) {
+            nq0 = 0;
+            for (++nsi; nsi < nsides && sides[nsi].rows == 0;) ++nsi;
+        }
+        XKNN__TRY(results_out(ctx, staged, tids[b], dIds[b], tdist[b], dDist[b], (size_t)(qs * p.k), threads, run.st,
+                              piece, er));
+        if (nsi < nsides)
+            XKNN__TRY(pair_block_enqueue(run, sides[nsi], nq0, min64(block, sides[nsi].rows - nq0), dIds[b ^ 1],
+                                         dDist[b ^ 1], er));
+        XKNN__TRY(merge_lists(ps.lists->ids + q0 * p.k, ps.lists->dist + q0 * p.k, tids[b], tdist[b], qs, p.k,
+                              p.kind == kCanonIp, threads, er));
+        si = nsi;
+        q0 = nq0;
+        b ^= 1;
     }
 cleanup:
     return st;
@@ -2169,7 +2237,7 @@ xknn_status host_pair(const xknn__job *job, xknn_cuda_context *ctx, int staged, 
                       const xknn__sym_side *b, int *done, int *too_big, Err er)
 {
     const xknn_params *prm = &job->params;
-    const int64_t na = a->rows, nb = b->rows, d = job->d, k = job->k;
+    const int64_t na = a->rows, nb = b->rows, d = job->d, k = job->k, b0 = pair_b0(na);
     const size_t row_bytes = (size_t)d * sizeof(float);
     xknn_status st = XKNN_SUCCESS;
     HostBuffers hb;
@@ -2182,6 +2250,9 @@ xknn_status host_pair(const xknn__job *job, xknn_cuda_context *ctx, int staged, 
     float *tdist = NULL;
     cudaStream_t sc = ctx->stream;
     const char *why = plan_pair(ctx, job, na, nb, budget, &plan, &wa, &wb, &block);
+    cudaEvent_t ev[4] = {NULL, NULL, NULL, NULL}; /* -v: phase times */
+    const double h0 = wall_seconds();
+    double h_up = 0.0, h_dev = 0.0, h_a = 0.0;
     const char *req = getenv("XKNN_CUDA_SYM_REQUIRE");
     const int require = req && *req && *req != '0';
 
@@ -2194,15 +2265,15 @@ xknn_status host_pair(const xknn__job *job, xknn_cuda_context *ctx, int staged, 
                          (long long)nb, why);
         return XKNN_SUCCESS;
     }
-    XKNN__TRY(host_lists(block, k, &tids, &tdist, er));
+    XKNN__TRY(host_lists(2 * block, k, &tids, &tdist, er)); /* two blocks: pair_out's double buffer */
     hb.pool = ctx->pool;
     hb.s = sc;
     {
         cudaError_t e = hb.alloc((void **)&hb.dR, (size_t)na * row_bytes);
         if (e == cudaSuccess) e = hb.alloc((void **)&hb.dQ, (size_t)nb * row_bytes);
         if (e == cudaSuccess) e = hb.alloc(&hb.dWs, plan.bytes);
-        if (e == cudaSuccess) e = hb.alloc((void **)&hb.dIds, (size_t)block * k * sizeof(int64_t));
-        if (e == cudaSuccess) e = hb.alloc((void **)&hb.dDist, (size_t)block * k * sizeof(float));
+        if (e == cudaSuccess) e = hb.alloc((void **)&hb.dIds, (size_t)(2 * block) * k * sizeof(int64_t));
+        if (e == cudaSuccess) e = hb.alloc((void **)&hb.dDist, (size_t)(2 * block) * k * sizeof(float));
         if (e == cudaSuccess && plan.kind == kCanonCosine)
             e = hb.alloc((void **)&hb.dChunk[0], (size_t)(na + nb) * (size_t)plan.dh * sizeof(float));
         ok = alloc_outcome(hb, e, er, &st);
@@ -2230,15 +2301,20 @@ xknn_status host_pair(const xknn__job *job, xknn_cuda_context *ctx, int staged, 
         XKNN__CUDA_CHECK(cudaMemcpy2DAsync(hb.dQ, row_bytes, b->data, (size_t)b->ld * sizeof(float), row_bytes,
                                            (size_t)nb, cudaMemcpyHostToDevice, sc));
     }
+    if (prm->verbose) { /* upload time on its own (verbose runs only) */
+        XKNN__CUDA_CHECK(cudaStreamSynchronize(sc));
+        h_up = wall_seconds();
+        for (int i = 0; i < 4; ++i) XKNN__CUDA_CHECK(cudaEventCreate(&ev[i]));
+    }
     run = run_bind(ctx, &plan, hb.dWs, sc);
     XKNN__TRY(run_start(run, er));
-    XKNN__CUDA_CHECK(launch_init_state(run.tau, run.cnt, (int)(na + nb), 1, sc));
+    XKNN__CUDA_CHECK(launch_init_state(run.tau, run.cnt, (int)(b0 + nb), 1, sc));
     /* norms and thresholds past each side's rows are read with their tile (and masked):
      * defined values */
     XKNN__CUDA_CHECK(cudaMemsetAsync(run.qn, 0, (size_t)plan.QS * sizeof(float), sc));
     {
         /* the tensor cores' operands (cosine: unit rows, A's then B's) and their norms:
-         * A's at qn[0, na), B's at qn[na, na + nb) */
+         * A's at qn[0, na), B's at qn[b0, b0 + nb) */
         const float *XA = hb.dR, *XB = hb.dQ;
         int64_t ldx = d;
         const int sms = ctx->sms, wg = plan.wgmma ? (int)ctx->smem_optin : 0;
@@ -2251,27 +2327,29 @@ xknn_status host_pair(const xknn__job *job, xknn_cuda_context *ctx, int staged, 
             ldx = plan.dh;
         }
         XKNN__CUDA_CHECK(launch_sqnorms(XA, ldx, na, d, run.qn, sc));
-        XKNN__CUDA_CHECK(launch_sqnorms(XB, ldx, nb, d, run.qn + na, sc));
+        XKNN__CUDA_CHECK(launch_sqnorms(XB, ldx, nb, d, run.qn + b0, sc));
         MmaParams ma = mma_params(run, XA, ldx, na, 0, 0, XB, ldx);
         MmaParams mb = mma_params(run, XB, ldx, nb, 0, 0, XA, ldx);
         XKNN__CUDA_CHECK(cudaMemsetAsync(ma.thr, 0, (size_t)plan.QS * sizeof(float), sc));
+        if (ev[0]) XKNN__CUDA_CHECK(cudaEventRecord(ev[0], sc));
         /* pass A and tau, per side: A's rows against B's first wa rows, B's against A's
          * first wb (a side's witnesses belong to the set it is searched in) */
-        ma.rn = run.qn + na;
+        ma.rn = run.qn + b0;
         ma.n = wa;
         ma.ga = ceil_div(wa, kMmaGroup);
-        mb.qn = run.qn + na;
+        mb.qn = run.qn + b0;
         mb.rn = run.qn;
         mb.n = wb;
         mb.ga = ceil_div(wb, kMmaGroup);
-        mb.gmin = ma.gmin + na * ma.ga;
-        mb.thr = ma.thr + na;
-        mb.cnt = run.cnt + na;
-        mb.cand = run.cand + na * plan.cap;
+        mb.gmin = ma.gmin + b0 * ma.ga;
+        mb.thr = ma.thr + b0;
+        mb.cnt = run.cnt + b0;
+        mb.cand = run.cand + b0 * plan.cap;
         XKNN__CUDA_CHECK(launch_mma_pass(ma, 0, sms, wg, sc));
         XKNN__CUDA_CHECK(launch_mma_select(ma, (int)plan.kk, sms, sc));
         XKNN__CUDA_CHECK(launch_mma_pass(mb, 0, sms, wg, sc));
         XKNN__CUDA_CHECK(launch_mma_select(mb, (int)plan.kk, sms, sc));
+        if (ev[1]) XKNN__CUDA_CHECK(cudaEventRecord(ev[1], sc));
         /* pass B: A's row tiles against every tile of B, candidates for both sides */
         ma.n = nb;
         ma.rect = 1;
@@ -2279,6 +2357,7 @@ xknn_status host_pair(const xknn__job *job, xknn_cuda_context *ctx, int staged, 
         ma.ccnt = mb.cnt;
         ma.ccand = mb.cand;
         XKNN__CUDA_CHECK(launch_mma_pass(ma, 2, sms, wg, sc));
+        if (ev[2]) XKNN__CUDA_CHECK(cudaEventRecord(ev[2], sc));
         /* overflowed buffers re-run exactly, per side, on the rows themselves (ma.n is
          * nb already) */
         ma.Q = mb.R = hb.dR;
@@ -2287,22 +2366,41 @@ xknn_status host_pair(const xknn__job *job, xknn_cuda_context *ctx, int staged, 
         mb.n = na;
         XKNN__CUDA_CHECK(launch_mma_rescue(ma, (int)plan.kk, plan.kind, sms, sc));
         XKNN__CUDA_CHECK(launch_mma_rescue(mb, (int)plan.kk, plan.kind, sms, sc));
+        if (ev[3]) {
+            XKNN__CUDA_CHECK(cudaEventRecord(ev[3], sc));
+            XKNN__CUDA_CHECK(cudaEventSynchronize(ev[3]));
+            h_dev = wall_seconds();
+        }
     }
-    XKNN__TRY(pair_side_out(ctx, run, 0, hb.dR, na, hb.dQ, b->id0, block, a, hb.dIds, hb.dDist, tids, tdist, staged,
-                            prm->num_threads, &piece, er));
-    XKNN__TRY(pair_side_out(ctx, run, na, hb.dQ, nb, hb.dR, a->id0, block, b, hb.dIds, hb.dDist, tids, tdist, staged,
-                            prm->num_threads, &piece, er));
+    {
+        const PairSide sides[2] = {{0, na, b->id0, hb.dR, hb.dQ, a}, {b0, nb, a->id0, hb.dQ, hb.dR, b}};
+        int64_t *const di[2] = {hb.dIds, hb.dIds + block * k};
+        float *const dd[2] = {hb.dDist, hb.dDist + block * k};
+        int64_t *const ti[2] = {tids, tids + block * k};
+        float *const td[2] = {tdist, tdist + block * k};
+        XKNN__TRY(pair_out(ctx, run, sides, 2, block, di, dd, ti, td, staged, prm->num_threads, &piece, er));
+    }
+    h_a = wall_seconds();
     XKNN__CUDA_CHECK(cudaMemcpyAsync(stats, run.stats, sizeof stats, cudaMemcpyDeviceToHost, sc));
     XKNN__CUDA_CHECK(cudaStreamSynchronize(sc));
-    if (prm->verbose)
-        fprintf(stderr, "xknn: cuda: pair %lld x %lld: %llu candidates appended, %llu rows re-run exactly\n",
-                (long long)na, (long long)nb, stats[kStatAppended], stats[kStatReruns]);
+    if (prm->verbose) {
+        float ms[3] = {0.0f, 0.0f, 0.0f};
+        for (int i = 0; i < 3; ++i) XKNN__CUDA_CHECK(cudaEventElapsedTime(&ms[i], ev[i], ev[i + 1]));
+        fprintf(stderr,
+                "xknn: cuda: pair %lld x %lld: %llu candidates appended, %llu rows re-run exactly; ms: allocation + "
+                "upload %.1f, witnesses %.1f, rectangle %.1f, re-runs %.1f, then re-rank + output + host merge "
+                "%.1f; in all %.1f\n",
+                (long long)na, (long long)nb, stats[kStatAppended], stats[kStatReruns], (h_up - h0) * 1e3, ms[0], ms[1],
+                ms[2], (h_a - h_dev) * 1e3, (wall_seconds() - h0) * 1e3);
+    }
     if (stats[kStatUnresolved])
         st = failf(er, XKNN_ERROR_INTERNAL, "cuda backend: %llu final candidates had no canonical distance",
                    stats[kStatUnresolved]);
 cleanup:
     (void)cudaStreamSynchronize(sc);
     if (ctx->copy_stream) (void)cudaStreamSynchronize(ctx->copy_stream);
+    for (int i = 0; i < 4; ++i)
+        if (ev[i]) cudaEventDestroy(ev[i]);
     hb.release();
     (void)cudaStreamSynchronize(sc);
     free(tdist);
@@ -2876,7 +2974,7 @@ xknn_status xknn_cuda_workspace_size(xknn_cuda_context *ctx, const xknn_params *
     XKNN__TRY(check_sizes(er, &prm, n, nq, d, k, d, d));
     XKNN__TRY(device_metric_check(er, ctx, &prm, n, d, k, "xknn_cuda_workspace_size"));
     if (!prm.device_memory_budget) XKNN__CUDA_CHECK(scope.enter(ctx->device));
-    budget = budget_of(&prm, er, &st);
+    budget = budget_of(&prm, nullptr, er, &st); /* (the caller allocates the workspace: not from the pool) */
     if (st != XKNN_SUCCESS) goto cleanup;
     if (choose_path(&prm, n, nq, d, k) == XKNN_CUDA_PATH_FUSED &&
         plan_fused(ctx, &prm, n, nq, d, k, budget, 0, &plan, &min_needed)) {
