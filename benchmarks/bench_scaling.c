@@ -313,7 +313,10 @@ int main(int argc, char **argv)
     char date[64], cpu[256], dev_local[256], *devs_all = NULL, *devices_json = NULL;
     void *cuda_ctx = NULL;
 
-    MPI_Init(&argc, &argv);
+    {
+        int provided = 0; /* as knn_mpi (the symmetric ring's worker thread) */
+        MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
+    }
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &size);
     rc = parse_opts(argc, argv, &o, rank);

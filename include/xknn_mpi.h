@@ -63,7 +63,11 @@
  *
  * THREADS
  *   Call the functions of one context from one thread per rank. MPI must be
- *   initialised (MPI_THREAD_SINGLE is enough) and not yet finalised.
+ *   initialised (MPI_THREAD_SINGLE is enough) and not yet finalised. With
+ *   MPI_THREAD_FUNNELED or more, called from the main thread, the symmetric self-join
+ *   computes in a worker thread of its own (which makes no MPI call) while the calling
+ *   thread moves slices and lists: initialise with MPI_Init_thread(MPI_THREAD_FUNNELED)
+ *   for the overlap.
  */
 #ifndef XKNN_MPI_H
 #define XKNN_MPI_H
@@ -257,12 +261,14 @@ XKNN_API xknn_status xknn_mpi_search(xknn_mpi_context *ctx, const xknn_params *p
  * rank to absorb unequal slice sizes), so every rank computes the same number of
  * distance evaluations up to one row of the largest slice (stats->distance_evals;
  * slices of at most 1.5 P rows, or skewed ones, get the nearest fit); slices
- * travel around the ring with
- * MPI_Isend/MPI_Irecv posted before each step's compute; each rank's lists for rows it
- * does not own reach the owner through the search's tree reduction. Results: one block
- * per non-empty slice, delivered on the rank that owns it (the sink is called once
- * there with the whole slice); memory per rank about (floor(P/2) + 4) * (n/P) * k * 12
- * bytes plus two slices. Plain (XKNN_SELF_JOIN_PLAIN, or a backend without a symmetric
+ * travel around the ring, and the lists
+ * of a step's held slice go to its owner during the next step's compute, where they are
+ * merged with the search's pairwise merge (with MPI_THREAD_FUNNELED or more, the compute
+ * runs in a worker thread while the calling thread progresses the transfers; below
+ * that, inline with the transfers after it). Results: one block per non-empty slice,
+ * delivered on the rank that owns it (the sink is called once there with the whole
+ * slice); memory per rank 3 (P <= 3) or 6 list sets of (n/P) * k * 12 bytes plus two
+ * slices. Plain (XKNN_SELF_JOIN_PLAIN, or a backend without a symmetric
  * kernel: the CUDA backend today): each query block is broadcast by the rank that owns
  * those rows (blocks never straddle slices) and searched everywhere. Both give the same
  * ids and distance bits. The context's verbose prints which path ran and, for the

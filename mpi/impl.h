@@ -27,7 +27,13 @@ struct xknn_mpi_context {
 };
 
 /* Message tags on the private communicator. */
-enum { XKNN__TAG_REDUCE = 0x6b01, XKNN__TAG_GATHER = 0x6b02, XKNN__TAG_SLICE = 0x6b03 };
+enum {
+    XKNN__TAG_REDUCE = 0x6b01,
+    XKNN__TAG_GATHER = 0x6b02,
+    XKNN__TAG_SLICE = 0x6b03,
+    XKNN__TAG_LIST_IDS = 0x6b04, /* the symmetric ring's lists on their way to the owner */
+    XKNN__TAG_LIST_DIST = 0x6b05
+};
 
 /* Fills *err (may be NULL) printf-style; returns status. */
 xknn_status xknn__mpi_fail(xknn_error *err, xknn_status status, const char *fmt, ...) XKNN__PRINTF(3, 4);
@@ -70,8 +76,8 @@ int xknn__tree_reduce(const xknn_mpi_context *ctx, int owner, int64_t rows, int6
                       xknn__cands *recv, xknn__cands *spare, unsigned char *staging, const xknn__cands **result);
 
 /* The symmetric self-join (mpi/symmetric.c): ring of slice pairs i <= j, every rank
- * doing the same number of distance evaluations up to one row, per-slice tree
- * reduction to the owner, delivery as a block per slice. row0s/rowss: every rank's
+ * doing the same number of distance evaluations up to one row, each step's lists of the
+ * held slice merged on its owner during the next step, delivery as a block per slice. row0s/rowss: every rank's
  * slice (agreed table). Called by every rank after the arguments were agreed; returns
  * this rank's status (the caller agrees on it); *evals: this rank's distance
  * evaluations; *mpi_broken set when an MPI call failed. Collective. */

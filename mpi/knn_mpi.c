@@ -1289,7 +1289,10 @@ int main(int argc, char **argv)
     err.message[0] = '\0';
     r->size = 1;
 #ifdef XKNN_HAVE_MPI
-    if (MPI_Init(&argc, &argv) != MPI_SUCCESS) {
+    int provided = MPI_THREAD_SINGLE;
+    /* FUNNELED: the symmetric self-join computes in a worker thread while the main thread
+     * moves slices and lists (the library falls back to inline compute below it) */
+    if (MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS) {
         fprintf(stderr, "knn_mpi: MPI_Init failed\n");
         return EXIT_INTERNAL;
     }

@@ -42,27 +42,50 @@
  *
  * Slices travel around the ring: in step s rank r holds slice (r + s) mod P, so for
  * step s + 1 it receives from rank r + 1 the slice that rank held in step s, while it
- * sends its own to rank r - 1 (every rank relays, also one with an empty slice). Both
- * are posted (MPI_Isend/MPI_Irecv) before step s's compute and completed after it, so
- * the transfer overlaps the compute as far as the MPI library progresses it (no progress
- * thread: see xknn_mpi.h).
+ * sends its own to rank r - 1 (every rank relays, also one with an empty slice).
  *
- * A rank ends with k-best lists of its own rows and of the rows of the slices it
- * visited (one list set per step, all starting as padding). For each slice (in rank
- * order), every rank contributes what it has for those rows (padding if nothing) to the
- * binomial-tree reduction of the plain search (xknn__tree_reduce, whose merge orders by
- * (distance, id), padding last), rooted at the slice's owner, which then delivers its
- * rows (sink, gather) like a plain block. The lists are host memory, so they travel as
- * they are, without a staging copy. Each list set is the exact k best of the pairs
- * that rank evaluated for those rows, and the ranks' pairs partition all pairs, so the
- * merge gives the plain self-join's ids and distance bits.
+ * A rank ends step s >= 1 with k-best lists of the held slice's rows (the exact k best
+ * of the pairs it evaluated for them; padding where none). Each slice is held by exactly
+ * one rank in each step, so slice j's owner receives one list set a step, from rank
+ * (j - s) mod P, and folds it into an accumulator with the search's pairwise merge
+ * (xknn__merge_rows: (distance, id), padding last); after the last step it merges the
+ * accumulator with its own lists. The ranks' pairs partition all pairs, so this gives
+ * the plain self-join's ids and distance bits. Step s's lists travel in round s + 1,
+ * while step s + 1 computes; only the last step's lists move after the compute. (The
+ * binomial tree of the search reduces one block after its compute; here the list sets of
+ * a slice come ready one step apart, so a chain along the steps hides the moves.)
+ *
+ * Overlap. Open MPI has no progress thread: a posted transfer moves only inside MPI
+ * calls. Where MPI gives MPI_THREAD_FUNNELED or more (knn_mpi asks for it), each step's
+ * compute runs in a worker thread (no MPI calls there) while the main thread completes
+ * the posted slice and list transfers with MPI_Testall and merges the received lists;
+ * otherwise (or with XKNN_MPI_SYM_THREAD=0) the compute runs inline and the transfers
+ * follow it. Busy seconds are the compute's own; the transfers count (as broadcast
+ * time) only where they outlast it, and the last step's list exchange and the final
+ * merge count as reduce time.
+ *
+ * Memory per rank, in list sets of (largest slice) x k x 12 bytes: own lists, one or
+ * two held slices' (two when S >= 2: the one computing, the one in flight), and the
+ * accumulator with its receive and merge buffers (one set when S = 1): 3 (P = 2, 3) or 6
+ * (P >= 4); plus two slices of rows.
  */
+#define _GNU_SOURCE /* sched_yield, clock_gettime */
 #include <math.h>
+#include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 #include "impl.h"
+
+#ifdef XKNN_MPI_HAVE_CUDA
+#include "xknn/cuda.h"
+#endif
 
 static void xknn__sym_pad(int64_t *ids, float *dist, int64_t m, int neg)
 {
@@ -169,6 +192,122 @@ static xknn_status xknn__sym_call(const xknn_params *p, int64_t k, const xknn_ma
                             b ? bids + b0 * k : NULL, b ? bdist + b0 * k : NULL, e);
 }
 
+/* One step's compute (the work of the opening comment for step s), run by a worker
+ * thread while the main thread moves slices and lists, or inline. No MPI call in here
+ * (MPI_THREAD_FUNNELED is enough). */
+typedef struct xknn__sym_step {
+    const xknn_params *p;
+    const xknn_matrix *ref;     /* own rows (NULL for an empty slice)                  */
+    const unsigned char *cur;   /* the slice held in this step, dense                  */
+    const int64_t *half, *cut;  /* the plan                                            */
+    int64_t k, d, nloc, r0;     /* own rows, their first global id                    */
+    int64_t mj, j0;             /* the held slice's rows and first global id           */
+    int64_t *l0, *lj;           /* lists: own rows, the held slice's (step >= 1)       */
+    float *d0, *dj;
+    xknn_dtype dtype;
+    int s, P, S, rank, jown, neg;
+    /* out */
+    int64_t nev;
+    xknn_status st;
+    xknn_error e;
+    double t0, t1; /* monotonic seconds: start and end of the compute */
+} xknn__sym_step;
+
+static double xknn__sym_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void *xknn__sym_work(void *arg)
+{
+    xknn__sym_step *w = (xknn__sym_step *)arg;
+    const int rank = w->rank, P = w->P, s = w->s;
+    const int64_t k = w->k, mj = w->mj, j0 = w->j0, nloc = w->nloc, r0 = w->r0;
+    const xknn_matrix cm = XKNN_MATRIX_TYPED(w->cur, mj, w->d, w->dtype);
+    xknn_status ss = XKNN_SUCCESS;
+    w->t0 = xknn__sym_now();
+    w->e.message[0] = '\0';
+    /* this step's lists start as padding (first touch here, beside the transfers) */
+    if (s == 0)
+        xknn__sym_pad(w->l0, w->d0, nloc * k, w->neg);
+    else
+        xknn__sym_pad(w->lj, w->dj, mj * k, w->neg);
+    if (s == 0) {
+        /* own diagonal, less its first cut rows (own rows are read from ref) */
+        ss = xknn__sym_call(w->p, k, w->ref, w->cut[rank], nloc - w->cut[rank], r0, w->l0, w->d0, NULL, 0, 0, 0, NULL,
+                            NULL, &w->nev, &w->e);
+    } else {
+        if (s == 1 && w->cut[w->jown] > 0) {
+            /* the first cut rows of the next slice's diagonal */
+            const int64_t c = w->cut[w->jown];
+            ss = xknn__sym_call(w->p, k, &cm, 0, c, j0, w->lj, w->dj, NULL, 0, 0, 0, NULL, NULL, &w->nev, &w->e);
+            if (ss == XKNN_SUCCESS)
+                ss = xknn__sym_call(w->p, k, &cm, 0, c, j0, w->lj, w->dj, &cm, c, mj - c, j0, w->lj, w->dj, &w->nev,
+                                    &w->e);
+        }
+        if (ss != XKNN_SUCCESS) {
+            /* reported below */
+        } else if (s < P - s) {
+            ss = xknn__sym_call(w->p, k, w->ref, 0, nloc, r0, w->l0, w->d0, &cm, 0, mj, j0, w->lj, w->dj, &w->nev,
+                                &w->e);
+        } else if (rank < w->S) {
+            /* even P, last step: the first half of the own rows against slice r + P/2 */
+            ss = xknn__sym_call(w->p, k, w->ref, 0, w->half[rank], r0, w->l0, w->d0, &cm, 0, mj, j0, w->lj, w->dj,
+                                &w->nev, &w->e);
+        } else if (nloc > 0) { /* (ref is NULL for an empty slice: not a triangle) */
+            /* ... and the second half of slice r - P/2's rows against the own */
+            ss = xknn__sym_call(w->p, k, &cm, w->half[w->jown], mj - w->half[w->jown], j0, w->lj, w->dj, w->ref, 0,
+                                nloc, r0, w->l0, w->d0, &w->nev, &w->e);
+        }
+    }
+    w->st = ss;
+    w->t1 = xknn__sym_now();
+    return NULL;
+}
+
+/* Rows x k lists a and b merged into out (xknn__merge_rows' order), rows spread over
+ * threads (OpenMP; 1: the calling thread only). */
+static void xknn__sym_merge(const xknn__cands *a, const xknn__cands *b, const xknn__cands *out, int64_t rows, int64_t k,
+                            int neg, int threads)
+{
+    const int64_t grain = 4096;
+    const int64_t parts = (rows + grain - 1) / grain;
+    int64_t i;
+    (void)threads;
+#ifdef _OPENMP
+    if (threads <= 0) threads = omp_get_max_threads();
+#pragma omp parallel for schedule(dynamic, 4) num_threads(threads) if (threads > 1 && parts > 1)
+#endif
+    for (i = 0; i < parts; i++) {
+        const int64_t r0 = i * grain, nr = rows - r0 < grain ? rows - r0 : grain;
+        xknn__cands ea, eb, eo;
+        ea.ids = a->ids + r0 * k;
+        ea.dist = a->dist + r0 * k;
+        eb.ids = b->ids + r0 * k;
+        eb.dist = b->dist + r0 * k;
+        eo.ids = out->ids + r0 * k;
+        eo.dist = out->dist + r0 * k;
+        xknn__merge_rows(&ea, &eb, &eo, nr, k, neg);
+    }
+}
+
+/* The main thread's part of a step: complete the posted requests (the slice for the
+ * next step, the lists of the previous one), polling MPI so that the transfers progress
+ * while the worker computes (Open MPI has no progress thread), then fold the received
+ * lists into the accumulator. Returns an MPI return code. */
+static int xknn__sym_wait(int n, MPI_Request *req, int poll)
+{
+    int flag = 0, rc;
+    if (!poll) return MPI_Waitall(n, req, MPI_STATUSES_IGNORE);
+    for (;;) {
+        rc = MPI_Testall(n, req, &flag, MPI_STATUSES_IGNORE);
+        if (rc != MPI_SUCCESS || flag) return rc;
+        sched_yield();
+    }
+}
+
 xknn_status xknn__sym_ring(xknn_mpi_context *ctx, const xknn_params *params, const xknn_matrix *ref,
                            int64_t ref_offset, int64_t k, const int64_t *row0s, const int64_t *rowss, int64_t d,
                            xknn_dtype dtype, const xknn_mpi_output *out, xknn_mpi_timings *tm, int64_t *owned,
@@ -178,32 +317,66 @@ xknn_status xknn__sym_ring(xknn_mpi_context *ctx, const xknn_params *params, con
     const int neg = params->metric == XKNN_METRIC_IP;
     const int64_t row_bytes = xknn_row_bytes(dtype, d), nloc = rowss[rank];
     const int left = (rank - 1 + P) % P, right = (rank + 1) % P;
-    xknn_params p = *params;
+    const int nvis = S < 2 ? S : 2; /* list sets of visited slices: the current and the one in flight */
+    const int nacc = S >= 2 ? 3 : S; /* accumulator, receive buffer, merge output               */
+    xknn_params p = *params, pw; /* pw: the worker's (one core fewer: the main thread polls) */
     xknn_status st = XKNN_SUCCESS;
     int64_t maxrows = 0, done_q = 0, n = 0, nev = 0;
     int64_t *plan = NULL, *half, *cut;   /* the plan: half, cut, scratch (P + 1)       */
     int64_t *allev = NULL;               /* rank 0: every rank's distance evaluations  */
     unsigned char *slice[2] = {NULL, NULL};
-    int64_t *lid = NULL, *cid = NULL;
-    float *ldist = NULL, *cdist = NULL;
-    const unsigned char *own = NULL; /* the own slice as it travels: ref's rows, or a dense copy */
+    int64_t *lid = NULL;  /* own lists, nvis visited sets, nacc accumulation sets */
+    float *ldist = NULL;
+    xknn__cands own, vis[2], acc[3], fin; /* fin: the final lists of the own rows */
+    int nrecv = 0;                        /* list sets of the own rows received so far */
+    const unsigned char *ownrows = NULL;  /* the own slice as it travels: ref's rows, or a dense copy */
     double *all = NULL; /* rank 0: every rank's busy seconds */
-    MPI_Datatype rowtype = MPI_DATATYPE_NULL;
-    int s, j, rc;
+#ifdef XKNN_MPI_HAVE_CUDA
+    xknn_cuda_context *cuctx = NULL; /* the rank's own, for all its steps */
+#endif
+    MPI_Datatype rowtype = MPI_DATATYPE_NULL, idtype = MPI_DATATYPE_NULL, dtype_k = MPI_DATATYPE_NULL;
+    int s, j, rc, threaded = 0;
     double t0;
 
     for (j = 0; j < P; j++) {
         if (rowss[j] > maxrows) maxrows = rowss[j];
         n += rowss[j];
     }
-    /* lists: own rows (step 0) and the visited slices' rows (steps 1 .. S) */
-    lid = (int64_t *)malloc((size_t)((S + 1) * maxrows * k) * sizeof(int64_t));
-    ldist = (float *)malloc((size_t)((S + 1) * maxrows * k) * sizeof(float));
-    /* tree reduction: received, spare, and padding for a slice this rank never held
-     * (3 x maxrows x k); a held slice's lists go in as they are (the reduction may
-     * overwrite them: they are not needed after it) */
-    cid = (int64_t *)malloc((size_t)(3 * maxrows * k) * sizeof(int64_t));
-    cdist = (float *)malloc((size_t)(3 * maxrows * k) * sizeof(float));
+    {
+        /* The compute runs in a worker thread while this (the main) thread moves the
+         * data, where MPI allows it: MPI_THREAD_FUNNELED or more, called from the main
+         * thread. XKNN_MPI_SYM_THREAD=0: inline (a diagnostic; same results). */
+        int lvl = MPI_THREAD_SINGLE, is_main = 0;
+        const char *env = getenv("XKNN_MPI_SYM_THREAD");
+        if (MPI_Query_thread(&lvl) == MPI_SUCCESS && MPI_Is_thread_main(&is_main) == MPI_SUCCESS)
+            threaded = P > 1 && lvl >= MPI_THREAD_FUNNELED && is_main && !(env && env[0] == '0');
+    }
+    pw = p;
+    if (threaded) {
+        int nt = p.num_threads;
+#ifdef _OPENMP
+        if (nt <= 0) nt = omp_get_max_threads();
+#endif
+        pw.num_threads = nt > 1 ? nt - 1 : 1;
+    }
+    {
+        const size_t set = (size_t)(maxrows * k);
+        const int sets = 1 + nvis + nacc;
+        lid = (int64_t *)malloc(set * (size_t)sets * sizeof(int64_t) + 1);
+        ldist = (float *)malloc(set * (size_t)sets * sizeof(float) + 1);
+        if (lid && ldist) {
+            own.ids = lid;
+            own.dist = ldist;
+            for (j = 0; j < nvis; j++) {
+                vis[j].ids = lid + (size_t)(1 + j) * set;
+                vis[j].dist = ldist + (size_t)(1 + j) * set;
+            }
+            for (j = 0; j < nacc; j++) {
+                acc[j].ids = lid + (size_t)(1 + nvis + j) * set;
+                acc[j].dist = ldist + (size_t)(1 + nvis + j) * set;
+            }
+        }
+    }
     slice[0] = (unsigned char *)malloc((size_t)(maxrows * row_bytes) + 1);
     slice[1] = (unsigned char *)malloc((size_t)(maxrows * row_bytes) + 1);
     plan = (int64_t *)malloc((size_t)(3 * P + 1) * sizeof(int64_t));
@@ -214,26 +387,40 @@ xknn_status xknn__sym_ring(xknn_mpi_context *ctx, const xknn_params *params, con
     {
         /* Every rank learns whether all could allocate before anything travels; a rank
          * that could not carries the message to the caller's final agreement. */
-        int have = lid && ldist && cid && cdist && slice[0] && slice[1] && plan && (rank != 0 || (all && allev)),
-            all = 0;
+        int have = lid && ldist && slice[0] && slice[1] && plan && (rank != 0 || (all && allev)), every = 0;
         if (!have)
             st = xknn__mpi_fail(lerr, XKNN_ERROR_OUT_OF_MEMORY,
-                                "rank %d: out of memory for the symmetric self-join (%d slices of %lld rows, k=%lld)",
-                                rank, S + 1, (long long)maxrows, (long long)k);
-        rc = MPI_Allreduce(&have, &all, 1, MPI_INT, MPI_MIN, ctx->comm);
+                                "rank %d: out of memory for the symmetric self-join (%d list sets of %lld rows, k=%lld)",
+                                rank, 1 + nvis + nacc, (long long)maxrows, (long long)k);
+        rc = MPI_Allreduce(&have, &every, 1, MPI_INT, MPI_MIN, ctx->comm);
         if (rc != MPI_SUCCESS) {
             st = xknn__mpi_error(rank, lerr, rc, "MPI_Allreduce");
             *mpi_broken = 1;
             goto done;
         }
-        if (!all) goto done;
+        if (!every) goto done;
     }
-    xknn__sym_pad(lid, ldist, (S + 1) * maxrows * k, neg);
     half = plan;
     cut = plan + P;
     xknn__sym_plan(P, rowss, half, cut, plan + 2 * P);
+#ifdef XKNN_MPI_HAVE_CUDA
+    /* One CUDA context for all the steps of a rank on a GPU: its memory pool keeps the
+     * device buffers between the pairs and its pinned staging moves the rows (a temporary
+     * context a call paid both each time). Where it cannot be made, each call makes its
+     * own (and reports what stands in the way). */
+    if (!p.cuda_context && dtype == XKNN_DTYPE_F32 && p.device >= 0 &&
+        (p.backend == XKNN_BACKEND_CUDA || p.backend == XKNN_BACKEND_AUTO)) {
+        xknn_error ce;
+        if (xknn_cuda_context_create(p.device, &cuctx, &ce) == XKNN_SUCCESS) p.cuda_context = pw.cuda_context = cuctx;
+    }
+#endif
     rc = MPI_Type_contiguous((int)row_bytes, MPI_BYTE, &rowtype);
     if (rc == MPI_SUCCESS) rc = MPI_Type_commit(&rowtype);
+    /* a row of a list: k ids, k distances (counts in rows keep large lists in int) */
+    if (rc == MPI_SUCCESS) rc = MPI_Type_contiguous((int)k, MPI_INT64_T, &idtype);
+    if (rc == MPI_SUCCESS) rc = MPI_Type_commit(&idtype);
+    if (rc == MPI_SUCCESS) rc = MPI_Type_contiguous((int)k, MPI_FLOAT, &dtype_k);
+    if (rc == MPI_SUCCESS) rc = MPI_Type_commit(&dtype_k);
     if (rc != MPI_SUCCESS) {
         st = xknn__mpi_error(rank, lerr, rc, "MPI_Type_contiguous");
         *mpi_broken = 1;
@@ -244,122 +431,168 @@ xknn_status xknn__sym_ring(xknn_mpi_context *ctx, const xknn_params *params, con
          * they are dense, else a packed copy */
         const int64_t ld_bytes = (ref->ld ? ref->ld : xknn_row_elems(dtype, d)) * (row_bytes / xknn_row_elems(dtype, d));
         int64_t i;
-        own = (const unsigned char *)ref->data;
+        ownrows = (const unsigned char *)ref->data;
         if (ld_bytes != row_bytes) {
             for (i = 0; i < nloc; i++)
                 memcpy(slice[0] + i * row_bytes, (const unsigned char *)ref->data + i * ld_bytes, (size_t)row_bytes);
-            own = slice[0];
+            ownrows = slice[0];
         }
     }
 
-    for (s = 0; s <= S && !*mpi_broken; s++) {
-        const int jown = (rank + s) % P;             /* the slice held in this step */
-        const int jnext = (rank + s + 1) % P;         /* the one needed in step s + 1 */
-        const unsigned char *cur = s == 0 ? own : slice[s & 1];
+    /* Step s = 0 .. S, then a last round (s = S + 1) that only moves step S's lists.
+     * In round s the main thread completes: the slice for step s + 1 (posted here), and
+     * the exchange of step s - 1's lists: the held slice's lists go to its owner
+     * (r + s - 1) mod P, the own rows' lists come from rank (r - s + 1) mod P, the one
+     * that held this rank's slice in step s - 1. */
+    for (s = 0; s <= S + 1 && !*mpi_broken; s++) {
+        const int jown = (rank + s) % P;       /* the slice held in this step */
+        const int jnext = (rank + s + 1) % P;  /* the one needed in step s + 1 */
+        const int t = s - 1;                   /* the step whose lists move now */
+        const unsigned char *cur = s == 0 ? ownrows : slice[s & 1];
         unsigned char *nxt = slice[(s + 1) & 1];
-        MPI_Request req[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+        MPI_Request req[6];
+        xknn__cands *into = NULL; /* where this round's received lists land */
+        xknn__sym_step w;
+        pthread_t th;
+        int worker = 0, compute = s <= S && st == XKNN_SUCCESS, r;
+        double tw, tc;
 
+        for (r = 0; r < 6; r++) req[r] = MPI_REQUEST_NULL;
+        memset(&w, 0, sizeof w);
         t0 = MPI_Wtime();
+        rc = MPI_SUCCESS;
         if (s < S && P > 1) {
             /* receive slice jnext from the right, send the held slice to the left: every
              * rank works with the slice it holds in every step (even P's last included) */
-            if (rowss[jnext] > 0)
-                rc = MPI_Irecv(nxt, (int)rowss[jnext], rowtype, right, XKNN__TAG_SLICE, ctx->comm, &req[0]);
-            else
-                rc = MPI_SUCCESS;
+            if (rowss[jnext] > 0) rc = MPI_Irecv(nxt, (int)rowss[jnext], rowtype, right, XKNN__TAG_SLICE, ctx->comm, &req[0]);
             if (rc == MPI_SUCCESS && rowss[jown] > 0)
                 rc = MPI_Isend(cur, (int)rowss[jown], rowtype, left, XKNN__TAG_SLICE, ctx->comm, &req[1]);
-            if (rc != MPI_SUCCESS) {
-                st = xknn__mpi_error(rank, lerr, rc, "MPI_Isend/MPI_Irecv (reference slice)");
-                *mpi_broken = 1;
-                MPI_Waitall(2, req, MPI_STATUSES_IGNORE);
-                break;
+        }
+        if (rc == MPI_SUCCESS && t >= 1) {
+            /* step t's lists: the held slice's to its owner, the own rows' from the rank
+             * that held them; the first set lands in the accumulator itself */
+            const int jt = (rank + t) % P, from = (rank - t + P) % P;
+            const xknn__cands *v = &vis[t % 2 < nvis ? t % 2 : 0];
+            const int64_t mt = rowss[jt];
+            if (mt > 0) {
+                rc = MPI_Isend(v->ids, (int)mt, idtype, jt, XKNN__TAG_LIST_IDS, ctx->comm, &req[2]);
+                if (rc == MPI_SUCCESS) rc = MPI_Isend(v->dist, (int)mt, dtype_k, jt, XKNN__TAG_LIST_DIST, ctx->comm, &req[3]);
+            }
+            if (rc == MPI_SUCCESS && nloc > 0) {
+                into = nrecv == 0 ? &acc[0] : &acc[1];
+                rc = MPI_Irecv(into->ids, (int)nloc, idtype, from, XKNN__TAG_LIST_IDS, ctx->comm, &req[4]);
+                if (rc == MPI_SUCCESS)
+                    rc = MPI_Irecv(into->dist, (int)nloc, dtype_k, from, XKNN__TAG_LIST_DIST, ctx->comm, &req[5]);
             }
         }
-        tm->broadcast += MPI_Wtime() - t0;
-
-        /* this step's work (see the opening comment), while the slices move */
-        t0 = MPI_Wtime();
-        if (st == XKNN_SUCCESS) {
-            const int64_t mj = rowss[jown], r0 = ref_offset, j0 = row0s[jown];
-            const xknn_matrix cm = XKNN_MATRIX_TYPED(cur, mj, d, dtype);
-            int64_t *const l0 = lid, *const lj = lid + s * maxrows * k;
-            float *const d0 = ldist, *const dj = ldist + s * maxrows * k;
-            xknn_error e;
-            xknn_status ss = XKNN_SUCCESS;
-            e.message[0] = '\0';
-            if (s == 0) {
-                /* own diagonal, less its first cut rows (own rows are read from ref: the
-                 * packed copy went travelling) */
-                ss = xknn__sym_call(&p, k, ref, cut[rank], nloc - cut[rank], r0, l0, d0, NULL, 0, 0, 0, NULL, NULL,
-                                    &nev, &e);
-            } else {
-                if (s == 1 && cut[jown] > 0) {
-                    /* the first cut rows of the next slice's diagonal */
-                    const int64_t c = cut[jown];
-                    ss = xknn__sym_call(&p, k, &cm, 0, c, j0, lj, dj, NULL, 0, 0, 0, NULL, NULL, &nev, &e);
-                    if (ss == XKNN_SUCCESS)
-                        ss = xknn__sym_call(&p, k, &cm, 0, c, j0, lj, dj, &cm, c, mj - c, j0, lj, dj, &nev, &e);
-                }
-                if (ss != XKNN_SUCCESS) {
-                    /* reported below */
-                } else if (s < P - s) {
-                    ss = xknn__sym_call(&p, k, ref, 0, nloc, r0, l0, d0, &cm, 0, mj, j0, lj, dj, &nev, &e);
-                } else if (rank < S) {
-                    /* even P, last step: the first half of the own rows against slice r + P/2 */
-                    ss = xknn__sym_call(&p, k, ref, 0, half[rank], r0, l0, d0, &cm, 0, mj, j0, lj, dj, &nev, &e);
-                } else if (nloc > 0) { /* (ref is NULL for an empty slice: not a triangle) */
-                    /* ... and the second half of slice r - P/2's rows against the own */
-                    ss = xknn__sym_call(&p, k, &cm, half[jown], mj - half[jown], j0, lj, dj, ref, 0, nloc, r0, l0,
-                                        d0, &nev, &e);
-                }
-            }
-            if (ss != XKNN_SUCCESS) st = xknn__mpi_fail(lerr, ss, "rank %d: %s", rank, e.message);
-        }
-        tm->search += MPI_Wtime() - t0;
-
-        t0 = MPI_Wtime();
-        rc = MPI_Waitall(2, req, MPI_STATUSES_IGNORE);
         tm->broadcast += MPI_Wtime() - t0;
         if (rc != MPI_SUCCESS) {
-            st = xknn__mpi_error(rank, lerr, rc, "MPI_Waitall (reference slice)");
+            st = xknn__mpi_error(rank, lerr, rc, "MPI_Isend/MPI_Irecv (reference slice or lists)");
+            *mpi_broken = 1;
+            for (r = 0; r < 6; r += (r == 0 ? 4 : 1)) /* the receives: 0, 4, 5 */
+                if (req[r] != MPI_REQUEST_NULL) MPI_Cancel(&req[r]);
+            MPI_Waitall(6, req, MPI_STATUSES_IGNORE);
+            break;
+        }
+
+        /* this step's work (see the opening comment), while the data moves */
+        if (compute) {
+            w.p = &pw;
+            w.ref = ref;
+            w.cur = cur;
+            w.half = half;
+            w.cut = cut;
+            w.k = k;
+            w.d = d;
+            w.nloc = nloc;
+            w.r0 = ref_offset;
+            w.mj = rowss[jown];
+            w.j0 = row0s[jown];
+            w.l0 = own.ids;
+            w.d0 = own.dist;
+            if (s >= 1) {
+                w.lj = vis[s % 2 < nvis ? s % 2 : 0].ids;
+                w.dj = vis[s % 2 < nvis ? s % 2 : 0].dist;
+            }
+            w.dtype = dtype;
+            w.s = s;
+            w.P = P;
+            w.S = S;
+            w.rank = rank;
+            w.jown = jown;
+            w.neg = neg;
+            worker = threaded && pthread_create(&th, NULL, xknn__sym_work, &w) == 0;
+            if (!worker) {
+                w.p = &p;
+                xknn__sym_work(&w);
+            }
+        }
+        t0 = MPI_Wtime();
+        tw = xknn__sym_now();
+        rc = xknn__sym_wait(6, req, worker);
+        if (rc == MPI_SUCCESS && into) {
+            /* fold the received lists into the accumulator (one thread: the worker has
+             * the others) */
+            if (nrecv > 0) {
+                xknn__cands tmp;
+                xknn__sym_merge(&acc[0], &acc[1], &acc[2], nloc, k, neg, worker ? 1 : p.num_threads);
+                tmp = acc[0];
+                acc[0] = acc[2];
+                acc[2] = tmp;
+            }
+            nrecv++;
+        }
+        tc = xknn__sym_now();
+        if (worker) pthread_join(th, NULL);
+        if (compute) {
+            /* busy: the compute's own seconds; the moves count where they outlast it */
+            tm->search += w.t1 - w.t0;
+            nev += w.nev;
+            if (w.st != XKNN_SUCCESS) st = xknn__mpi_fail(lerr, w.st, "rank %d: %s", rank, w.e.message);
+        }
+        if (s <= S)
+            tm->broadcast += worker ? (tc > w.t1 ? tc - w.t1 : 0.0) : tc - tw;
+        else
+            tm->reduce += MPI_Wtime() - t0;
+        if (rc != MPI_SUCCESS) {
+            st = xknn__mpi_error(rank, lerr, rc, "MPI_Waitall (reference slice or lists)");
             *mpi_broken = 1;
         }
     }
 
-    /* per-slice merge to the owner with the search's tree reduction, then delivery */
+    /* the own rows' final lists: the own computations merged with what the others sent */
+    fin = own;
+    if (!*mpi_broken && nrecv > 0 && nloc > 0) {
+        xknn__cands spare = acc[nacc > 1 ? 1 : 0];
+        t0 = MPI_Wtime();
+        if (nacc == 1) {
+            /* (one set received, into the only accumulator: merge into a list set the
+             * visited slice no longer needs) */
+            spare = vis[0];
+        }
+        xknn__sym_merge(&own, &acc[0], &spare, nloc, k, neg, p.num_threads);
+        fin = spare;
+        tm->reduce += MPI_Wtime() - t0;
+    }
+
+    /* delivery, slice by slice in rank order */
     for (j = 0; j < P && !*mpi_broken; j++) {
         const int64_t rows = rowss[j], m = rows * k;
-        const int sj = (j - rank + P) % P; /* the step in which this rank held slice j */
-        xknn__cands mine, recvb, spare;
-        const xknn__cands *res = NULL;
         if (rows == 0) continue; /* the same on every rank */
-        recvb.ids = cid + maxrows * k;
-        recvb.dist = cdist + maxrows * k;
-        spare.ids = cid + 2 * maxrows * k;
-        spare.dist = cdist + 2 * maxrows * k;
-        if (sj <= S) { /* this rank's lists of slice j */
-            mine.ids = lid + sj * maxrows * k;
-            mine.dist = ldist + sj * maxrows * k;
-        } else { /* padding where this rank evaluated nothing for slice j */
-            mine.ids = cid;
-            mine.dist = cdist;
-            xknn__sym_pad(mine.ids, mine.dist, m, neg);
-        }
         t0 = MPI_Wtime();
-        rc = xknn__tree_reduce(ctx, j, rows, k, neg, &mine, &recvb, &spare, NULL, &res);
-        if (rc == MPI_SUCCESS && out->gather_root >= 0) {
+        rc = MPI_SUCCESS;
+        if (out->gather_root >= 0) {
             if (rank == j && j == out->gather_root) {
-                memcpy(out->ids + row0s[j] * k, res->ids, (size_t)m * sizeof(int64_t));
-                if (out->dist) memcpy(out->dist + row0s[j] * k, res->dist, (size_t)m * sizeof(float));
+                memcpy(out->ids + row0s[j] * k, fin.ids, (size_t)m * sizeof(int64_t));
+                if (out->dist) memcpy(out->dist + row0s[j] * k, fin.dist, (size_t)m * sizeof(float));
             } else if (rank == j) {
-                rc = xknn__mpi_send_cands(ctx, res, rows, k, NULL, out->gather_root, XKNN__TAG_GATHER);
+                rc = xknn__mpi_send_cands(ctx, &fin, rows, k, NULL, out->gather_root, XKNN__TAG_GATHER);
             } else if (rank == out->gather_root) {
-                rc = xknn__mpi_recv_cands(ctx, &recvb, rows, k, NULL, j, XKNN__TAG_GATHER);
-                if (rc == MPI_SUCCESS) {
-                    memcpy(out->ids + row0s[j] * k, recvb.ids, (size_t)m * sizeof(int64_t));
-                    if (out->dist) memcpy(out->dist + row0s[j] * k, recvb.dist, (size_t)m * sizeof(float));
-                }
+                xknn__cands g;
+                g.ids = out->ids + row0s[j] * k;
+                /* (no distances wanted: received into the accumulator, free by now) */
+                g.dist = out->dist ? out->dist + row0s[j] * k : acc[0].dist;
+                rc = xknn__mpi_recv_cands(ctx, &g, rows, k, NULL, j, XKNN__TAG_GATHER);
             }
         }
         tm->reduce += MPI_Wtime() - t0;
@@ -376,7 +609,7 @@ xknn_status xknn__sym_ring(xknn_mpi_context *ctx, const xknn_params *params, con
                 e.status = XKNN_SUCCESS;
                 e.message[0] = '\0';
                 t0 = MPI_Wtime();
-                ss = out->sink(out->sink_user, row0s[j], rows, k, res->ids, res->dist, &e);
+                ss = out->sink(out->sink_user, row0s[j], rows, k, fin.ids, fin.dist, &e);
                 tm->write += MPI_Wtime() - t0;
                 if (ss != XKNN_SUCCESS)
                     st = e.message[0] ? xknn__mpi_fail(lerr, ss, "rank %d: %s", rank, e.message)
@@ -396,8 +629,9 @@ xknn_status xknn__sym_ring(xknn_mpi_context *ctx, const xknn_params *params, con
         rc = MPI_Gather(&nev, 1, MPI_INT64_T, allev, 1, MPI_INT64_T, 0, ctx->comm);
         if (rc == MPI_SUCCESS) rc = MPI_Gather(&busy, 1, MPI_DOUBLE, all, 1, MPI_DOUBLE, 0, ctx->comm);
         if (rc == MPI_SUCCESS && rank == 0 && ctx->config.verbose) {
-            fprintf(stderr, "xknn_mpi: symmetric ring: %d steps, %lld distance evaluations over %d ranks\n", S + 1,
-                    (long long)xknn__sym_tri(n), P);
+            fprintf(stderr, "xknn_mpi: symmetric ring: %d steps, %lld distance evaluations over %d ranks (compute %s)\n",
+                    S + 1, (long long)xknn__sym_tri(n), P,
+                    threaded ? "in a worker thread, transfers overlapped" : "inline, transfers after it");
             for (j = 0; j < P; j++)
                 fprintf(stderr, "xknn_mpi: rank %d: distance_evals=%lld busy=%.3f s\n", j, (long long)allev[j],
                         all[j]);
@@ -409,14 +643,17 @@ xknn_status xknn__sym_ring(xknn_mpi_context *ctx, const xknn_params *params, con
     }
 
 done:
+#ifdef XKNN_MPI_HAVE_CUDA
+    xknn_cuda_context_destroy(cuctx);
+#endif
+    if (dtype_k != MPI_DATATYPE_NULL) MPI_Type_free(&dtype_k);
+    if (idtype != MPI_DATATYPE_NULL) MPI_Type_free(&idtype);
     if (rowtype != MPI_DATATYPE_NULL) MPI_Type_free(&rowtype);
     free(allev);
     free(all);
     free(plan);
     free(slice[1]);
     free(slice[0]);
-    free(cdist);
-    free(cid);
     free(ldist);
     free(lid);
     *evals = nev;

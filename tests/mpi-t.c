@@ -398,8 +398,10 @@ static void same_everywhere(xknn_status st, const xknn_error *err, xknn_status w
 
 int main(int argc, char **argv)
 {
-    int c;
-    MPI_Init(&argc, &argv);
+    int c, provided = 0;
+    /* as knn_mpi: the symmetric ring's compute runs in a worker thread (the suite runs
+     * once more with XKNN_MPI_SYM_THREAD=0: inline) */
+    MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &size);
     if (rank == 0) plan(1 + NCASES * TESTS_PER_CASE + 9);
