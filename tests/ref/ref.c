@@ -244,9 +244,7 @@ int ref_knn_ex(const ref_spec *s, const void *ref, int64_t n, int64_t ldr, const
 {
     const int eb = ref_elem_bytes(s->dtype);
     const int neg = s->metric == REF_IP;
-    ref_pair *all = (ref_pair *)malloc((size_t)(n > 0 ? n : 1) * sizeof(ref_pair));
-    int64_t i, j;
-    if (!all) return -1;
+    int fail = 0;
     if (!query) {
         query = ref;
         nq = n;
@@ -254,25 +252,39 @@ int ref_knn_ex(const ref_spec *s, const void *ref, int64_t n, int64_t ldr, const
         exclude_self = 1;
         query_off = ref_off;
     }
-    for (i = 0; i < nq; i++) {
-        const void *q = (const unsigned char *)query + i * ldq * eb;
-        int64_t m = 0;
-        for (j = 0; j < n; j++) {
-            float v;
-            if (exclude_self && ref_off + j == query_off + i) continue;
-            v = ref_distance_ex(s, q, (const unsigned char *)ref + j * ldr * eb, d);
-            all[m].d = neg ? -v : v;
-            all[m].id = ref_off + j;
-            m++;
+    /* Queries are independent: spread over OpenMP threads (each with its own list of all
+     * n pairs); every query's list is the same as in one thread. */
+#ifdef _OPENMP
+#pragma omp parallel reduction(| : fail)
+#endif
+    {
+        ref_pair *all = (ref_pair *)malloc((size_t)(n > 0 ? n : 1) * sizeof(ref_pair));
+        int64_t i;
+        if (!all) fail = 1;
+#ifdef _OPENMP
+#pragma omp for schedule(dynamic, 8)
+#endif
+        for (i = 0; i < nq; i++) {
+            const void *q = (const unsigned char *)query + i * ldq * eb;
+            int64_t m = 0, j;
+            if (!all) continue;
+            for (j = 0; j < n; j++) {
+                float v;
+                if (exclude_self && ref_off + j == query_off + i) continue;
+                v = ref_distance_ex(s, q, (const unsigned char *)ref + j * ldr * eb, d);
+                all[m].d = neg ? -v : v;
+                all[m].id = ref_off + j;
+                m++;
+            }
+            qsort(all, (size_t)m, sizeof(ref_pair), ref_cmp);
+            for (j = 0; j < k; j++) {
+                ids[i * k + j] = j < m ? all[j].id : -1;
+                if (dist) dist[i * k + j] = j < m ? (neg ? -all[j].d : all[j].d) : (neg ? -INFINITY : INFINITY);
+            }
         }
-        qsort(all, (size_t)m, sizeof(ref_pair), ref_cmp);
-        for (j = 0; j < k; j++) {
-            ids[i * k + j] = j < m ? all[j].id : -1;
-            if (dist) dist[i * k + j] = j < m ? (neg ? -all[j].d : all[j].d) : (neg ? -INFINITY : INFINITY);
-        }
+        free(all);
     }
-    free(all);
-    return 0;
+    return fail ? -1 : 0;
 }
 
 /* float -> binary16 bits by truncation (any valid half will do for test data):
