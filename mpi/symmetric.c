@@ -206,6 +206,7 @@ typedef struct xknn__sym_step {
     float *d0, *dj;
     xknn_dtype dtype;
     int s, P, S, rank, jown, neg;
+    int prepadded; /* the held slice's lists are padding already (the main thread's) */
     /* out */
     int64_t nev;
     xknn_status st;
@@ -232,7 +233,7 @@ static void *xknn__sym_work(void *arg)
     /* this step's lists start as padding (first touch here, beside the transfers) */
     if (s == 0)
         xknn__sym_pad(w->l0, w->d0, nloc * k, w->neg);
-    else
+    else if (!w->prepadded)
         xknn__sym_pad(w->lj, w->dj, mj * k, w->neg);
     if (s == 0) {
         /* own diagonal, less its first cut rows (own rows are read from ref) */
@@ -329,6 +330,7 @@ xknn_status xknn__sym_ring(xknn_mpi_context *ctx, const xknn_params *params, con
     float *ldist = NULL;
     xknn__cands own, vis[2], acc[3], fin; /* fin: the final lists of the own rows */
     int nrecv = 0;                        /* list sets of the own rows received so far */
+    int padded_next = 0;                  /* the next step's list set is padding already */
     const unsigned char *ownrows = NULL;  /* the own slice as it travels: ref's rows, or a dense copy */
     double *all = NULL; /* rank 0: every rank's busy seconds */
 #ifdef XKNN_MPI_HAVE_CUDA
@@ -521,6 +523,7 @@ xknn_status xknn__sym_ring(xknn_mpi_context *ctx, const xknn_params *params, con
             w.rank = rank;
             w.jown = jown;
             w.neg = neg;
+            w.prepadded = s >= 1 && padded_next;
             worker = threaded && pthread_create(&th, NULL, xknn__sym_work, &w) == 0;
             if (!worker) {
                 w.p = &p;
@@ -541,6 +544,14 @@ xknn_status xknn__sym_ring(xknn_mpi_context *ctx, const xknn_params *params, con
                 acc[2] = tmp;
             }
             nrecv++;
+        }
+        padded_next = 0;
+        if (rc == MPI_SUCCESS && worker && s + 1 <= S) {
+            /* the next step's list set (its send, if any, completed above) becomes padding
+             * while the worker is still busy: its first touch off the compute's path */
+            const xknn__cands *v = &vis[(s + 1) % 2 < nvis ? (s + 1) % 2 : 0];
+            xknn__sym_pad(v->ids, v->dist, rowss[(rank + s + 1) % P] * k, neg);
+            padded_next = 1;
         }
         tc = xknn__sym_now();
         if (worker) pthread_join(th, NULL);

@@ -2419,10 +2419,20 @@ xknn_status host_pair_self(const xknn__job *job, xknn_cuda_context *ctx, int sta
     xknn__job j = *job;
     int64_t *tids = NULL;
     float *tdist = NULL;
+    int fresh = 1; /* every running list is padding: the results go there directly */
     *done = 0;
     *too_big = 0;
     if (n <= k) return XKNN_SUCCESS; /* (fewer than k others: the CPU pair pads) */
-    XKNN__TRY(host_lists(n, k, &tids, &tdist, er));
+    /* (a list is sorted with its padding last: padding first means padding only; with
+     * n > k every row of the self-join has k real neighbours, so writing them over the
+     * padding is the merge) */
+    for (int64_t r = 0; r < n && fresh; ++r) fresh = a->ids[r * k] < 0;
+    if (fresh) {
+        tids = a->ids;
+        tdist = a->dist;
+    } else {
+        XKNN__TRY(host_lists(n, k, &tids, &tdist, er));
+    }
     j.ref = j.query = (const float *)a->data;
     j.ref_data = j.query_data = a->data;
     j.n = j.nq = n;
@@ -2436,11 +2446,14 @@ xknn_status host_pair_self(const xknn__job *job, xknn_cuda_context *ctx, int sta
     if (j.params.cuda_path == XKNN_CUDA_PATH_AUTO) j.params.cuda_path = XKNN_CUDA_PATH_MMA;
     j.symmetric = 1;
     XKNN__TRY(host_sym(&j, ctx, staged, budget, done, too_big, er));
-    if (*done) XKNN__TRY(merge_lists(a->ids, a->dist, tids, tdist, n, k, job->params.metric == XKNN_METRIC_IP,
-                                     job->params.num_threads, er));
+    if (*done && !fresh)
+        XKNN__TRY(merge_lists(a->ids, a->dist, tids, tdist, n, k, job->params.metric == XKNN_METRIC_IP,
+                              job->params.num_threads, er));
 cleanup:
-    free(tdist);
-    free(tids);
+    if (!fresh) {
+        free(tdist);
+        free(tids);
+    }
     return st;
 }
 
