@@ -17,6 +17,8 @@
 # Environment (all optional): BUILD=build-dev  GPU_ARCH=90  N=1M  NPEER=100k  REPEATS=3
 #   PEERS=1 (0: no PyTorch)  WORK=/tmp/xknn-selfjoin  MPI_N=4000000  NPS="1 2"  SAMPLE=8
 #   BACKEND=cuda (knn_mpi --backend; cpu to try the mpi step on a machine without GPU)
+#   MPI_ARGS (extra mpirun options, e.g. "--mca btl_vader_single_copy_mechanism cma":
+#   single-copy transfers between the ranks of a node, where the kernel allows it)
 # Files written to OUT: bench_selfjoin.json and peers_selfjoin.json (one JSON object per
 # line), knn_mpi_npP.json (mpi step, one per rank count), device_selfjoin.log (everything).
 set -uo pipefail
@@ -33,6 +35,7 @@ MPI_N=${MPI_N:-4000000}
 NPS=${NPS:-"1 2"}
 SAMPLE=${SAMPLE:-8}
 BACKEND=${BACKEND:-cuda}
+MPI_ARGS=${MPI_ARGS:-}
 mkdir -p "$OUT" "$WORK"
 LOG=$OUT/device_selfjoin.log
 J=$OUT/bench_selfjoin.json
@@ -71,7 +74,8 @@ if has_step mpi; then
     first=""
     for np in $NPS; do
         echo "=== mpi: knn_mpi, $np rank(s), backend $BACKEND (cuda: one GPU a rank)"
-        timeout 300 mpirun --allow-run-as-root --oversubscribe --bind-to none -np "$np" \
+        # shellcheck disable=SC2086 # MPI_ARGS: words
+        timeout 300 mpirun --allow-run-as-root --oversubscribe --bind-to none $MPI_ARGS -np "$np" \
             "$BUILD/mpi/knn_mpi" "$D" -k 16 -o "$WORK/sj_np$np.bin" --backend "$BACKEND" -v \
             --json "$OUT/knn_mpi_np$np.json" || { rc=1; continue; }
         if [ -z "$first" ]; then
