@@ -11,7 +11,9 @@
  *
  * Work is counted in distance evaluations: a rectangle of ra x rb rows is ra * rb, a
  * slice's diagonal (the slice with itself) is m(m-1)/2. What rank r computes:
- *   - step 0: the diagonal of slice r, except its first cut[r] rows;
+ *   - step 0: the diagonal of slice r, except its first cut[r] rows (with
+ *     XKNN_MPI_SYM_SPLIT=1 in two parts: the triangle of its first rows in step 0, the
+ *     rest in a step S + 1, so that the last pair's lists travel while it computes);
  *   - step 1 (P >= 2): the first cut[j] rows of slice j = r + 1's diagonal, i.e. the
  *     triangle of rows [0, cut[j]) and their rectangle against rows [cut[j], m_j)
  *     (top(m, c) = c(c-1)/2 + c(m-c) evaluations);
@@ -106,6 +108,15 @@ static int64_t xknn__sym_tri(int64_t m)
 static int64_t xknn__sym_top(int64_t m, int64_t h)
 {
     return xknn__sym_tri(h) + h * (m - h);
+}
+
+/* The own diagonal of rows [c0, m) is computed in two parts (see xknn__sym_ring): the
+ * triangle of rows [c0, mid) first, the rest last; mid - c0 about (m - c0) / sqrt(2),
+ * so that each part holds about half of the diagonal's work. */
+static int64_t xknn__sym_mid(int64_t m, int64_t c0)
+{
+    const int64_t r = m - c0;
+    return r > 0 ? c0 + (int64_t)((double)r * 0.70710678) : c0;
 }
 
 /* The plan (see the opening comment): half[a], a < P/2 (even P), and cut[j], from the
@@ -207,6 +218,7 @@ typedef struct xknn__sym_step {
     xknn_dtype dtype;
     int s, P, S, rank, jown, neg;
     int prepadded; /* the held slice's lists are padding already (the main thread's) */
+    int split;     /* the own diagonal in two parts (step 0 and step S + 1)             */
     /* out */
     int64_t nev;
     xknn_status st;
@@ -227,18 +239,28 @@ static void *xknn__sym_work(void *arg)
     const int rank = w->rank, P = w->P, s = w->s;
     const int64_t k = w->k, mj = w->mj, j0 = w->j0, nloc = w->nloc, r0 = w->r0;
     const xknn_matrix cm = XKNN_MATRIX_TYPED(w->cur, mj, w->d, w->dtype);
+    const int64_t c0 = w->cut[rank], mid = w->split ? xknn__sym_mid(nloc, c0) : nloc;
     xknn_status ss = XKNN_SUCCESS;
     w->t0 = xknn__sym_now();
     w->e.message[0] = '\0';
     /* this step's lists start as padding (first touch here, beside the transfers) */
     if (s == 0)
         xknn__sym_pad(w->l0, w->d0, nloc * k, w->neg);
-    else if (!w->prepadded)
+    else if (s <= w->S && !w->prepadded)
         xknn__sym_pad(w->lj, w->dj, mj * k, w->neg);
     if (s == 0) {
-        /* own diagonal, less its first cut rows (own rows are read from ref) */
-        ss = xknn__sym_call(w->p, k, w->ref, w->cut[rank], nloc - w->cut[rank], r0, w->l0, w->d0, NULL, 0, 0, 0, NULL,
-                            NULL, &w->nev, &w->e);
+        /* the own diagonal, less its first cut rows (own rows are read from ref): the
+         * triangle of rows [c0, mid); mid = nloc unless split */
+        ss = xknn__sym_call(w->p, k, w->ref, c0, mid - c0, r0, w->l0, w->d0, NULL, 0, 0, 0, NULL, NULL, &w->nev, &w->e);
+    } else if (s == w->S + 1) {
+        /* split: the rest of it, the triangle of rows [mid, nloc) and the rectangle of
+         * rows [c0, mid) against them (ref is NULL for an empty slice) */
+        if (nloc > 0)
+            ss = xknn__sym_call(w->p, k, w->ref, mid, nloc - mid, r0, w->l0, w->d0, NULL, 0, 0, 0, NULL, NULL, &w->nev,
+                                &w->e);
+        if (ss == XKNN_SUCCESS && nloc > 0)
+            ss = xknn__sym_call(w->p, k, w->ref, c0, mid - c0, r0, w->l0, w->d0, w->ref, mid, nloc - mid, r0, w->l0,
+                                w->d0, &w->nev, &w->e);
     } else {
         if (s == 1 && w->cut[w->jown] > 0) {
             /* the first cut rows of the next slice's diagonal */
@@ -337,7 +359,7 @@ xknn_status xknn__sym_ring(xknn_mpi_context *ctx, const xknn_params *params, con
     xknn_cuda_context *cuctx = NULL; /* the rank's own, for all its steps */
 #endif
     MPI_Datatype rowtype = MPI_DATATYPE_NULL, idtype = MPI_DATATYPE_NULL, dtype_k = MPI_DATATYPE_NULL;
-    int s, j, rc, threaded = 0;
+    int s, j, rc, threaded = 0, split = 0;
     double t0;
 
     for (j = 0; j < P; j++) {
@@ -352,6 +374,11 @@ xknn_status xknn__sym_ring(xknn_mpi_context *ctx, const xknn_params *params, con
         const char *env = getenv("XKNN_MPI_SYM_THREAD");
         if (MPI_Query_thread(&lvl) == MPI_SUCCESS && MPI_Is_thread_main(&is_main) == MPI_SUCCESS)
             threaded = P > 1 && lvl >= MPI_THREAD_FUNNELED && is_main && !(env && env[0] == '0');
+        /* XKNN_MPI_SYM_SPLIT=1: the own diagonal in two parts, the second after the last
+         * pair, so that the last pair's lists travel while it computes (not yet measured
+         * on a GPU: the parts cost extra witness passes there; the same results) */
+        env = getenv("XKNN_MPI_SYM_SPLIT");
+        split = env && env[0] == '1';
     }
     pw = p;
     if (threaded) {
@@ -441,11 +468,12 @@ xknn_status xknn__sym_ring(xknn_mpi_context *ctx, const xknn_params *params, con
         }
     }
 
-    /* Step s = 0 .. S, then a last round (s = S + 1) that only moves step S's lists.
-     * In round s the main thread completes: the slice for step s + 1 (posted here), and
-     * the exchange of step s - 1's lists: the held slice's lists go to its owner
-     * (r + s - 1) mod P, the own rows' lists come from rank (r - s + 1) mod P, the one
-     * that held this rank's slice in step s - 1. */
+    /* Steps s = 0 .. S: the own diagonal (split: its first part), the S slice pairs;
+     * round S + 1 moves step S's lists (split: while the rest of the own diagonal
+     * computes). While step s computes, the main thread completes: the slice for step
+     * s + 1 (posted here), and the exchange of step s - 1's lists: the held slice's lists
+     * go to its owner (r + s - 1) mod P, the own rows' lists come from rank
+     * (r - s + 1) mod P, the one that held this rank's slice in step s - 1. */
     for (s = 0; s <= S + 1 && !*mpi_broken; s++) {
         const int jown = (rank + s) % P;       /* the slice held in this step */
         const int jnext = (rank + s + 1) % P;  /* the one needed in step s + 1 */
@@ -456,7 +484,7 @@ xknn_status xknn__sym_ring(xknn_mpi_context *ctx, const xknn_params *params, con
         xknn__cands *into = NULL; /* where this round's received lists land */
         xknn__sym_step w;
         pthread_t th;
-        int worker = 0, compute = s <= S && st == XKNN_SUCCESS, r;
+        int worker = 0, compute = st == XKNN_SUCCESS && (s <= S || split), r;
         double tw, tc;
 
         for (r = 0; r < 6; r++) req[r] = MPI_REQUEST_NULL;
@@ -512,7 +540,7 @@ xknn_status xknn__sym_ring(xknn_mpi_context *ctx, const xknn_params *params, con
             w.j0 = row0s[jown];
             w.l0 = own.ids;
             w.d0 = own.dist;
-            if (s >= 1) {
+            if (s >= 1 && s <= S) {
                 w.lj = vis[s % 2 < nvis ? s % 2 : 0].ids;
                 w.dj = vis[s % 2 < nvis ? s % 2 : 0].dist;
             }
@@ -523,7 +551,8 @@ xknn_status xknn__sym_ring(xknn_mpi_context *ctx, const xknn_params *params, con
             w.rank = rank;
             w.jown = jown;
             w.neg = neg;
-            w.prepadded = s >= 1 && padded_next;
+            w.prepadded = s >= 1 && s <= S && padded_next;
+            w.split = split;
             worker = threaded && pthread_create(&th, NULL, xknn__sym_work, &w) == 0;
             if (!worker) {
                 w.p = &p;
@@ -561,10 +590,12 @@ xknn_status xknn__sym_ring(xknn_mpi_context *ctx, const xknn_params *params, con
             nev += w.nev;
             if (w.st != XKNN_SUCCESS) st = xknn__mpi_fail(lerr, w.st, "rank %d: %s", rank, w.e.message);
         }
+        /* moves that outlast the compute: the slices' (and lists') as broadcast time, the
+         * last step's lists (round S + 1) as reduce time */
         if (s <= S)
             tm->broadcast += worker ? (tc > w.t1 ? tc - w.t1 : 0.0) : tc - tw;
         else
-            tm->reduce += MPI_Wtime() - t0;
+            tm->reduce += worker ? (tc > w.t1 ? tc - w.t1 : 0.0) : tc - tw;
         if (rc != MPI_SUCCESS) {
             st = xknn__mpi_error(rank, lerr, rc, "MPI_Waitall (reference slice or lists)");
             *mpi_broken = 1;
@@ -641,7 +672,7 @@ xknn_status xknn__sym_ring(xknn_mpi_context *ctx, const xknn_params *params, con
         if (rc == MPI_SUCCESS) rc = MPI_Gather(&busy, 1, MPI_DOUBLE, all, 1, MPI_DOUBLE, 0, ctx->comm);
         if (rc == MPI_SUCCESS && rank == 0 && ctx->config.verbose) {
             fprintf(stderr, "xknn_mpi: symmetric ring: %d steps, %lld distance evaluations over %d ranks (compute %s)\n",
-                    S + 1, (long long)xknn__sym_tri(n), P,
+                    S + 1 + split, (long long)xknn__sym_tri(n), P,
                     threaded ? "in a worker thread, transfers overlapped" : "inline, transfers after it");
             for (j = 0; j < P; j++)
                 fprintf(stderr, "xknn_mpi: rank %d: distance_evals=%lld busy=%.3f s\n", j, (long long)allev[j],
