@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include "xknn_mpi.h"
+#include "xknn/impl/backend.h" /* xknn__lists_pad */
 
 #if defined(__GNUC__)
 #define XKNN__PRINTF(a, b) __attribute__((format(printf, a, b)))

@@ -67,16 +67,6 @@ static void xknn__next_block(xknn__blocks *it, xknn__block *b)
     }
 }
 
-/* Padding of a rank with nothing to search: id -1, the worst value (-inf for ip). */
-static void xknn__pad(xknn__cands *c, int64_t m, int neg)
-{
-    int64_t i;
-    for (i = 0; i < m; i++) {
-        c->ids[i] = -1;
-        c->dist[i] = neg ? -INFINITY : INFINITY;
-    }
-}
-
 /* Progress of the next block's broadcast during a device search (MPI progresses only
  * inside MPI calls). A completed request becomes MPI_REQUEST_NULL, which the later
  * MPI_Wait accepts. */
@@ -613,7 +603,7 @@ agree_setup:
             /* local top k with global ids; padding when there is nothing to search */
             t0 = MPI_Wtime();
             if (st != XKNN_SUCCESS || nloc == 0) {
-                xknn__pad(&mine, cur.rows * k, neg);
+                xknn__lists_pad(mine.ids, mine.dist, cur.rows * k, neg); /* nothing to search */
             } else {
                 xknn_matrix qm = XKNN_MATRIX_TYPED(qcur, cur.rows, d, dtype);
                 xknn_error e;
@@ -627,7 +617,7 @@ agree_setup:
                 evals += cur.rows * nloc;
                 if (s != XKNN_SUCCESS) {
                     st = xknn__mpi_fail(&lerr, s, "rank %d: %s", rank, e.message);
-                    xknn__pad(&mine, cur.rows * k, neg);
+                    xknn__lists_pad(mine.ids, mine.dist, cur.rows * k, neg);
                 }
             }
             tm.search += MPI_Wtime() - t0;

@@ -89,15 +89,6 @@
 #include "xknn/cuda.h"
 #endif
 
-static void xknn__sym_pad(int64_t *ids, float *dist, int64_t m, int neg)
-{
-    int64_t i;
-    for (i = 0; i < m; i++) {
-        ids[i] = -1;
-        dist[i] = neg ? -INFINITY : INFINITY;
-    }
-}
-
 /* Distance evaluations of a diagonal of m rows, and of its first h rows (their
  * triangle and their rectangle against the rows after them). */
 static int64_t xknn__sym_tri(int64_t m)
@@ -245,9 +236,9 @@ static void *xknn__sym_work(void *arg)
     w->e.message[0] = '\0';
     /* this step's lists start as padding (first touch here, beside the transfers) */
     if (s == 0)
-        xknn__sym_pad(w->l0, w->d0, nloc * k, w->neg);
+        xknn__lists_pad(w->l0, w->d0, nloc * k, w->neg);
     else if (s <= w->S && !w->prepadded)
-        xknn__sym_pad(w->lj, w->dj, mj * k, w->neg);
+        xknn__lists_pad(w->lj, w->dj, mj * k, w->neg);
     if (s == 0) {
         /* the own diagonal, less its first cut rows (own rows are read from ref): the
          * triangle of rows [c0, mid); mid = nloc unless split */
@@ -316,10 +307,10 @@ static void xknn__sym_merge(const xknn__cands *a, const xknn__cands *b, const xk
     }
 }
 
-/* The main thread's part of a step: complete the posted requests (the slice for the
- * next step, the lists of the previous one), polling MPI so that the transfers progress
- * while the worker computes (Open MPI has no progress thread), then fold the received
- * lists into the accumulator. Returns an MPI return code. */
+/* Completes the posted requests of a round (the slice for the next step, the lists of
+ * the previous one): with poll (a worker computes meanwhile) by MPI_Testall in a loop, so
+ * that the transfers progress (Open MPI has no progress thread); else MPI_Waitall.
+ * Returns an MPI return code. */
 static int xknn__sym_wait(int n, MPI_Request *req, int poll)
 {
     int flag = 0, rc;
@@ -351,6 +342,7 @@ xknn_status xknn__sym_ring(xknn_mpi_context *ctx, const xknn_params *params, con
     int64_t *lid = NULL;  /* own lists, nvis visited sets, nacc accumulation sets */
     float *ldist = NULL;
     xknn__cands own, vis[2], acc[3], fin; /* fin: the final lists of the own rows */
+    xknn__sym_step base;                  /* the fields every step shares             */
     int nrecv = 0;                        /* list sets of the own rows received so far */
     int padded_next = 0;                  /* the next step's list set is padding already */
     const unsigned char *ownrows = NULL;  /* the own slice as it travels: ref's rows, or a dense copy */
@@ -468,6 +460,25 @@ xknn_status xknn__sym_ring(xknn_mpi_context *ctx, const xknn_params *params, con
         }
     }
 
+    /* what every step's compute shares (the worker's params: pw; inline: p) */
+    memset(&base, 0, sizeof base);
+    base.p = &pw;
+    base.ref = ref;
+    base.half = half;
+    base.cut = cut;
+    base.k = k;
+    base.d = d;
+    base.nloc = nloc;
+    base.r0 = ref_offset;
+    base.l0 = own.ids;
+    base.d0 = own.dist;
+    base.dtype = dtype;
+    base.P = P;
+    base.S = S;
+    base.rank = rank;
+    base.neg = neg;
+    base.split = split;
+
     /* Steps s = 0 .. S: the own diagonal (split: its first part), the S slice pairs;
      * round S + 1 moves step S's lists (split: while the rest of the own diagonal
      * computes). While step s computes, the main thread completes: the slice for step
@@ -488,7 +499,7 @@ xknn_status xknn__sym_ring(xknn_mpi_context *ctx, const xknn_params *params, con
         double tw, tc;
 
         for (r = 0; r < 6; r++) req[r] = MPI_REQUEST_NULL;
-        memset(&w, 0, sizeof w);
+        w = base;
         t0 = MPI_Wtime();
         rc = MPI_SUCCESS;
         if (s < S && P > 1) {
@@ -502,7 +513,7 @@ xknn_status xknn__sym_ring(xknn_mpi_context *ctx, const xknn_params *params, con
             /* step t's lists: the held slice's to its owner, the own rows' from the rank
              * that held them; the first set lands in the accumulator itself */
             const int jt = (rank + t) % P, from = (rank - t + P) % P;
-            const xknn__cands *v = &vis[t % 2 < nvis ? t % 2 : 0];
+            const xknn__cands *v = &vis[t % nvis];
             const int64_t mt = rowss[jt];
             if (mt > 0) {
                 rc = MPI_Isend(v->ids, (int)mt, idtype, jt, XKNN__TAG_LIST_IDS, ctx->comm, &req[2]);
@@ -527,32 +538,16 @@ xknn_status xknn__sym_ring(xknn_mpi_context *ctx, const xknn_params *params, con
 
         /* this step's work (see the opening comment), while the data moves */
         if (compute) {
-            w.p = &pw;
-            w.ref = ref;
             w.cur = cur;
-            w.half = half;
-            w.cut = cut;
-            w.k = k;
-            w.d = d;
-            w.nloc = nloc;
-            w.r0 = ref_offset;
             w.mj = rowss[jown];
             w.j0 = row0s[jown];
-            w.l0 = own.ids;
-            w.d0 = own.dist;
             if (s >= 1 && s <= S) {
-                w.lj = vis[s % 2 < nvis ? s % 2 : 0].ids;
-                w.dj = vis[s % 2 < nvis ? s % 2 : 0].dist;
+                w.lj = vis[s % nvis].ids;
+                w.dj = vis[s % nvis].dist;
             }
-            w.dtype = dtype;
             w.s = s;
-            w.P = P;
-            w.S = S;
-            w.rank = rank;
             w.jown = jown;
-            w.neg = neg;
             w.prepadded = s >= 1 && s <= S && padded_next;
-            w.split = split;
             worker = threaded && pthread_create(&th, NULL, xknn__sym_work, &w) == 0;
             if (!worker) {
                 w.p = &p;
@@ -578,8 +573,8 @@ xknn_status xknn__sym_ring(xknn_mpi_context *ctx, const xknn_params *params, con
         if (rc == MPI_SUCCESS && worker && s + 1 <= S) {
             /* the next step's list set (its send, if any, completed above) becomes padding
              * while the worker is still busy: its first touch off the compute's path */
-            const xknn__cands *v = &vis[(s + 1) % 2 < nvis ? (s + 1) % 2 : 0];
-            xknn__sym_pad(v->ids, v->dist, rowss[(rank + s + 1) % P] * k, neg);
+            const xknn__cands *v = &vis[(s + 1) % nvis];
+            xknn__lists_pad(v->ids, v->dist, rowss[(rank + s + 1) % P] * k, neg);
             padded_next = 1;
         }
         tc = xknn__sym_now();
