@@ -43,7 +43,9 @@
 
 #ifdef XKNN_HAVE_MPI
 #include <mpi.h>
+#include <pthread.h>
 
+#include "xknn/cuda.h"
 #include "xknn_mpi.h"
 #endif
 
@@ -568,6 +570,7 @@ typedef struct knn_run {
     int fh_open;
     unsigned char *wbuf;
     size_t wcap;
+    xknn_cuda_context *cuctx; /* the rank's CUDA context, made while the input is read */
 #endif
 } knn_run;
 
@@ -587,6 +590,26 @@ static int knn__tmp_template(knn_run *r)
 static xknn_status knn__mpi_error(knn_run *r, xknn_error *err, int rc, const char *what)
 {
     return knn__mpi_fail(err, r->rank, rc, what);
+}
+#endif
+
+#ifdef XKNN_HAVE_MPI
+/* The rank's CUDA context (device, streams, cuBLAS handle, memory pool) made in a thread
+ * of its own while the main thread reads the input: the search then starts on a warm
+ * device. Where it cannot be made, the search makes its own and reports what stands in
+ * the way. */
+typedef struct knn_warm {
+    int device;
+    xknn_cuda_context *cx;
+    xknn_status st;
+} knn_warm;
+
+static void *knn__warm_device(void *arg)
+{
+    knn_warm *w = (knn_warm *)arg;
+    xknn_error e;
+    w->st = xknn_cuda_context_create(w->device, &w->cx, &e);
+    return NULL;
 }
 #endif
 
@@ -1000,31 +1023,40 @@ static xknn_status knn__open_output(knn_run *r, xknn_error *err)
     return knn__agree(r, st, err);
 }
 
-/* Sink: on the block's owner, encode its rows and write them at their offsets. */
+/* Sink: on the block's owner, encode its rows and write them at their offsets, in
+ * pieces of about 8 MiB: one small buffer, reused while it is warm in the caches (a
+ * slice of millions of rows used to be encoded into a fresh buffer of its full size). */
 static xknn_status knn__sink(void *user, int64_t q0, int64_t rows, int64_t k, const int64_t *ids,
                              const float *dist, xknn_error *err)
 {
     knn_run *r = (knn_run *)user;
-    const int64_t ib = rows * r->lay.ids_row_bytes, db = rows * r->lay.dist_row_bytes;
+    const int64_t row_bytes = r->lay.ids_row_bytes + r->lay.dist_row_bytes;
+    const int64_t piece = row_bytes > 0 && ((int64_t)8 << 20) / row_bytes > 0 ? ((int64_t)8 << 20) / row_bytes : 1;
     char what[96];
     xknn_status st;
+    int64_t i0;
     if ((st = knn_predict_rows(&r->pred, q0, rows, k, ids, dist, err)) != XKNN_SUCCESS) return st;
     if (r->no_result) return XKNN_SUCCESS;
-    if ((size_t)(ib + db + 1) > r->wcap) {
-        unsigned char *nb = (unsigned char *)realloc(r->wbuf, (size_t)(ib + db + 1));
-        if (!nb)
-            return knn__fail(err, XKNN_ERROR_OUT_OF_MEMORY, "out of memory encoding result rows (%lld bytes)",
-                             (long long)(ib + db));
-        r->wbuf = nb;
-        r->wcap = (size_t)(ib + db + 1);
+    for (i0 = 0; i0 < rows; i0 += piece) {
+        const int64_t nr = rows - i0 < piece ? rows - i0 : piece;
+        const int64_t ib = nr * r->lay.ids_row_bytes, db = nr * r->lay.dist_row_bytes;
+        if ((size_t)(ib + db + 1) > r->wcap) {
+            unsigned char *nb = (unsigned char *)realloc(r->wbuf, (size_t)(ib + db + 1));
+            if (!nb)
+                return knn__fail(err, XKNN_ERROR_OUT_OF_MEMORY, "out of memory encoding result rows (%lld bytes)",
+                                 (long long)(ib + db));
+            r->wbuf = nb;
+            r->wcap = (size_t)(ib + db + 1);
+        }
+        st = xknn_result_encode_rows(r->fmt, nr, k, ids + i0 * k, dist ? dist + i0 * k : NULL, r->wbuf, r->wbuf + ib,
+                                     err);
+        if (st != XKNN_SUCCESS) return st;
+        snprintf(what, sizeof what, "writing rows %lld..%lld", (long long)(q0 + i0), (long long)(q0 + i0 + nr - 1));
+        st = knn__write_at(r, r->lay.ids_offset + (q0 + i0) * r->lay.ids_row_bytes, r->wbuf, ib, what, err);
+        if (st == XKNN_SUCCESS && db > 0)
+            st = knn__write_at(r, r->lay.dist_offset + (q0 + i0) * r->lay.dist_row_bytes, r->wbuf + ib, db, what, err);
+        if (st != XKNN_SUCCESS) return st; /* the search prefixes the rank */
     }
-    st = xknn_result_encode_rows(r->fmt, rows, k, ids, dist, r->wbuf, r->wbuf + ib, err);
-    if (st != XKNN_SUCCESS) return st;
-    snprintf(what, sizeof what, "writing rows %lld..%lld", (long long)q0, (long long)(q0 + rows - 1));
-    st = knn__write_at(r, r->lay.ids_offset + q0 * r->lay.ids_row_bytes, r->wbuf, ib, what, err);
-    if (st == XKNN_SUCCESS && db > 0)
-        st = knn__write_at(r, r->lay.dist_offset + q0 * r->lay.dist_row_bytes, r->wbuf + ib, db, what, err);
-    return st; /* the search prefixes the rank */
     return XKNN_SUCCESS;
 }
 
@@ -1412,7 +1444,29 @@ int main(int argc, char **argv)
             fprintf(stderr, "knn_mpi: predictions %s (%s vote), temporary %s\n", r->pred.out_path,
                     xknn_vote_name(r->pred.vote), r->pred.tmp);
     }
-    if ((st = knn__read(r, &err)) != XKNN_SUCCESS) goto report;
+#ifdef XKNN_HAVE_MPI
+    {
+        knn_warm warm;
+        pthread_t wth;
+        int warming = 0;
+        warm.device = xknn_mpi_device(r->ctx);
+        warm.cx = NULL;
+        warm.st = XKNN_ERROR_NO_DEVICE;
+        if (r->o.backend != XKNN_BACKEND_CPU && warm.device >= 0 && xknn_backend_built(XKNN_BACKEND_CUDA))
+            warming = pthread_create(&wth, NULL, knn__warm_device, &warm) == 0;
+        st = knn__read(r, &err);
+        if (warming) {
+            pthread_join(wth, NULL);
+            if (warm.st == XKNN_SUCCESS) {
+                r->cuctx = warm.cx;
+                r->params.cuda_context = warm.cx;
+            }
+        }
+    }
+#else
+    st = knn__read(r, &err);
+#endif
+    if (st != XKNN_SUCCESS) goto report;
     {
         double v[1];
         v[0] = r->t_read;
@@ -1460,6 +1514,7 @@ finalize:
 #ifdef XKNN_HAVE_MPI
     if (r->fh_open) MPI_File_close(&r->fh);
     if (r->tmp_exists) unlink(r->tmp); /* rank 0 only: it created it */
+    xknn_cuda_context_destroy(r->cuctx);
     if (r->ctx) xknn_mpi_destroy(r->ctx);
     if (r->comm != MPI_COMM_NULL) MPI_Comm_free(&r->comm);
     free(r->wbuf);
