@@ -91,6 +91,11 @@ static const pcase pcases[] = {
     /* slices too small for the kernels: the CPU pair (no REQUIRE) */
     {"pair: small slices on the CPU", DATA_INTEGER, 900, 8, 6, 0, 0, 0, 0, 3, {0, 250, 600, 900}, 0},
     {"pair: caller's context, ties", DATA_INTEGER, 6000, 16, 8, 0, 0, 0, 1, 3, {0, 1900, 4000, 6000}, 1},
+    /* later pairs find full running lists on a side (l2): its thresholds come from them,
+     * with duplicates whose copies tie the lists' k-th values across slices */
+    {"pair: duplicates, 3 slices (thresholds from full lists)", DATA_DUPLICATES, 7200, 16, 9, 0, 1000000, 0, 1, 3,
+     {0, 2350, 4700, 7200}, 0},
+    {"pair: l2 clustered d=128 k=16, 3 slices", DATA_CLUSTERED, 9000, 128, 16, 0, 0, 0, 1, 3, {0, 3000, 6100, 9000}, 0},
 };
 #define NPCASES (int)(sizeof pcases / sizeof pcases[0])
 

@@ -86,7 +86,10 @@ struct CUstream_st; /* = cudaStream_t's pointee; NULL means the legacy default s
                                   XKNN_CUDA_WGMMA_KB32=1 the wgmma kernel's 32-dimension
                                   stages everywhere; XKNN_CUDA_WITNESS_C=C sets the witness
                                   prefix f = sqrt(C kk / n) (default 1600 for kk <= 128,
-                                  200 above; diagnostics).                                  */
+                                  200 above; diagnostics). In xknn_search_pair (l2) a
+                                  side whose running lists are full takes its thresholds
+                                  from their k-th values instead of witnesses;
+                                  XKNN_CUDA_PAIR_WITNESSES=1 keeps the witnesses.        */
 /* Host-array searches of other metrics and dtypes (xknn_search with backend cuda or auto)
  * take kernels/cuda/imma.cu (u8/i8 l2, euclidean, ip; hamming: exact integer tensor cores
  * with fused candidate selection) or kernels/cuda/generic.cu (everything else: canonical

@@ -2229,6 +2229,22 @@ cleanup:
     return st;
 }
 
+/* The k-th canonical values of a side's running lists into kth[0, rows) when every row
+ * already holds k references (no padding left): then, for l2, they bound what the pair
+ * can add (mma_list_thr_kernel), and the side needs no witnesses. 0 where any row is
+ * short, the metric is not l2, or kth is NULL. */
+int lists_kth(const xknn_params *prm, const xknn__sym_side *s, int64_t k, float *kth)
+{
+    const char *w = getenv("XKNN_CUDA_PAIR_WITNESSES"); /* diagnostic: 1 = always witnesses */
+    if (!kth || prm->metric != XKNN_METRIC_L2 || !s->ids || !s->dist || (w && *w == '1')) return 0;
+    for (int64_t i = 0; i < s->rows; ++i) {
+        const float v = s->dist[i * k + k - 1];
+        if (s->ids[i * k + k - 1] < 0 || !(v <= FLT_MAX)) return 0;
+        kth[i] = v;
+    }
+    return 1;
+}
+
 /* The pair (A, B) of two disjoint sets on the device: each distance of A x B once, for
  * A's lists and B's (mma.cu's TWO SETS), merged into the running lists on the host.
  * *done = 0 (and XKNN_SUCCESS) when the shape does not allow it (XKNN_CUDA_SYM_REQUIRE=1:
@@ -2248,6 +2264,8 @@ xknn_status host_pair(const xknn__job *job, xknn_cuda_context *ctx, int staged, 
     unsigned long long stats[kStatCount];
     int64_t *tids = NULL;
     float *tdist = NULL;
+    float *kth = NULL; /* the sides' k-th list values (A's, then B's), where full */
+    int full_a = 0, full_b = 0;
     cudaStream_t sc = ctx->stream;
     const char *why = plan_pair(ctx, job, na, nb, budget, &plan, &wa, &wb, &block);
     cudaEvent_t ev[4] = {NULL, NULL, NULL, NULL}; /* -v: phase times */
@@ -2266,6 +2284,9 @@ xknn_status host_pair(const xknn__job *job, xknn_cuda_context *ctx, int staged, 
         return XKNN_SUCCESS;
     }
     XKNN__TRY(host_lists(2 * block, k, &tids, &tdist, er)); /* two blocks: pair_out's double buffer */
+    kth = (float *)malloc((size_t)(na + nb) * sizeof(float) + 1); /* (none: both sides run pass A) */
+    full_a = lists_kth(prm, a, k, kth);
+    full_b = lists_kth(prm, b, k, kth ? kth + na : NULL);
     hb.pool = ctx->pool;
     hb.s = sc;
     {
@@ -2287,8 +2308,13 @@ xknn_status host_pair(const xknn__job *job, xknn_cuda_context *ctx, int staged, 
     *done = 1;
     if (prm->verbose) {
         print_plan(ctx, plan, "pair of sets, resident", budget, 0);
-        fprintf(stderr, "xknn: cuda: pair %lld x %lld: each tile feeds both sides (witnesses: %lld of B, %lld of A)\n",
-                (long long)na, (long long)nb, (long long)wa, (long long)wb);
+        fprintf(stderr,
+                "xknn: cuda: pair %lld x %lld: each tile feeds both sides (thresholds: A's from %s, B's from %s)\n",
+                (long long)na, (long long)nb, full_a ? "its running lists" : "witnesses",
+                full_b ? "its running lists" : "witnesses");
+        if (!full_a || !full_b)
+            fprintf(stderr, "xknn: cuda: pair %lld x %lld: witnesses: %lld of B, %lld of A\n", (long long)na,
+                    (long long)nb, full_a ? 0LL : (long long)wa, full_b ? 0LL : (long long)wb);
     }
     if (staged) {
         XKNN__CUDA_CHECK(stage_make(ctx));
@@ -2345,10 +2371,22 @@ xknn_status host_pair(const xknn__job *job, xknn_cuda_context *ctx, int staged, 
         mb.thr = ma.thr + b0;
         mb.cnt = run.cnt + b0;
         mb.cand = run.cand + b0 * plan.cap;
-        XKNN__CUDA_CHECK(launch_mma_pass(ma, 0, sms, wg, sc));
-        XKNN__CUDA_CHECK(launch_mma_select(ma, (int)plan.kk, sms, sc));
-        XKNN__CUDA_CHECK(launch_mma_pass(mb, 0, sms, wg, sc));
-        XKNN__CUDA_CHECK(launch_mma_select(mb, (int)plan.kk, sms, sc));
+        /* (a side whose running lists are full takes its thresholds from them: its k-th
+         * values go through its own rows of gmin, which its pass A would have used) */
+        if (full_a) {
+            XKNN__CUDA_CHECK(cudaMemcpyAsync(ma.gmin, kth, (size_t)na * sizeof(float), cudaMemcpyHostToDevice, sc));
+            XKNN__CUDA_CHECK(launch_mma_list_thr(ma, ma.gmin, sms, sc));
+        } else {
+            XKNN__CUDA_CHECK(launch_mma_pass(ma, 0, sms, wg, sc));
+            XKNN__CUDA_CHECK(launch_mma_select(ma, (int)plan.kk, sms, sc));
+        }
+        if (full_b) {
+            XKNN__CUDA_CHECK(cudaMemcpyAsync(mb.gmin, kth + na, (size_t)nb * sizeof(float), cudaMemcpyHostToDevice, sc));
+            XKNN__CUDA_CHECK(launch_mma_list_thr(mb, mb.gmin, sms, sc));
+        } else {
+            XKNN__CUDA_CHECK(launch_mma_pass(mb, 0, sms, wg, sc));
+            XKNN__CUDA_CHECK(launch_mma_select(mb, (int)plan.kk, sms, sc));
+        }
         if (ev[1]) XKNN__CUDA_CHECK(cudaEventRecord(ev[1], sc));
         /* pass B: A's row tiles against every tile of B, candidates for both sides */
         ma.n = nb;
@@ -2403,6 +2441,7 @@ cleanup:
         if (ev[i]) cudaEventDestroy(ev[i]);
     hb.release();
     (void)cudaStreamSynchronize(sc);
+    free(kth);
     free(tdist);
     free(tids);
     return st;

@@ -245,6 +245,8 @@ int mma_wgmma_built(void);          /* 1 when the build holds sm_90a code (gpu_a
  * device's shared-memory opt-in per block in bytes (sizes the warp-specialized ring) */
 cudaError_t launch_mma_pass(const MmaParams &p, int mode, int sms, int wgmma, cudaStream_t st);
 cudaError_t launch_mma_select(const MmaParams &p, int kk, int sms, cudaStream_t st);
+/* thr of queries with full running lists from their k-th values kth[0, p.qs) (l2) */
+cudaError_t launch_mma_list_thr(const MmaParams &p, const float *kth, int sms, cudaStream_t st);
 cudaError_t launch_mma_rescue(const MmaParams &p, int kk, int kind, int sms, cudaStream_t st);
 
 cudaError_t launch_sqnorms(const float *X, int64_t ld, int64_t rows, int64_t d, float *out, cudaStream_t st);

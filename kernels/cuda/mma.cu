@@ -64,7 +64,12 @@
  * set). Every CTA takes every reference tile, none is diagonal, and each tile feeds A's
  * rows and B's columns with the tests above: each pair of A x B is evaluated once for
  * both sides. Pass A runs twice (A's rows against a prefix of B, B's against a prefix of
- * A), and rescue and resolve once per side with the other set as the references.
+ * A), and rescue and resolve once per side with the other set as the references. A side
+ * whose running lists already hold k references a row (l2: the rows of an earlier
+ * triangle or pair) skips its pass A and select: tau is its lists' k-th canonical value
+ * (mma_list_thr_kernel), and what the pair adds is merged into those lists, so a
+ * reference beyond tau' could not enter them. Such a side may end with fewer than kk
+ * candidates; final pads them, and the merge keeps the lists' entries.
  *
  * THE KERNEL. A CTA keeps kMmaBM = 256 queries resident in shared memory (TF32, rows of
  * dpad + 4 floats: the padding makes the fragment loads conflict-free) and streams its
@@ -1374,6 +1379,21 @@ __global__ __launch_bounds__(kBlock) void mma_select_kernel(const MmaParams p, i
     }
 }
 
+/* The pass-B threshold of queries that already hold k references in running lists
+ * (host_pair, l2): tau = the k-th canonical value of the query's list, thr = (mabs +
+ * tau') / 2 rounded up as mma_select_kernel writes it. A reference x of the pass that is
+ * not appended has D >= L > tau', so its canonical value is greater than tau (the gap
+ * tau' - tau is 2^-19 tau + 16 FLT_MIN, far above the canonical rounding): it ranks after
+ * the k references of the list and cannot enter the merged top k. */
+__global__ __launch_bounds__(kBlock) void mma_list_thr_kernel(const MmaParams p, const float *kth)
+{
+    for (int q = (int)(blockIdx.x * kBlock + threadIdx.x); q < p.qs; q += (int)(gridDim.x * kBlock)) {
+        const float tau = kth[q];
+        const float tp = tau >= 0.0f ? tau_prime(tau) : tau;
+        p.thr[q] = __fmul_ru(0.5f, __fadd_ru(p.ub, tp));
+    }
+}
+
 /* Queries whose buffer overflowed: an exact scan of every reference (canonical values by
  * BlockResolve, whole warps per batch of rows), the buffer cut to its exact top kk by
  * (canonical, id) whenever the next 256 would not fit (cap >= kk + kBlock). Other queries
@@ -1591,6 +1611,15 @@ cudaError_t launch_mma_select(const MmaParams &p, int kk, int sms, cudaStream_t 
 {
     const int blocks = p.qs < 8 * sms ? p.qs : 8 * sms;
     mma_select_kernel<<<blocks, kBlock, 0, st>>>(p, kk);
+    return cudaGetLastError();
+}
+
+cudaError_t launch_mma_list_thr(const MmaParams &p, const float *kth, int sms, cudaStream_t st)
+{
+    const int need = (p.qs + kBlock - 1) / kBlock;
+    const int blocks = need < 8 * sms ? need : 8 * sms;
+    if (p.qs <= 0) return cudaSuccess;
+    mma_list_thr_kernel<<<blocks, kBlock, 0, st>>>(p, kth);
     return cudaGetLastError();
 }
 
