@@ -12,7 +12,7 @@ trap 'rm -rf "$T"' EXIT INT TERM
 
 NUM=0
 FAILED=0
-echo "1..59"
+echo "1..60"
 
 ok() { # ok STATUS DESCRIPTION
     NUM=$((NUM + 1))
@@ -72,6 +72,11 @@ mk oracle euclidean 7 "$T/g.fbin" "$T/gq.fbin" "$T/want_g.bin"
 mk oracle l2 5 "$T/c784.fbin" "$T/c784q.fbin" "$T/want_c784.bin"
 mk oracle l2 3 "$T/tiny.fbin" "$T/tinyq.fbin" "$T/want_tiny.bin"
 mk oracle l2 599 "$T/ref.fbin" - "$T/want_self599.bin"
+# rows of 512 bytes (k = 64): the writer's 8 MiB pieces hold 16384 of them, so one block
+# of 20000 queries is written in two pieces
+mk data integer 200 4 11 "$T/wref.fbin"
+mk data integer 20000 4 12 "$T/wq.fbin"
+mk oracle l2 64 "$T/wref.fbin" "$T/wq.fbin" "$T/want_w.bin"
 
 # ---- help, version, usage errors (exit 1) -----------------------------------------------
 knn --help
@@ -148,6 +153,8 @@ knn -q -o "$T/r_dupv.bin" "$T/dup.fvecs"
 ok $([ $RC -eq 0 ] && cmp -s "$T/r_dupv.bin" "$T/want_dup.bin"; echo $?) ".fvecs input gives the same graph"
 knn -q -k 599 -o "$T/r_self599.bin" "$T/ref.fbin"
 ok $([ $RC -eq 0 ] && cmp -s "$T/r_self599.bin" "$T/want_self599.bin"; echo $?) "self-join k = n - 1 equals the oracle"
+knn -q -k 64 --query-block 20000 -o "$T/r_w.bin" "$T/wref.fbin" "$T/wq.fbin"
+ok $([ $RC -eq 0 ] && cmp -s "$T/r_w.bin" "$T/want_w.bin"; echo $?) "a block written in two pieces equals the oracle"
 knn -q -k 7 -m euclidean -o "$T/r_g.bin" "$T/g.fbin" "$T/gq.fbin"
 ok $([ $RC -eq 0 ] && cmp -s "$T/r_g.bin" "$T/want_g.bin"; echo $?) "euclidean equals the oracle"
 knn -q -k 5 -o "$T/r_c784.bin" "$T/c784.fbin" "$T/c784q.fbin"
@@ -210,5 +217,5 @@ else
         "mpirun -np 3, bad option: exit 1, one message"
 fi
 
-[ $NUM -eq 59 ] || echo "# planned 59 tests, ran $NUM"
-[ $FAILED -eq 0 ] && [ $NUM -eq 59 ]
+[ $NUM -eq 60 ] || echo "# planned 60 tests, ran $NUM"
+[ $FAILED -eq 0 ] && [ $NUM -eq 60 ]
