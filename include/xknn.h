@@ -366,7 +366,11 @@ XKNN_API const char *xknn_search_pair_why_not(const xknn_params *params, xknn_dt
  *   a_ids/a_dist a->rows x k running lists of a's rows (ld = k), sorted by the result
  *                order and padded at the end with id -1 and +inf (-inf for ip); start
  *                from all padding. Updated in place with b's rows as references (with a's
- *                own rows, each row's own id skipped, when b is NULL).
+ *                own rows, each row's own id skipped, when b is NULL). l2/euclidean: the
+ *                last entry of a row that still ends in padding may carry a bound, a
+ *                finite distance with id -1: the caller needs no neighbour beyond it
+ *                (ties are kept), and the call may leave those out (the row keeps
+ *                padding instead).
  *   b_ids/b_dist b->rows x k lists of b's rows, updated with a's rows (unused if b NULL).
  * Each distance is computed once for both lists. After all pairs (i <= j) of blocks of
  * a partition of a reference set have been applied, the lists equal xknn_search's

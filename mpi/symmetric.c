@@ -66,12 +66,22 @@
  * time) only where they outlast it, and the last step's list exchange and the final
  * merge count as reduce time.
  *
+ * Bounds (XKNN_MPI_SYM_BOUNDS=1, l2/euclidean; not yet measured on a GPU, so off by
+ * default). After step 0 every rank's own lists hold k references a row (where its
+ * diagonal had more than k rows), and the ranks share each row's k-th value
+ * (MPI_Allgatherv, n floats). A held slice's lists then start from padding that carries
+ * the owner's value in its last entry: xknn_search_pair may leave out whatever lies
+ * beyond it, since the owner's final lists hold k references at or below it. On the GPU
+ * such a side needs no witnesses and gets far fewer candidates (e68bfde's thresholds).
+ * Options read from the environment (SPLIT, BOUNDS) hold only where every rank has them.
+ *
  * Memory per rank, in list sets of (largest slice) x k x 12 bytes: own lists, one or
  * two held slices' (two when S >= 2: the one computing, the one in flight), and the
  * accumulator with its receive and merge buffers (one set when S = 1): 3 (P = 2, 3) or 6
- * (P >= 4); plus two slices of rows.
+ * (P >= 4); plus two slices of rows (and n floats with bounds).
  */
 #define _GNU_SOURCE /* sched_yield, clock_gettime */
+#include <limits.h>
 #include <math.h>
 #include <pthread.h>
 #include <sched.h>
@@ -351,7 +361,9 @@ xknn_status xknn__sym_ring(xknn_mpi_context *ctx, const xknn_params *params, con
     xknn_cuda_context *cuctx = NULL; /* the rank's own, for all its steps */
 #endif
     MPI_Datatype rowtype = MPI_DATATYPE_NULL, idtype = MPI_DATATYPE_NULL, dtype_k = MPI_DATATYPE_NULL;
-    int s, j, rc, threaded = 0, split = 0;
+    float *bnd = NULL; /* bounds: every row's k-th value after step 0, slices in rank order */
+    int *bcnt = NULL;  /* bounds: counts and displacements of the slices */
+    int s, j, rc, threaded = 0, split = 0, bounds = 0;
     double t0;
 
     for (j = 0; j < P; j++) {
@@ -367,10 +379,17 @@ xknn_status xknn__sym_ring(xknn_mpi_context *ctx, const xknn_params *params, con
         if (MPI_Query_thread(&lvl) == MPI_SUCCESS && MPI_Is_thread_main(&is_main) == MPI_SUCCESS)
             threaded = P > 1 && lvl >= MPI_THREAD_FUNNELED && is_main && !(env && env[0] == '0');
         /* XKNN_MPI_SYM_SPLIT=1: the own diagonal in two parts, the second after the last
-         * pair, so that the last pair's lists travel while it computes (not yet measured
-         * on a GPU: the parts cost extra witness passes there; the same results) */
+         * pair, so that the last pair's lists travel while it computes (the same results;
+         * on two H200s at 3298933 its parts' extra witness passes ate the gain; since
+         * e68bfde its rectangle part needs none: not measured again yet) */
         env = getenv("XKNN_MPI_SYM_SPLIT");
         split = env && env[0] == '1';
+        /* XKNN_MPI_SYM_BOUNDS=1: after step 0 the ranks share their rows' k-th values,
+         * and a held slice's lists start from its owner's as bounds (not yet measured
+         * on a GPU; the same results). l2/euclidean only, and n within an int count. */
+        env = getenv("XKNN_MPI_SYM_BOUNDS");
+        bounds = env && env[0] == '1' && P > 1 && n <= INT_MAX &&
+                 (params->metric == XKNN_METRIC_L2 || params->metric == XKNN_METRIC_EUCLIDEAN);
     }
     pw = p;
     if (threaded) {
@@ -405,21 +424,41 @@ xknn_status xknn__sym_ring(xknn_mpi_context *ctx, const xknn_params *params, con
         all = (double *)malloc((size_t)P * sizeof(double));
         allev = (int64_t *)malloc((size_t)P * sizeof(int64_t));
     }
+    if (bounds) {
+        bnd = (float *)malloc((size_t)n * sizeof(float) + 1);
+        bcnt = (int *)malloc((size_t)(2 * P) * sizeof(int));
+        if (bcnt) {
+            int64_t at = 0;
+            for (j = 0; j < P; j++) {
+                bcnt[j] = (int)rowss[j];
+                bcnt[P + j] = (int)at;
+                at += rowss[j];
+            }
+        }
+    }
     {
         /* Every rank learns whether all could allocate before anything travels; a rank
-         * that could not carries the message to the caller's final agreement. */
-        int have = lid && ldist && slice[0] && slice[1] && plan && (rank != 0 || (all && allev)), every = 0;
-        if (!have)
+         * that could not carries the message to the caller's final agreement. The
+         * options read from the environment hold only where every rank has them (the
+         * steps and collectives must match). */
+        int have[3], every[3] = {0, 0, 0};
+        have[0] = lid && ldist && slice[0] && slice[1] && plan && (rank != 0 || (all && allev)) &&
+                  (!bounds || (bnd && bcnt));
+        have[1] = split;
+        have[2] = bounds;
+        if (!have[0])
             st = xknn__mpi_fail(lerr, XKNN_ERROR_OUT_OF_MEMORY,
                                 "rank %d: out of memory for the symmetric self-join (%d list sets of %lld rows, k=%lld)",
                                 rank, 1 + nvis + nacc, (long long)maxrows, (long long)k);
-        rc = MPI_Allreduce(&have, &every, 1, MPI_INT, MPI_MIN, ctx->comm);
+        rc = MPI_Allreduce(have, every, 3, MPI_INT, MPI_MIN, ctx->comm);
         if (rc != MPI_SUCCESS) {
             st = xknn__mpi_error(rank, lerr, rc, "MPI_Allreduce");
             *mpi_broken = 1;
             goto done;
         }
-        if (!every) goto done;
+        if (!every[0]) goto done;
+        split = every[1];
+        bounds = every[2];
     }
     half = plan;
     cut = plan + P;
@@ -536,6 +575,16 @@ xknn_status xknn__sym_ring(xknn_mpi_context *ctx, const xknn_params *params, con
             break;
         }
 
+        if (bounds && s >= 1 && s <= S && rowss[jown] > 0) {
+            /* the held slice's lists start from its owner's k-th values after step 0, in
+             * their last entry (id -1): what lies beyond cannot enter the owner's lists */
+            const xknn__cands *v = &vis[s % nvis];
+            const float *bj = bnd + bcnt[P + jown];
+            int64_t i;
+            if (!padded_next) xknn__lists_pad(v->ids, v->dist, rowss[jown] * k, neg);
+            padded_next = 1;
+            for (i = 0; i < rowss[jown]; i++) v->dist[i * k + k - 1] = bj[i];
+        }
         /* this step's work (see the opening comment), while the data moves */
         if (compute) {
             w.cur = cur;
@@ -594,6 +643,20 @@ xknn_status xknn__sym_ring(xknn_mpi_context *ctx, const xknn_params *params, con
         if (rc != MPI_SUCCESS) {
             st = xknn__mpi_error(rank, lerr, rc, "MPI_Waitall (reference slice or lists)");
             *mpi_broken = 1;
+        }
+        if (bounds && s == 0 && !*mpi_broken) {
+            /* every row's k-th value after step 0 (+inf where its list is not full yet),
+             * to every rank: the bounds of the slices it will hold */
+            float *mine = bnd + bcnt[P + rank];
+            int64_t i;
+            t0 = MPI_Wtime();
+            for (i = 0; i < nloc; i++) mine[i] = own.ids[i * k + k - 1] >= 0 ? own.dist[i * k + k - 1] : INFINITY;
+            rc = MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, bnd, bcnt, bcnt + P, MPI_FLOAT, ctx->comm);
+            tm->broadcast += MPI_Wtime() - t0;
+            if (rc != MPI_SUCCESS) {
+                st = xknn__mpi_error(rank, lerr, rc, "MPI_Allgatherv (bounds)");
+                *mpi_broken = 1;
+            }
         }
     }
 
@@ -686,6 +749,8 @@ done:
     if (dtype_k != MPI_DATATYPE_NULL) MPI_Type_free(&dtype_k);
     if (idtype != MPI_DATATYPE_NULL) MPI_Type_free(&idtype);
     if (rowtype != MPI_DATATYPE_NULL) MPI_Type_free(&rowtype);
+    free(bcnt);
+    free(bnd);
     free(allev);
     free(all);
     free(plan);

@@ -215,9 +215,10 @@ static void xknn__sym_row(const xknn__sym_ctx *c, xknn__sym_ws *w, const xknn__j
     s->count = 0;
     s->trigger = k + k / 2 + 64 < c->cap ? k + k / 2 + 64 : c->cap;
     s->tau = INFINITY;
-    if (ids[k - 1] >= 0) {
-        /* k exact entries already: an upper bound of their squared distance as
-         * xknn__rerank derives it, then the same slack as xknn__prune's tau' */
+    if (ids[k - 1] >= 0 || dist[k - 1] <= FLT_MAX) {
+        /* k exact entries already, or a caller's bound in the last entry of a short list
+         * (xknn_search_pair): an upper bound of that squared distance as xknn__rerank
+         * derives it, then the same slack as xknn__prune's tau' */
         const double cd = (double)dist[k - 1] * (1.0 + 0x1p-21);
         const double hi = (c->job->params.metric == XKNN_METRIC_EUCLIDEAN ? cd * cd : cd) + 0x1p-140;
         float hf = (float)hi;

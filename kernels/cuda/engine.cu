@@ -2230,16 +2230,17 @@ cleanup:
 }
 
 /* The k-th canonical values of a side's running lists into kth[0, rows) when every row
- * already holds k references (no padding left): then, for l2, they bound what the pair
- * can add (mma_list_thr_kernel), and the side needs no witnesses. 0 where any row is
- * short, the metric is not l2, or kth is NULL. */
+ * already holds k references, or ends in padding that carries a caller's bound (a finite
+ * distance with id -1: xknn_search_pair): then, for l2, they bound what the pair can add
+ * (mma_list_thr_kernel), and the side needs no witnesses. 0 where any row has neither,
+ * the metric is not l2, or kth is NULL. */
 int lists_kth(const xknn_params *prm, const xknn__sym_side *s, int64_t k, float *kth)
 {
     const char *w = getenv("XKNN_CUDA_PAIR_WITNESSES"); /* diagnostic: 1 = always witnesses */
     if (!kth || prm->metric != XKNN_METRIC_L2 || !s->ids || !s->dist || (w && *w == '1')) return 0;
     for (int64_t i = 0; i < s->rows; ++i) {
         const float v = s->dist[i * k + k - 1];
-        if (s->ids[i * k + k - 1] < 0 || !(v <= FLT_MAX)) return 0;
+        if (!(v <= FLT_MAX)) return 0;
         kth[i] = v;
     }
     return 1;
