@@ -76,26 +76,34 @@ typedef struct {
     int ns;            /* slices */
     int64_t cut[5];
     int ctx;           /* 1: a caller's context (pinned staging of rows and results) */
+    int bounded;       /* 1: the lists start with the oracle's k-th distances as bounds */
 } pcase;
 
 static const pcase pcases[] = {
-    {"pair: uniform, slices not tile multiples", DATA_UNIFORM, 7001, 32, 8, 0, 0, 0, 1, 3, {0, 2100, 4501, 7001}, 0},
-    {"pair: ties, integer data d=8 (rescues)", DATA_INTEGER, 6000, 8, 10, 0, 0, 0, 1, 2, {0, 2999, 6000}, 0},
-    {"pair: duplicates, id offset", DATA_DUPLICATES, 5200, 16, 9, 0, 1000000, 0, 1, 2, {0, 2600, 5200}, 0},
-    {"pair: euclidean clustered d=128 k=16", DATA_CLUSTERED, 9000, 128, 16, 1, 0, 0, 1, 3, {0, 3000, 6100, 9000}, 0},
-    {"pair: ip gaussian d=100", DATA_GAUSSIAN, 5000, 100, 16, XKNN_METRIC_IP, 0, 0, 1, 2, {0, 2300, 5000}, 0},
-    {"pair: cosine, ties and zero rows d=3", DATA_INTEGER, 5000, 3, 8, XKNN_METRIC_COSINE, 0, 0, 1, 2, {0, 2500, 5000}, 0},
-    {"pair: unequal slices, d=17 (4-byte loads)", DATA_UNIFORM, 6177, 17, 4, 0, 0, 0, 1, 4, {0, 600, 1700, 4000, 6177}, 0},
+    {"pair: uniform, slices not tile multiples", DATA_UNIFORM, 7001, 32, 8, 0, 0, 0, 1, 3, {0, 2100, 4501, 7001}, 0, 0},
+    {"pair: ties, integer data d=8 (rescues)", DATA_INTEGER, 6000, 8, 10, 0, 0, 0, 1, 2, {0, 2999, 6000}, 0, 0},
+    {"pair: duplicates, id offset", DATA_DUPLICATES, 5200, 16, 9, 0, 1000000, 0, 1, 2, {0, 2600, 5200}, 0, 0},
+    {"pair: euclidean clustered d=128 k=16", DATA_CLUSTERED, 9000, 128, 16, 1, 0, 0, 1, 3, {0, 3000, 6100, 9000}, 0, 0},
+    {"pair: ip gaussian d=100", DATA_GAUSSIAN, 5000, 100, 16, XKNN_METRIC_IP, 0, 0, 1, 2, {0, 2300, 5000}, 0, 0},
+    {"pair: cosine, ties and zero rows d=3", DATA_INTEGER, 5000, 3, 8, XKNN_METRIC_COSINE, 0, 0, 1, 2, {0, 2500, 5000}, 0,
+     0},
+    {"pair: unequal slices, d=17 (4-byte loads)", DATA_UNIFORM, 6177, 17, 4, 0, 0, 0, 1, 4, {0, 600, 1700, 4000, 6177}, 0,
+     0},
     /* a 96 MiB budget: the larger pairs run in parts (halves of the larger side) */
-    {"pair: 96 MiB budget, in parts", DATA_UNIFORM, 16000, 16, 8, 0, 0, (size_t)96 << 20, 1, 2, {0, 7000, 16000}, 0},
+    {"pair: 96 MiB budget, in parts", DATA_UNIFORM, 16000, 16, 8, 0, 0, (size_t)96 << 20, 1, 2, {0, 7000, 16000}, 0, 0},
     /* slices too small for the kernels: the CPU pair (no REQUIRE) */
-    {"pair: small slices on the CPU", DATA_INTEGER, 900, 8, 6, 0, 0, 0, 0, 3, {0, 250, 600, 900}, 0},
-    {"pair: caller's context, ties", DATA_INTEGER, 6000, 16, 8, 0, 0, 0, 1, 3, {0, 1900, 4000, 6000}, 1},
+    {"pair: small slices on the CPU", DATA_INTEGER, 900, 8, 6, 0, 0, 0, 0, 3, {0, 250, 600, 900}, 0, 0},
+    {"pair: caller's context, ties", DATA_INTEGER, 6000, 16, 8, 0, 0, 0, 1, 3, {0, 1900, 4000, 6000}, 1, 0},
     /* later pairs find full running lists on a side (l2): its thresholds come from them,
      * with duplicates whose copies tie the lists' k-th values across slices */
     {"pair: duplicates, 3 slices (thresholds from full lists)", DATA_DUPLICATES, 7200, 16, 9, 0, 1000000, 0, 1, 3,
-     {0, 2350, 4700, 7200}, 0},
-    {"pair: l2 clustered d=128 k=16, 3 slices", DATA_CLUSTERED, 9000, 128, 16, 0, 0, 0, 1, 3, {0, 3000, 6100, 9000}, 0},
+     {0, 2350, 4700, 7200}, 0, 0},
+    {"pair: l2 clustered d=128 k=16, 3 slices", DATA_CLUSTERED, 9000, 128, 16, 0, 0, 0, 1, 3, {0, 3000, 6100, 9000}, 0,
+     0},
+    /* padding that carries a bound (the true k-th distance: ties at it must stay) */
+    {"pair: bounds, duplicates, 3 slices", DATA_DUPLICATES, 7200, 16, 9, 0, 1000000, 0, 1, 3, {0, 2350, 4700, 7200}, 0,
+     1},
+    {"pair: bounds, uniform d=32, 2 slices", DATA_UNIFORM, 6000, 32, 8, 0, 0, 0, 1, 2, {0, 2900, 6000}, 0, 1},
 };
 #define NPCASES (int)(sizeof pcases / sizeof pcases[0])
 
@@ -208,10 +216,13 @@ static void run_pair_case(const pcase *c)
     snprintf(name, sizeof name, "%s: %s n=%lld d=%lld k=%lld %s, %d slices", c->what, ref_data_name(c->kind),
              (long long)n, (long long)d, (long long)k, xknn_metric_name((xknn_metric)c->metric), c->ns);
     ref_make_data(c->kind, x, n, d, 11);
+    if (ref_knn_ex(&spec, x, n, d, NULL, n, d, d, k, 1, c->off, c->off, wid, wd) != 0) bail("oracle out of memory");
     for (t = 0; t < n * k; t++) {
         ids[t] = -1;
         dist[t] = neg ? -INFINITY : INFINITY;
     }
+    if (c->bounded)
+        for (t = 0; t < n; t++) dist[t * k + k - 1] = wd[t * k + k - 1];
     p.backend = XKNN_BACKEND_CUDA;
     p.metric = (xknn_metric)c->metric;
     p.device_memory_budget = c->budget;
@@ -235,7 +246,6 @@ static void run_pair_case(const pcase *c)
         }
     unsetenv("XKNN_CUDA_SYM_REQUIRE");
     xknn_cuda_context_destroy(cx);
-    if (ref_knn_ex(&spec, x, n, d, NULL, n, d, d, k, 1, c->off, c->off, wid, wd) != 0) bail("oracle out of memory");
     if (bad)
         ok(0, "%s: pairs vs oracle (a pair failed)", name);
     else

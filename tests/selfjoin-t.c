@@ -100,8 +100,10 @@ static void check(const mcase *mc, xknn_dtype dt, const shape *sh, xknn_cpu_path
 }
 
 /* xknn_search_pair over blocks [0, 20), [20, 21), [21, 57) of 57 rows: all pairs i <= j
- * in an arbitrary order, lists starting as padding: equal to the oracle (1 test). */
-static void check_pair(const mcase *mc, xknn_dtype dt, int64_t k)
+ * in an arbitrary order, lists starting as padding: equal to the oracle (1 test).
+ * bounded: the padding's last entry carries each row's true k-th distance as the bound
+ * (ties at it must be kept; duplicates make many). */
+static void check_pair(const mcase *mc, xknn_dtype dt, int64_t k, int bounded)
 {
     const int64_t n = 57, d = 9, cut[4] = {0, 20, 21, 57};
     const size_t eb = (size_t)ref_elem_bytes((int)dt), row = (size_t)ref_row_elems((int)dt, d) * eb;
@@ -126,6 +128,8 @@ static void check_pair(const mcase *mc, xknn_dtype dt, int64_t k)
         ids[t] = -1;
         dist[t] = neg ? -INFINITY : INFINITY;
     }
+    if (bounded)
+        for (t = 0; t < n; t++) dist[t * k + k - 1] = wd[t * k + k - 1];
     p.backend = XKNN_BACKEND_CPU;
     p.metric = mc->metric;
     p.p = mc->p;
@@ -141,8 +145,9 @@ static void check_pair(const mcase *mc, xknn_dtype dt, int64_t k)
             }
         }
     if (bad) memset(ids, 0, (size_t)(n * k) * sizeof(int64_t));
-    is_knn_equal(ids, dist, wi, wd, n, k, "xknn_search_pair %s %s k=%lld over blocks 20+1+36 == oracle",
-                 xknn_metric_name(mc->metric), xknn_dtype_name(dt), (long long)k);
+    is_knn_equal(ids, dist, wi, wd, n, k, "xknn_search_pair %s %s k=%lld over blocks 20+1+36%s == oracle",
+                 xknn_metric_name(mc->metric), xknn_dtype_name(dt), (long long)k,
+                 bounded ? ", bounds at the k-th distances" : "");
     free(dist);
     free(wd);
     free(ids);
@@ -159,8 +164,9 @@ int main(void)
     };
     const mcase l2 = {XKNN_METRIC_L2, 0}, eu = {XKNN_METRIC_EUCLIDEAN, 0};
     /* every real metric x dtype x shape, the bit metrics x shape (2 tests each), the
-     * loop kernel for f32 l2/euclidean, two larger BLAS cases, pairs, path choice */
-    plan((9 * NDT * NSHAPES + 2 * NSHAPES) * 2 + 2 * NSHAPES * 2 + 2 * 2 + 4 + 12);
+     * loop kernel for f32 l2/euclidean, two larger BLAS cases, pairs (two with bounds),
+     * path choice */
+    plan((9 * NDT * NSHAPES + 2 * NSHAPES) * 2 + 2 * NSHAPES * 2 + 2 * 2 + 6 + 12);
 
     for (mi = 0; mi < NMETRICS; mi++) {
         const int bin = metrics[mi].metric == XKNN_METRIC_HAMMING || metrics[mi].metric == XKNN_METRIC_WHAMMING;
@@ -174,10 +180,12 @@ int main(void)
     check(&l2, XKNN_DTYPE_F32, &big[0], XKNN_CPU_PATH_AUTO, "");
     check(&eu, XKNN_DTYPE_F32, &big[1], XKNN_CPU_PATH_AUTO, "");
 
-    check_pair(&metrics[0], XKNN_DTYPE_F32, 1);
-    check_pair(&metrics[0], XKNN_DTYPE_F32, 56);
-    check_pair(&metrics[2], XKNN_DTYPE_F16, 7);
-    check_pair(&metrics[6], XKNN_DTYPE_I8, 5);
+    check_pair(&metrics[0], XKNN_DTYPE_F32, 1, 0);
+    check_pair(&metrics[0], XKNN_DTYPE_F32, 56, 0);
+    check_pair(&metrics[2], XKNN_DTYPE_F16, 7, 0);
+    check_pair(&metrics[6], XKNN_DTYPE_I8, 5, 0);
+    check_pair(&l2, XKNN_DTYPE_F32, 7, 1);
+    check_pair(&eu, XKNN_DTYPE_F32, 5, 1);
 
     {
         xknn_params p = XKNN_PARAMS_INIT;
