@@ -369,8 +369,8 @@ XKNN_API const char *xknn_search_pair_why_not(const xknn_params *params, xknn_dt
  *                own rows, each row's own id skipped, when b is NULL). l2/euclidean: the
  *                last entry of a row that still ends in padding may carry a bound, a
  *                finite distance with id -1: the caller needs no neighbour beyond it
- *                (ties are kept), and the call may leave those out (the row keeps
- *                padding instead).
+ *                (ties are kept), and the call may leave those out (a row left short
+ *                ends in padding, id -1, whose distance is +inf or the bound).
  *   b_ids/b_dist b->rows x k lists of b's rows, updated with a's rows (unused if b NULL).
  * Each distance is computed once for both lists. After all pairs (i <= j) of blocks of
  * a partition of a reference set have been applied, the lists equal xknn_search's

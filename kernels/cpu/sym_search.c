@@ -206,6 +206,8 @@ static void xknn__sym_row(const xknn__sym_ctx *c, xknn__sym_ws *w, const xknn__j
                           int64_t self_row, int64_t *ids, float *dist)
 {
     const int64_t k = c->k;
+    /* a caller's bound in a short list's last entry stays there while the row is short */
+    const float bound = ids[k - 1] < 0 ? dist[k - 1] : INFINITY;
     xknn__qstate *s = &w->st;
     int64_t m, x, i = 0, j = 0, o;
     s->cand = w->cand;
@@ -244,7 +246,7 @@ static void xknn__sym_row(const xknn__sym_ctx *c, xknn__sym_ws *w, const xknn__j
             w->merged[o].d = dist[i];
             w->merged[o].id = ids[i++];
         } else {
-            w->merged[o].d = INFINITY;
+            w->merged[o].d = o == k - 1 ? bound : INFINITY;
             w->merged[o].id = -1;
         }
     }
