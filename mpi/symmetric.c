@@ -66,14 +66,16 @@
  * time) only where they outlast it, and the last step's list exchange and the final
  * merge count as reduce time.
  *
- * Bounds (XKNN_MPI_SYM_BOUNDS=1, l2/euclidean; not yet measured on a GPU, so off by
- * default). After step 0 every rank's own lists hold k references a row (where its
- * diagonal had more than k rows), and the ranks share each row's k-th value
+ * Bounds (l2/euclidean). After step 0 every rank's own lists hold k references a row
+ * (where its diagonal had more than k rows), and the ranks share each row's k-th value
  * (MPI_Allgatherv, n floats). A held slice's lists then start from padding that carries
  * the owner's value in its last entry: xknn_search_pair may leave out whatever lies
- * beyond it, since the owner's final lists hold k references at or below it. On the GPU
- * such a side needs no witnesses and gets far fewer candidates (e68bfde's thresholds).
- * Options read from the environment (SPLIT, BOUNDS) hold only where every rank has them.
+ * beyond it, since the owner's final lists hold k references at or below it. On the CPU
+ * the held side's scans start tight (the 50k graph on 2 ranks: 10-20 % less time);
+ * on the GPU such a side would need no witnesses and get far fewer candidates, but that
+ * is not measured yet, so GPU ranks take bounds only with XKNN_MPI_SYM_BOUNDS=1 (=0 turns
+ * them off everywhere). Options read from the environment (SPLIT, BOUNDS) hold only where
+ * every rank has them.
  *
  * Memory per rank, in list sets of (largest slice) x k x 12 bytes: own lists, one or
  * two held slices' (two when S >= 2: the one computing, the one in flight), and the
@@ -384,11 +386,13 @@ xknn_status xknn__sym_ring(xknn_mpi_context *ctx, const xknn_params *params, con
          * e68bfde its rectangle part needs none: not measured again yet) */
         env = getenv("XKNN_MPI_SYM_SPLIT");
         split = env && env[0] == '1';
-        /* XKNN_MPI_SYM_BOUNDS=1: after step 0 the ranks share their rows' k-th values,
-         * and a held slice's lists start from its owner's as bounds (not yet measured
-         * on a GPU; the same results). l2/euclidean only, and n within an int count. */
+        /* Bounds (see the opening comment; the same results): on by default where the
+         * pairs run on the CPU, XKNN_MPI_SYM_BOUNDS=1 on a GPU too (not yet measured
+         * there), =0 off. l2/euclidean only, and n within an int count. */
         env = getenv("XKNN_MPI_SYM_BOUNDS");
-        bounds = env && env[0] == '1' && P > 1 && n <= INT_MAX &&
+        bounds = env && env[0] ? env[0] == '1'
+                               : !(p.device >= 0 && (p.backend == XKNN_BACKEND_CUDA || p.backend == XKNN_BACKEND_AUTO));
+        bounds = bounds && P > 1 && n <= INT_MAX &&
                  (params->metric == XKNN_METRIC_L2 || params->metric == XKNN_METRIC_EUCLIDEAN);
     }
     pw = p;
