@@ -600,15 +600,14 @@ static xknn_status knn__mpi_error(knn_run *r, xknn_error *err, int rc, const cha
  * the way. */
 typedef struct knn_warm {
     int device;
-    xknn_cuda_context *cx;
-    xknn_status st;
+    xknn_cuda_context *cx; /* NULL where it could not be made */
 } knn_warm;
 
 static void *knn__warm_device(void *arg)
 {
     knn_warm *w = (knn_warm *)arg;
     xknn_error e;
-    w->st = xknn_cuda_context_create(w->device, &w->cx, &e);
+    (void)xknn_cuda_context_create(w->device, &w->cx, &e);
     return NULL;
 }
 #endif
@@ -1451,16 +1450,12 @@ int main(int argc, char **argv)
         int warming = 0;
         warm.device = xknn_mpi_device(r->ctx);
         warm.cx = NULL;
-        warm.st = XKNN_ERROR_NO_DEVICE;
         if (r->o.backend != XKNN_BACKEND_CPU && warm.device >= 0 && xknn_backend_built(XKNN_BACKEND_CUDA))
             warming = pthread_create(&wth, NULL, knn__warm_device, &warm) == 0;
         st = knn__read(r, &err);
         if (warming) {
             pthread_join(wth, NULL);
-            if (warm.st == XKNN_SUCCESS) {
-                r->cuctx = warm.cx;
-                r->params.cuda_context = warm.cx;
-            }
+            r->params.cuda_context = r->cuctx = warm.cx;
         }
     }
 #else
