@@ -652,6 +652,10 @@ __global__ __launch_bounds__(kFfThreads, 1) void ffma_kernel(const MmaParams p)
     const int g = lane >> 2, t = lane & 3;
     const int h = g >> 2, u = g & 3;
     const int q0 = (int)blockIdx.x * kBM;
+    /* a warp whose 16 rows are all past the queries (in the last query tile) only copies
+     * and waits at the barriers: its products and epilogue would all be discarded (100
+     * queries on an H100: 1.87 -> 1.20 ms) */
+    const bool idle = q0 + warp * 16 >= p.qs;
     int64_t t0, t1;
     cta_tiles<MODE>(p, q0, t0, t1);
     if (t0 >= t1) return;
@@ -703,6 +707,7 @@ __global__ __launch_bounds__(kFfThreads, 1) void ffma_kernel(const MmaParams p)
             ++ltile;
         }
         if (++lst == kFfStages) lst = 0;
+        if (idle) continue;
         const float *A = Aw + kc * kFfBK * kBM;
         const float *B = Rs + stg * kFfBK * kFfPitch + bw;
 #pragma unroll kFfUnroll
