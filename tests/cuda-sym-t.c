@@ -104,6 +104,10 @@ static const pcase pcases[] = {
     {"pair: bounds, duplicates, 3 slices", DATA_DUPLICATES, 7200, 16, 9, 0, 1000000, 0, 1, 3, {0, 2350, 4700, 7200}, 0,
      1},
     {"pair: bounds, uniform d=32, 2 slices", DATA_UNIFORM, 6000, 32, 8, 0, 0, 0, 1, 2, {0, 2900, 6000}, 0, 1},
+    /* bounds and a pair in parts: the side that is not halved meets its bounds again in
+     * the second part, after the first part's merge */
+    {"pair: bounds, 96 MiB budget, in parts", DATA_DUPLICATES, 16000, 16, 8, 0, 0, (size_t)96 << 20, 1, 2,
+     {0, 7000, 16000}, 0, 1},
 };
 #define NPCASES (int)(sizeof pcases / sizeof pcases[0])
 

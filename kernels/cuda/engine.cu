@@ -2049,9 +2049,12 @@ cleanup:
 
 /* Row a (ai, ad: k entries sorted by the result order, missing ids -1 last) merged with
  * row b the same way: the k first of both by (distance, id), -distance for ip, missing
- * last, back into a. mid / md: k entries of scratch. */
+ * last, back into a. mid / md: k entries of scratch. A row that ends in padding keeps
+ * the smaller of the bounds its inputs' last entries carried (xknn_search_pair's bounded
+ * padding; +inf where none), so that the later parts of a halved pair still find it. */
 void merge_row(int64_t *ai, float *ad, const int64_t *bi, const float *bd, int64_t k, int ip, int64_t *mid, float *md)
 {
+    const float bound = ip ? 0.0f : fminf(ai[k - 1] < 0 ? ad[k - 1] : INFINITY, bi[k - 1] < 0 ? bd[k - 1] : INFINITY);
     int64_t a = 0, b = 0;
     for (int64_t j = 0; j < k; ++j) {
         /* a + b == j < k: neither index runs past its row */
@@ -2067,6 +2070,7 @@ void merge_row(int64_t *ai, float *ad, const int64_t *bi, const float *bd, int64
             ++b;
         }
     }
+    if (!ip && mid[k - 1] < 0 && bound < md[k - 1]) md[k - 1] = bound;
     memcpy(ai, mid, (size_t)k * sizeof(int64_t));
     memcpy(ad, md, (size_t)k * sizeof(float));
 }
