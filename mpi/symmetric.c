@@ -71,10 +71,11 @@
  * (MPI_Allgatherv, n floats). A held slice's lists then start from padding that carries
  * the owner's value in its last entry: xknn_search_pair may leave out whatever lies
  * beyond it, since the owner's final lists hold k references at or below it. On the CPU
- * the held side's scans start tight (the 50k graph on 2 ranks: 10-20 % less time);
- * on the GPU such a side would need no witnesses and get far fewer candidates, but that
- * is not measured yet, so GPU ranks take bounds only with XKNN_MPI_SYM_BOUNDS=1 (=0 turns
- * them off everywhere). Options read from the environment (SPLIT, BOUNDS) hold only where
+ * the held side's scans start tight (the 50k graph on 2 ranks: 10-20 % less time); on
+ * the GPU such a side needs no witnesses and gets far fewer candidates (the 4M graph on
+ * 2 H100s: 6.91-7.05 s against 7.10-7.32 s without, same machine; 6.85-6.98 s once a
+ * pair in parts keeps them for its second part). On by default; XKNN_MPI_SYM_BOUNDS=0
+ * turns them off everywhere. Options read from the environment (SPLIT, BOUNDS) hold only where
  * every rank has them.
  *
  * Memory per rank, in list sets of (largest slice) x k x 12 bytes: own lists, one or
@@ -382,16 +383,15 @@ xknn_status xknn__sym_ring(xknn_mpi_context *ctx, const xknn_params *params, con
             threaded = P > 1 && lvl >= MPI_THREAD_FUNNELED && is_main && !(env && env[0] == '0');
         /* XKNN_MPI_SYM_SPLIT=1: the own diagonal in two parts, the second after the last
          * pair, so that the last pair's lists travel while it computes (the same results;
-         * on two H200s at 3298933 its parts' extra witness passes ate the gain; since
-         * e68bfde its rectangle part needs none: not measured again yet) */
+         * on two H200s at 3298933 its parts' extra witness passes ate the gain; with
+         * the bounds on two H100s: 6.84 s against 6.91 s, and 6.88 s against 6.85-6.98 s
+         * once the bounds last through a pair's parts) */
         env = getenv("XKNN_MPI_SYM_SPLIT");
         split = env && env[0] == '1';
-        /* Bounds (see the opening comment; the same results): on by default where the
-         * pairs run on the CPU, XKNN_MPI_SYM_BOUNDS=1 on a GPU too (not yet measured
-         * there), =0 off. l2/euclidean only, and n within an int count. */
+        /* Bounds (see the opening comment; the same results): on unless
+         * XKNN_MPI_SYM_BOUNDS=0. l2/euclidean only, and n within an int count. */
         env = getenv("XKNN_MPI_SYM_BOUNDS");
-        bounds = env && env[0] ? env[0] == '1'
-                               : !(p.device >= 0 && (p.backend == XKNN_BACKEND_CUDA || p.backend == XKNN_BACKEND_AUTO));
+        bounds = !(env && env[0] == '0');
         bounds = bounds && P > 1 && n <= INT_MAX &&
                  (params->metric == XKNN_METRIC_L2 || params->metric == XKNN_METRIC_EUCLIDEAN);
     }
