@@ -607,6 +607,16 @@ xknn_status xknn__sym_ring(xknn_mpi_context *ctx, const xknn_params *params, con
                 xknn__sym_work(&w);
             }
         }
+        if (worker && s == 0) {
+            /* the accumulator sets are first written by the receives of round 2 and on
+             * (for P = 2 only by the last exchange, after the compute): their first touch,
+             * the page faults of a fresh allocation, happens here while step 0 computes
+             * (the 4M graph on 2 H200s: reduce 0.16-0.20 s against 0.37-0.47 s) */
+            for (j = 0; j < nacc; j++) {
+                memset(acc[j].ids, 0, (size_t)(maxrows * k) * sizeof(int64_t));
+                memset(acc[j].dist, 0, (size_t)(maxrows * k) * sizeof(float));
+            }
+        }
         t0 = MPI_Wtime();
         tw = xknn__sym_now();
         rc = xknn__sym_wait(6, req, worker);
