@@ -75,8 +75,8 @@
  * the GPU such a side needs no witnesses and gets far fewer candidates (the 4M graph on
  * 2 H100s: 6.91-7.05 s against 7.10-7.32 s without, same machine; 6.85-6.98 s once a
  * pair in parts keeps them for its second part). On by default; XKNN_MPI_SYM_BOUNDS=0
- * turns them off everywhere. Options read from the environment (SPLIT, BOUNDS) hold only where
- * every rank has them.
+ * turns them off everywhere. Options read from the environment (SPLIT, BOUNDS) hold
+ * only where every rank has them.
  *
  * Memory per rank, in list sets of (largest slice) x k x 12 bytes: own lists, one or
  * two held slices' (two when S >= 2: the one computing, the one in flight), and the
