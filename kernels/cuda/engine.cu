@@ -2755,10 +2755,12 @@ xknn_status host_search(const xknn__job *job, Err er)
             for (int64_t r0 = 0; r0 < n; r0 += chunk, ++c) {
                 const int b = (int)(c & 1);
                 const int64_t rows = min64(chunk, n - r0);
-                /* the previous copy out of pinned[b] is complete: refill it on the host */
+                /* the previous copy out of pinned[b] is complete: refill it on the host
+                 * (OpenMP threads, as the staging ring: one core's copy bounded this loop
+                 * at 3.5-4.2 GB/s in the streamed rows of benchmarks/RESULTS.md) */
                 XKNN__CUDA_CHECK(cudaEventSynchronize(h2d_done[b]));
-                for (int64_t i = 0; i < rows; ++i)
-                    memcpy(hb.pinned[b] + i * d, job->ref + (r0 + i) * job->ldr, row_bytes);
+                host_rows_copy((char *)hb.pinned[b], (const char *)(job->ref + r0 * job->ldr), rows, row_bytes,
+                               (size_t)job->ldr * sizeof(float), prm->num_threads);
                 /* device buffer b is free once the pass that used it is done */
                 XKNN__CUDA_CHECK(cudaStreamWaitEvent(sx, use_done[b], 0));
                 XKNN__CUDA_CHECK(cudaMemcpyAsync(hb.dChunk[b], hb.pinned[b], (size_t)rows * row_bytes,
