@@ -65,7 +65,7 @@ typedef struct row {
     char path_name[24];
     double *times; /* ms, one per repeat */
     int ntimes;
-    double time_ms, min_ms, qps, tflops, ceiling, pct, gbps;
+    double time_ms, min_ms, qps, tflops, ceiling, pct, gbps, link, pct_link; /* link: GB/s ceiling */
     int64_t wrong, sampled, nondet;
     size_t workspace;
     int copies;
@@ -77,6 +77,7 @@ typedef struct meta {
     char date[64], cpu[256], device[512];
     int threads;
     double sgemm_gpu, tf32_gpu, sgemm_cpu; /* TFLOP/s; NaN: not measured */
+    double h2d_pinned, h2d_pageable;       /* GB/s of the host link; NaN: not measured */
     int64_t ceil_gpu_n, ceil_cpu_n;
     char data_source[600];
 } meta;
@@ -380,6 +381,7 @@ static void finish_row(row *r)
     r->gbps = r->backend == BK_CUDA && r->mode == MODE_HOST
                   ? (double)r->n * (double)r->d * 4.0 / (r->time_ms * 1e-3) / 1e9
                   : NAN;
+    r->pct_link = isfinite(r->gbps) && isfinite(r->link) && r->link > 0 ? 100.0 * r->gbps / r->link : NAN;
     if (r->wrong > 0 || r->nondet > 0)
         snprintf(r->status, sizeof r->status, "FAIL");
     else
@@ -644,6 +646,49 @@ static void gpu_ceilings(gpu *g, int64_t N, meta *m)
     cudaFree(dA);
     m->ceil_gpu_n = N;
 }
+
+/* The host link's ceiling: cudaMemcpy host to device of 1 GiB, from pinned memory (the
+ * streamed path copies through pinned buffers) and from pageable memory, events, median
+ * of 5 after a warm-up. NaN where the memory cannot be had. */
+static void gpu_link(gpu *g, meta *m)
+{
+    const size_t bytes = (size_t)1 << 30;
+    char *pinned = NULL, *pageable = NULL, *dev = NULL;
+    int t, i;
+    m->h2d_pinned = m->h2d_pageable = NAN;
+    if (cudaMalloc((void **)&dev, bytes) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return;
+    }
+    if (cudaHostAlloc((void **)&pinned, bytes, cudaHostAllocDefault) != cudaSuccess) {
+        (void)cudaGetLastError();
+        pinned = NULL;
+    }
+    pageable = (char *)malloc(bytes);
+    if (pinned) memset(pinned, 1, bytes);
+    if (pageable) memset(pageable, 1, bytes);
+    for (t = 0; t < 2; t++) {
+        const char *src = t ? pageable : pinned;
+        double ms[5];
+        if (!src) continue;
+        for (i = -1; i < 5; i++) {
+            float e = 0.0f;
+            CUDA_DIE(cudaEventRecord(g->e0, g->stream));
+            CUDA_DIE(cudaMemcpyAsync(dev, src, bytes, cudaMemcpyHostToDevice, g->stream));
+            CUDA_DIE(cudaEventRecord(g->e1, g->stream));
+            CUDA_DIE(cudaEventSynchronize(g->e1));
+            CUDA_DIE(cudaEventElapsedTime(&e, g->e0, g->e1));
+            if (i >= 0) ms[i] = (double)e;
+        }
+        if (t)
+            m->h2d_pageable = (double)bytes / (bench_median(ms, 5) * 1e-3) / 1e9;
+        else
+            m->h2d_pinned = (double)bytes / (bench_median(ms, 5) * 1e-3) / 1e9;
+    }
+    free(pageable);
+    if (pinned) cudaFreeHost(pinned);
+    cudaFree(dev);
+}
 #endif /* XKNN_BENCH_CUDA */
 
 #ifdef XKNN_BENCH_CBLAS
@@ -738,7 +783,11 @@ static void write_json(const char *path, const opts *o, const meta *m, const row
     bench_json_num(f, m->tf32_gpu);
     fprintf(f, ", \"ceiling_gpu_size\": %lld, \"ceiling_sgemm_cpu_TFLOPs\": ", (long long)m->ceil_gpu_n);
     bench_json_num(f, m->sgemm_cpu);
-    fprintf(f, ", \"ceiling_cpu_size\": %lld},\n \"rows\": [", (long long)m->ceil_cpu_n);
+    fprintf(f, ", \"ceiling_cpu_size\": %lld, \"ceiling_h2d_pinned_GBps\": ", (long long)m->ceil_cpu_n);
+    bench_json_num(f, m->h2d_pinned);
+    fprintf(f, ", \"ceiling_h2d_pageable_GBps\": ");
+    bench_json_num(f, m->h2d_pageable);
+    fprintf(f, "},\n \"rows\": [");
     for (i = 0; i < nrows; i++) {
         const row *r = &rows[i];
         fprintf(f, "%s\n  {\"n\": %lld, \"nq\": %lld, \"d\": %lld, \"k\": %lld, \"backend\": \"%s\", \"path\": ",
@@ -767,6 +816,8 @@ static void write_json(const char *path, const opts *o, const meta *m, const row
         bench_json_num(f, r->ntimes ? r->pct : NAN);
         fprintf(f, ", \"GB_per_s\": ");
         bench_json_num(f, r->ntimes ? r->gbps : NAN);
+        fprintf(f, ", \"pct_link\": ");
+        bench_json_num(f, r->ntimes ? r->pct_link : NAN);
         fprintf(f, ", \"wrong\": %lld, \"sampled\": %lld, \"nondet\": %lld, \"workspace_bytes\": %zu, \"copies\": %d",
                 (long long)r->wrong, (long long)r->sampled, (long long)r->nondet, r->workspace, r->copies);
         fprintf(f, ", \"status\": ");
@@ -809,7 +860,7 @@ int main(int argc, char **argv)
 
     parse_opts(argc, argv, &o);
     memset(&m, 0, sizeof m);
-    m.sgemm_gpu = m.tf32_gpu = m.sgemm_cpu = NAN;
+    m.sgemm_gpu = m.tf32_gpu = m.sgemm_cpu = m.h2d_pinned = m.h2d_pageable = NAN;
     bench_utc_date(m.date, sizeof m.date);
     bench_cpu_model(m.cpu, sizeof m.cpu);
     m.threads = bench_max_threads();
@@ -825,6 +876,7 @@ int main(int argc, char **argv)
         gpu_on = 1;
         printf("# device: %s\n", m.device);
         if (!o.no_ceiling) gpu_ceilings(&g, o.ceiling_size ? o.ceiling_size : 8192, &m);
+        if (!o.no_ceiling && uses_mode(&o, MODE_HOST)) gpu_link(&g, &m);
     }
 #endif
 #ifdef XKNN_BENCH_CBLAS
@@ -833,6 +885,10 @@ int main(int argc, char **argv)
     if (isfinite(m.sgemm_gpu))
         printf("# ceiling (cuBLAS GEMM %lld^3, median of 7): fp32 %.2f TFLOP/s, tf32 %.2f TFLOP/s\n",
                (long long)m.ceil_gpu_n, m.sgemm_gpu, m.tf32_gpu);
+    if (isfinite(m.h2d_pinned) || isfinite(m.h2d_pageable))
+        printf("# host link (cudaMemcpy host to device, 1 GiB, median of 5): pinned %.1f GB/s, pageable %.1f GB/s "
+               "(pct_link in the JSON rows: GB_per_s of a host row over the pinned rate)\n",
+               m.h2d_pinned, m.h2d_pageable);
     if (isfinite(m.sgemm_cpu))
         printf("# ceiling (cblas_sgemm %lld^3, median of 3): %.3f TFLOP/s\n", (long long)m.ceil_cpu_n, m.sgemm_cpu);
     {
@@ -977,6 +1033,7 @@ int main(int argc, char **argv)
                                 r->mode = b == BK_CUDA ? o.mode[mi] : MODE_HOST;
                                 r->sampled = c.S;
                                 r->ceiling = NAN;
+                                r->link = NAN;
                                 r->copies = 1;
                                 r->times = (double *)bench_xmalloc((size_t)o.repeats * sizeof(double), "times");
                                 p.query_block = o.query_block;
@@ -1002,6 +1059,7 @@ int main(int argc, char **argv)
                                     else
                                         snprintf(r->path_name, sizeof r->path_name, "%s", path_name(eff));
                                     r->ceiling = eff == PATH_TF32 || eff == PATH_MMA ? m.tf32_gpu : m.sgemm_gpu;
+                                    r->link = m.h2d_pinned;
                                     if (r->mode == MODE_HOST)
                                         run_host_row(r, &o, &c, ref, qry, &p);
                                     else

@@ -226,17 +226,20 @@ def f(v, fmt):
     return "-".rjust(width) if v is None else format(v, fmt)
 if bench:
     m = bench[0]["meta"]
+    links = [run["meta"].get("ceiling_h2d_pinned_GBps") for run in bench if run["meta"].get("ceiling_h2d_pinned_GBps")]
     lines.append(f"== bench_knn (commit {m.get('commit')}; {m.get('device')}; ceilings fp32 "
-                 f"{f(m.get('ceiling_sgemm_gpu_TFLOPs'), '.1f')} tf32 {f(m.get('ceiling_tf32_gpu_TFLOPs'), '.1f')} TFLOP/s)")
+                 f"{f(m.get('ceiling_sgemm_gpu_TFLOPs'), '.1f')} tf32 {f(m.get('ceiling_tf32_gpu_TFLOPs'), '.1f')} TFLOP/s"
+                 + (f"; host link, pinned host to device: {links[0]:.1f} GB/s" if links else "") + ")")
     lines.append(f"{'row':7s} {'n':>9s} {'nq':>6s} {'d':>4s} {'k':>5s} {'path':9s} {'mode':6s} {'time_ms':>9s} "
-                 f"{'queries_per_s':>13s} {'TFLOPs':>7s} {'pct':>5s} {'GB/s':>6s} {'wrong':>5s} status")
+                 f"{'queries_per_s':>13s} {'TFLOPs':>7s} {'pct':>5s} {'GB/s':>6s} {'link%':>5s} {'wrong':>5s} status")
     for run in bench:
         for r in run["rows"]:
             ok = r["status"] == "ok"
             lines.append(f"{run['label']:7s} {r['n']:9d} {r['nq']:6d} {r['d']:4d} {r['k']:5d} {r['path']:9s} "
                          f"{r['mode']:6s} {f(r['time_ms'], '9.3f')} {f(r['queries_per_s'] if ok else None, '13.0f')} "
                          f"{f(r['eff_TFLOPs'] if ok else None, '7.2f')} {f(r['pct_ceiling'] if ok else None, '5.1f')} "
-                         f"{f(r['GB_per_s'] if ok else None, '6.2f')} {r['wrong']:5d} {r['status']}")
+                         f"{f(r['GB_per_s'] if ok else None, '6.2f')} {f(r.get('pct_link') if ok else None, '5.1f')} "
+                         f"{r['wrong']:5d} {r['status']}")
 if peers:
     lines.append("== peers (speedup = xknn queries/s over the peer's, best xknn device row)")
     for run in peers:
