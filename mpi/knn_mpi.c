@@ -1030,7 +1030,8 @@ static xknn_status knn__sink(void *user, int64_t q0, int64_t rows, int64_t k, co
 {
     knn_run *r = (knn_run *)user;
     const int64_t row_bytes = r->lay.ids_row_bytes + r->lay.dist_row_bytes;
-    const int64_t piece = row_bytes > 0 && ((int64_t)8 << 20) / row_bytes > 0 ? ((int64_t)8 << 20) / row_bytes : 1;
+    const int64_t fit = row_bytes > 0 ? ((int64_t)8 << 20) / row_bytes : rows;
+    const int64_t piece = fit > 0 ? fit : 1;
     char what[96];
     xknn_status st;
     int64_t i0;

@@ -2376,22 +2376,20 @@ xknn_status host_pair(const xknn__job *job, xknn_cuda_context *ctx, int staged, 
         mb.thr = ma.thr + b0;
         mb.cnt = run.cnt + b0;
         mb.cand = run.cand + b0 * plan.cap;
-        /* (a side whose running lists are full takes its thresholds from them: its k-th
-         * values go through its own rows of gmin, which its pass A would have used) */
-        if (full_a) {
-            XKNN__CUDA_CHECK(cudaMemcpyAsync(ma.gmin, kth, (size_t)na * sizeof(float), cudaMemcpyHostToDevice, sc));
-            XKNN__CUDA_CHECK(launch_mma_list_thr(ma, ma.gmin, sms, sc));
-        } else {
-            XKNN__CUDA_CHECK(launch_mma_pass(ma, 0, sms, wg, sc));
-            XKNN__CUDA_CHECK(launch_mma_select(ma, (int)plan.kk, sms, sc));
-        }
-        if (full_b) {
-            XKNN__CUDA_CHECK(cudaMemcpyAsync(mb.gmin, kth + na, (size_t)nb * sizeof(float), cudaMemcpyHostToDevice, sc));
-            XKNN__CUDA_CHECK(launch_mma_list_thr(mb, mb.gmin, sms, sc));
-        } else {
-            XKNN__CUDA_CHECK(launch_mma_pass(mb, 0, sms, wg, sc));
-            XKNN__CUDA_CHECK(launch_mma_select(mb, (int)plan.kk, sms, sc));
-        }
+        /* a side's thresholds: pass A and select, or, where its running lists are full,
+         * their k-th values (side_kth), through its own rows of gmin, which its pass A
+         * would have used */
+        auto side_thr = [&](const MmaParams &m, const float *side_kth, int64_t rows) {
+            cudaError_t e;
+            if (!side_kth) {
+                e = launch_mma_pass(m, 0, sms, wg, sc);
+                return e == cudaSuccess ? launch_mma_select(m, (int)plan.kk, sms, sc) : e;
+            }
+            e = cudaMemcpyAsync(m.gmin, side_kth, (size_t)rows * sizeof(float), cudaMemcpyHostToDevice, sc);
+            return e == cudaSuccess ? launch_mma_list_thr(m, m.gmin, sms, sc) : e;
+        };
+        XKNN__CUDA_CHECK(side_thr(ma, full_a ? kth : NULL, na));
+        XKNN__CUDA_CHECK(side_thr(mb, full_b ? kth + na : NULL, nb));
         if (ev[1]) XKNN__CUDA_CHECK(cudaEventRecord(ev[1], sc));
         /* pass B: A's row tiles against every tile of B, candidates for both sides */
         ma.n = nb;
