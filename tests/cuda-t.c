@@ -184,6 +184,9 @@ static const tcase cases[] = {
     {"cores ld+3 d=17 blocks 3", DATA_UNIFORM, 9000, 11, 17, 33, 0, EU, FP, 0, 3, 0, 3, 0, 0, 0, 0, 0, 0},
     {"cores self k=16", DATA_UNIFORM, 6001, 0, 64, 16, 1, L2, FP, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
     {"cores self ties k=10", DATA_INTEGER, 3500, 0, 5, 10, 1, L2, FP, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    /* 46 full query tiles and one of 100 rows: on 132 SMs the full tiles and the light
+     * one are two grids (46 x 93 reference tiles >= 32 x 132) */
+    {"cores self light tile", DATA_GAUSSIAN, 11876, 0, 64, 16, 1, L2, FP, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
     {"cores d=128 k=1024 2k groups", DATA_UNIFORM, 140000, 40, 128, 1024, 0, EU, FP, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1},
     {"cores big W1-like", DATA_UNIFORM, 300007, 2000, 128, 10, 0, L2, FP, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1},
 };

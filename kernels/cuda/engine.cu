@@ -775,6 +775,25 @@ ResolveParams resolve_params(const Run &r, const float *Q, int64_t ldq, const fl
     return rp;
 }
 
+/* Whether pass B's entries are pruned by their bounds before the re-rank (mma.cu's
+ * mma_prune_kernel): l2 / euclidean where the pass is mma_kernel or ffma_kernel, whose
+ * entries can carry their accumulators. The prune saves a row gather per dropped entry,
+ * about sqrt(kk n / C) entries a query. ffma_kernel pays for carrying them in the whole
+ * pass: its hot loop's registers are allocated less well (W1 fp32 on an H100: pass B
+ * +2.1 ms, prune -0.9 ms at k = 10; at k = 100 68.8 -> 67.3 ms, at k = 1024 88.1 ->
+ * 83.7 ms), so it carries them only for kk >= n / kFfmaCarryRatio; mma_kernel always
+ * does (no cost measured). XKNN_CUDA_NO_PRUNE=1 (a diagnostic: the results are the same
+ * bytes) re-ranks every entry. */
+static const int64_t kFfmaCarryRatio = 16384;
+
+static int mma_prunes(const Plan &p)
+{
+    const char *e = getenv("XKNN_CUDA_NO_PRUNE");
+    if (e && *e && *e != '0') return 0;
+    if (p.wgmma || (p.kind != kCanonL2 && p.kind != kCanonEuclid)) return 0;
+    return !p.ffma || p.kk * kFfmaCarryRatio >= p.n;
+}
+
 /* The tensor-core passes' parameters for the state block bound to r (mp.n is set per pass). */
 MmaParams mma_params(const Run &r, const float *Q, int64_t ldq, int64_t qs, int exclude, int64_t self_local0,
                      const float *R, int64_t ldr)
@@ -798,6 +817,7 @@ MmaParams mma_params(const Run &r, const float *Q, int64_t ldq, int64_t qs, int 
     mp.cnt = r.cnt;
     mp.cand = r.cand;
     mp.stats = r.stats;
+    mp.carry = mma_prunes(p);
     mp.ua = p.ua;
     mp.ub = p.ub;
     mp.la = p.la;
@@ -836,6 +856,7 @@ xknn_status mma_pass(const Run &r, const float *Q, int64_t ldq, int64_t qs, int 
     XKNN__CUDA_CHECK(launch_mma_select(mp, (int)p.kk, sms, r.st));
     mp.n = p.n;
     XKNN__CUDA_CHECK(launch_mma_pass(mp, 1, sms, p.wgmma ? (int)r.ctx->smem_optin : 0, r.st));
+    if (mma_prunes(p)) XKNN__CUDA_CHECK(launch_mma_prune(mp, (int)p.kk, r.st));
     mp.R = R;
     mp.Q = Q;
     mp.ldr = ldr;

@@ -137,6 +137,9 @@ struct MmaParams {
     int qs, cap, exclude;
     int tiles_per_cta;     /* set by the launcher (mode 2: tiles of a CTA's row chunk)   */
     int ffma;              /* 1: fp32 products on the CUDA cores (modes 0 and 1), not TF32 */
+    int qt0;               /* ffma_kernel: query tile of blockIdx.x = 0 (launch_one)      */
+    int carry;             /* ffma_kernel pass B: entries carry their accumulators (the   *
+                            * prune follows; mma_kernel's always do)                     */
     /* Mode 2's column side: the state of reference j is cthr[j], ccnt[j], ccand[j cap ..]
      * (mma_params: the rows' own state, Q = R). rect = 1: Q and R are two disjoint sets
      * (xknn_search_pair): every CTA takes all reference tiles, none is a diagonal tile,
@@ -247,6 +250,9 @@ cudaError_t launch_mma_pass(const MmaParams &p, int mode, int sms, int wgmma, cu
 cudaError_t launch_mma_select(const MmaParams &p, int kk, int sms, cudaStream_t st);
 /* thr of queries with full running lists from their k-th values kth[0, p.qs) (l2) */
 cudaError_t launch_mma_list_thr(const MmaParams &p, const float *kth, int sms, cudaStream_t st);
+/* pass B's entries (l2 / euclidean, mma_kernel and ffma_kernel) cut to those whose lower
+ * bound is within the kk-th smallest upper bound (mma.cu's prune) */
+cudaError_t launch_mma_prune(const MmaParams &p, int kk, cudaStream_t st);
 cudaError_t launch_mma_rescue(const MmaParams &p, int kk, int kind, int sms, cudaStream_t st);
 
 cudaError_t launch_sqnorms(const float *X, int64_t ld, int64_t rows, int64_t d, float *out, cudaStream_t st);

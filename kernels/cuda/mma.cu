@@ -262,6 +262,33 @@ __device__ __noinline__ void append_cands(int *cnt, Cand *cand, int cap, int64_t
     }
 }
 
+/* Pass B's rows of mma_kernel and ffma_kernel: append_cands, each entry carrying its
+ * accumulator in up for mma_prune_kernel (acc[2 bit], bits as mask; the caller's local
+ * array, written only on this rare path, so the accumulators stay in registers). */
+__device__ __noinline__ void append_cands_acc(int *cnt, Cand *cand, int cap, int64_t n, int64_t self, int q,
+                                              int64_t j0, unsigned mask, const float *acc)
+{
+    unsigned keep = 0;
+    for (unsigned m = mask; m; m &= m - 1) {
+        const int bit = __ffs(m) - 1;
+        const int64_t j = j0 + (bit >> 1) * 8 + (bit & 1);
+        if (j < n && j != self) keep |= 1u << bit;
+    }
+    if (!keep) return;
+    int pos = atomicAdd(cnt + q, __popc(keep));
+    for (; keep; keep &= keep - 1, ++pos) {
+        const int bit = __ffs(keep) - 1;
+        if (pos < cap) {
+            Cand e;
+            e.lo = -INFINITY;
+            e.up = acc[2 * bit];
+            e.c = XKNN_CUDA_UNRESOLVED;
+            e.idx = (int)(j0 + (bit >> 1) * 8 + (bit & 1));
+            cand[(int64_t)q * cap + pos] = e;
+        }
+    }
+}
+
 /* Mode 2: query qid (a local id, as Q = R) joins the buffers of the columns in mask (bit
  * 2 b + c is column j0 + 8 b + c). Columns past n are dropped; none is qid itself (the
  * column side runs on off-diagonal tiles only). Each column is its own list, one atomic
@@ -356,9 +383,10 @@ __device__ __forceinline__ float max_nan(float a, float b)
  * pass B  not a candidate <=> fadd_ru(acc, -c_j) < r_i (then acc < c_j + r_i <= la s -
  *         thr exactly); the row maximum decides for a whole row at once (max.NaN keeps
  *         NaN: such pairs are candidates), and masks are built only for rows that pass.
+ *         CARRY: each entry carries its accumulator (append_cands_acc; mma_prune_kernel).
  * Other thread layouts (ffma_kernel): 2 MI rows rbase + RS0 (i >> 1) + RS1 (i & 1), and
  * the 4 threads that share a row's 64 columns (t = 0..3) are lanes apart by X1, X2. */
-template <int MODE, int MI = 4, int RS0 = 16, int RS1 = 8, int X1 = 1, int X2 = 2>
+template <int MODE, int MI = 4, int RS0 = 16, int RS1 = 8, int X1 = 1, int X2 = 2, bool CARRY = true>
 __device__ __forceinline__ void mma_epilogue(const MmaParams &p, const float (&acc)[MI][8][4], const float *row_s,
                                              int rbase, int q0, int64_t ref0, int t)
 {
@@ -430,7 +458,21 @@ __device__ __forceinline__ void mma_epilogue(const MmaParams &p, const float (&a
 #pragma unroll
                 for (int c = 0; c < 2; ++c)
                     mask |= (unsigned)!(__fadd_ru(acc[i >> 1][ni][2 * (i & 1) + c], -cv[ni][c]) < rc) << (2 * ni + c);
-            append_cands(p.cnt, p.cand, p.cap, p.n, p.exclude ? p.self_local0 + q : -1, q, ref0 + 2 * t, mask);
+            if (CARRY) {
+                /* the row's accumulators, bit b at av[2 b]: stored apart, so that no store
+                 * takes several accumulators at once (a 16-byte store asks for four in
+                 * consecutive registers, which moved the hot loop's operands into
+                 * conflicting register banks: W1 fp32 +7 %) */
+                float av[32];
+#pragma unroll
+                for (int ni = 0; ni < 8; ++ni)
+#pragma unroll
+                    for (int c = 0; c < 2; ++c) av[2 * (2 * ni + c)] = acc[i >> 1][ni][2 * (i & 1) + c];
+                append_cands_acc(p.cnt, p.cand, p.cap, p.n, p.exclude ? p.self_local0 + q : -1, q, ref0 + 2 * t, mask,
+                                 av);
+            } else {
+                append_cands(p.cnt, p.cand, p.cap, p.n, p.exclude ? p.self_local0 + q : -1, q, ref0 + 2 * t, mask);
+            }
         }
     }
 }
@@ -637,7 +679,7 @@ __device__ __forceinline__ void ff_load_stage(float *stage, const MmaParams &p, 
     }
 }
 
-template <int MODE>
+template <int MODE, bool CARRY>
 __global__ __launch_bounds__(kFfThreads, 1) void ffma_kernel(const MmaParams p)
 {
     static_assert(MODE == 0 || MODE == 1, "passes A and B only");
@@ -651,7 +693,7 @@ __global__ __launch_bounds__(kFfThreads, 1) void ffma_kernel(const MmaParams p)
     const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, t = lane & 3;
     const int h = g >> 2, u = g & 3;
-    const int q0 = (int)blockIdx.x * kBM;
+    const int q0 = (p.qt0 + (int)blockIdx.x) * kBM;
     /* a warp whose 16 rows are all past the queries (in the last query tile) only copies
      * and waits at the barriers: its products and epilogue would all be discarded (100
      * queries on an H100: 1.87 -> 1.20 ms) */
@@ -732,7 +774,7 @@ __global__ __launch_bounds__(kFfThreads, 1) void ffma_kernel(const MmaParams p)
         }
         if (kc != KC - 1) continue;
 
-        mma_epilogue<MODE, 2, 8, 4, 4, 8>(p, acc, row_s, warp * 16 + t, q0, tile * kBN + h * 64, u);
+        mma_epilogue<MODE, 2, 8, 4, 4, 8, CARRY>(p, acc, row_s, warp * 16 + t, q0, tile * kBN + h * 64, u);
 #pragma unroll
         for (int mi = 0; mi < 2; ++mi)
 #pragma unroll
@@ -1501,16 +1543,35 @@ cudaError_t launch_one(const MmaParams &p, int sms, int wgmma, cudaStream_t st)
     if (ff) { /* ffma_kernel: mma_kernel's grid with its own block and shared memory */
         const int64_t qt = (p.qs + kBM - 1) / kBM;
         const int64_t RT = (p.n + kBN - 1) / kBN;
-        MmaParams q = p;
-        int64_t Z = choose_slices(qt, RT, sms);
-        q.tiles_per_cta = (int)((RT + Z - 1) / Z);
-        Z = (RT + q.tiles_per_cta - 1) / q.tiles_per_cta;
         const int fsm = (int)ffma_smem_bytes(p.d);
         constexpr int M = MODE == 2 ? 1 : MODE; /* (mode 2 returned above) */
-        const cudaError_t e = cudaFuncSetAttribute(ffma_kernel<M>, cudaFuncAttributeMaxDynamicSharedMemorySize, fsm);
+        /* pass B's entries carry their accumulators only where p.carry asks (mma_prune) */
+        void (*const kern)(const MmaParams) = M == 1 && p.carry ? ffma_kernel<1, true> : ffma_kernel<M, false>;
+        const cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, fsm);
         if (e != cudaSuccess) return e;
-        ffma_kernel<M><<<dim3((unsigned)qt, (unsigned)Z), kFfThreads, fsm, st>>>(q);
-        return cudaGetLastError();
+        /* query tiles [qt0, qt0 + nqt) over all reference tiles, sliced by choose_slices */
+        auto grid = [&](int64_t qt0, int64_t nqt) {
+            MmaParams q = p;
+            q.qt0 = (int)qt0;
+            int64_t Z = choose_slices(nqt, RT, sms);
+            q.tiles_per_cta = (int)((RT + Z - 1) / Z);
+            Z = (RT + q.tiles_per_cta - 1) / q.tiles_per_cta;
+            kern<<<dim3((unsigned)nqt, (unsigned)Z), kFfThreads, fsm, st>>>(q);
+            return cudaGetLastError();
+        };
+        /* A last tile of at most kBM / 2 queries has idle warps, so its CTAs end early
+         * and their SMs run out of work before the others: in one grid of full waves (W1:
+         * 40 tiles x 33 slices on 132 SMs, the last tile 16 rows) that leaves a wave's
+         * tail idle. Where the grid is many waves, the full tiles get a grid of their own,
+         * sliced into whole waves (39 x 44), and the light tile follows in a second one
+         * (an H100: W1 61.70 -> 61.04 ms, 1M x 300 queries 3.28 -> 2.90 ms; a last tile
+         * of 232 rows was 1.3 % slower split, so a fuller one stays in the grid). */
+        const int64_t full = p.qs / kBM, rest = p.qs % kBM;
+        if (full > 0 && rest > 0 && rest <= kBM / 2 && full * RT >= 32 * (int64_t)sms) {
+            const cudaError_t e1 = grid(0, full);
+            return e1 != cudaSuccess ? e1 : grid(full, 1);
+        }
+        return grid(0, qt);
     }
     cudaError_t e = !wgmma ? cudaFuncSetAttribute(mma_kernel<MODE, VEC>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem)
                     : kb64 ? cudaFuncSetAttribute(wgmma_kernel<MODE, VEC, KB2>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem)
@@ -1625,6 +1686,63 @@ cudaError_t launch_mma_list_thr(const MmaParams &p, const float *kth, int sms, c
     const int blocks = need < 8 * sms ? need : 8 * sms;
     if (p.qs <= 0) return cudaSuccess;
     mma_list_thr_kernel<<<blocks, kBlock, 0, st>>>(p, kth);
+    return cudaGetLastError();
+}
+
+/* ---- prune (l2 / euclidean, pass B of mma_kernel and ffma_kernel) --------------------
+ * Pass B appends every reference whose lower bound passes tau' of the witnesses, about
+ * kk n / nA a query (W1: some 450 for k = 10), and each costs the re-rank a gather of its
+ * row. The entries carry their accumulator (in up), so both bounds of each are at hand:
+ *   U = fma_ru(acc, -2, fma_ru(s_up, ua, ub)) >= s (1 + mrel) + mabs - 2 acc >= D,
+ *   L = fma_rd(acc, -2, fma_rd(s_dn, 2 la, -ub)) <= s (1 - mrel) - mabs - 2 acc <= D
+ * (mma_bounds: ua >= 1 + mrel, 2 la <= 1 - mrel, ub = mabs; s_up, s_dn the norms' sum
+ * rounded up and down). With K the kk-th smallest U of the buffer, kk entries have
+ * D <= K, and an entry with L > K' = tau_prime(K) has D > K': its canonical value is
+ * greater than theirs (filter.cu's tighten, the same argument), so it is dropped before
+ * the re-rank. NaN bounds (norms past 5e36) keep their entry. Survivors get lo = -inf,
+ * as put_cand_at writes them, so resolve and final keep them all. A query whose buffer
+ * overflowed (rescue re-runs it) or holds at most kk entries is left as it is. One block
+ * per state query. */
+__global__ __launch_bounds__(kBlock) void mma_prune_kernel(const MmaParams p, int kk)
+{
+    __shared__ union {
+        BlockScan::TempStorage scan;
+        BlockRadixSelect<unsigned>::TempStorage sel;
+    } sm;
+    const int q = (int)blockIdx.x;
+    const int bc = p.cnt[q];
+    if (bc <= kk || bc > p.cap) return;
+    Cand *seg = p.cand + (int64_t)q * p.cap;
+    const float qv = norm_or_nan(p.qn[q]);
+    const float la2 = 2.0f * p.la;
+    /* each thread rewrites, and below reads, entries tid + kBlock i only */
+    for (int j = (int)threadIdx.x; j < bc; j += kBlock) {
+        Cand e = seg[j];
+        const float xv = norm_or_nan(p.rn[e.idx]);
+        const float acc = e.up;
+        e.up = __fmaf_ru(acc, -2.0f, __fmaf_ru(__fadd_ru(qv, xv), p.ua, p.ub));
+        e.lo = __fmaf_rd(acc, -2.0f, __fmaf_rd(__fadd_rd(qv, xv), la2, -p.ub));
+        seg[j] = e;
+    }
+    const unsigned K = BlockRadixSelect<unsigned>::select(
+        sm.sel,
+        [&](auto f) {
+            for (int j = (int)threadIdx.x; j < bc; j += kBlock) f(__float_as_uint(seg[j].up));
+        },
+        kk);
+    const float kp = tau_prime(__uint_as_float(K));
+    const int m = compact_cands(sm.scan, seg, bc, [&](Cand &e) {
+        if (e.lo > kp) return false;
+        e.lo = -INFINITY;
+        return true;
+    });
+    if (threadIdx.x == 0) p.cnt[q] = m;
+}
+
+cudaError_t launch_mma_prune(const MmaParams &p, int kk, cudaStream_t st)
+{
+    if (p.qs <= 0) return cudaSuccess;
+    mma_prune_kernel<<<(unsigned)p.qs, kBlock, 0, st>>>(p, kk);
     return cudaGetLastError();
 }
 
