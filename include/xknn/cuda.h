@@ -68,7 +68,9 @@ struct CUstream_st; /* = cudaStream_t's pointee; NULL means the legacy default s
  * take, send host-array searches to the canonical tiles below and make the embedding
  * API answer INVALID_ARGUMENT with the reason. */
 #define XKNN_CUDA_PATH_AUTO 0  /* see above                                                 */
-#define XKNN_CUDA_PATH_FP32 1  /* cuBLAS SGEMM, pedantic FP32 (no tensor cores)              */
+#define XKNN_CUDA_PATH_FP32 1  /* FP32 products, no tensor cores: l2/euclidean with d <= 128
+                                  and resident references run the MMA path's passes on
+                                  the CUDA cores, anything else cuBLAS SGEMM (pedantic)   */
 #define XKNN_CUDA_PATH_TF32 2  /* cuBLAS GEMM on TF32 tensor cores, wider certified margin   */
 #define XKNN_CUDA_PATH_FUSED 3 /* one kernel: float distances of the direct form (q - x)^2
                                   with a relative error bound, warp-level selection of 2k or
@@ -86,7 +88,11 @@ struct CUstream_st; /* = cudaStream_t's pointee; NULL means the legacy default s
                                   XKNN_CUDA_WGMMA_KB32=1 the wgmma kernel's 32-dimension
                                   stages everywhere; XKNN_CUDA_WITNESS_C=C sets the witness
                                   prefix f = sqrt(C kk / n) (default 1600 for kk <= 128,
-                                  200 above; diagnostics). In xknn_search_pair (l2) a
+                                  200 above; diagnostics). l2/euclidean on mma.sync (and
+                                  the fp32 path's CUDA-core passes for k >= n / 16384)
+                                  drop the pairs whose lower bound exceeds the k-th upper
+                                  bound before the re-rank; XKNN_CUDA_NO_PRUNE=1
+                                  (diagnostic) re-ranks them all. In xknn_search_pair (l2) a
                                   side whose running lists are full takes its thresholds
                                   from their k-th values instead of witnesses;
                                   XKNN_CUDA_PAIR_WITNESSES=1 keeps the witnesses.        */
