@@ -4,7 +4,9 @@
  * After the last pass every candidate with L <= tau' has its canonical value. Per query:
  *   gather   (one warp) keep L <= tau', turn entries into 64-bit keys (canonical bits,
  *            local id) packed at the start of the query's buffer region: M keys
- *   sort     M <= 64:    the same warp, bitonic network in registers
+ *   sort     kk <= 64:   the same warp keeps the 64 smallest keys in registers while it
+ *                        gathers (bitonic networks; no key is written), and finishes
+ *            M <= 64:    the same warp, bitonic network in registers
  *            M <= 4096:  one block, bitonic network in shared memory
  *            otherwise:  one block, 4096-key runs sorted in shared memory, then
  *                        kk <= 4096: the keys at or below the kk-th distance part
@@ -63,6 +65,13 @@ __global__ __launch_bounds__(kBlock) void gather_kernel(const FinalParams p, int
     unsigned long long *keys = region_keys(p, qi);
     int64_t M = 0;
     unsigned long long unresolved = 0;
+    /* kk <= 64: the warp keeps the 64 smallest keys so far, sorted (element l in t0 of
+     * lane l, 32 + l in t1), and writes no keys. A chunk holding a key below the 64th
+     * is merged: the first sort leaves in t1 the 32 smallest of t1 and the chunk, which
+     * hold every key of the 64 smallest that is not in t0 (t0's keys are below t1's, so
+     * such a key has at most 31 of t1 and the chunk below it); the second sorts t0 and t1. */
+    const bool in_regs = p.kk <= kWarpSortMax;
+    unsigned long long t0 = ~0ull, t1 = ~0ull;
     for (int s = 0; s < p.S; ++s) {
         const Cand *seg = p.cand + ((int64_t)qi * p.S + s) * p.cap;
         const int bc = p.cnt[(int64_t)qi * p.S + s];
@@ -77,13 +86,28 @@ __global__ __launch_bounds__(kBlock) void gather_kernel(const FinalParams p, int
                 unresolved += (keep && !p.encoded && e.c < 0.0f);
             }
             const unsigned m = __ballot_sync(0xffffffffu, keep);
-            __syncwarp();
-            if (keep) keys[M + __popc(m & ((1u << lane) - 1u))] = key;
+            if (in_regs) {
+                unsigned long long c = keep ? key : ~0ull;
+                if (__any_sync(0xffffffffu, c < __shfl_sync(0xffffffffu, t1, kWarp - 1))) {
+                    WarpBitonic64::sort(t1, c);
+                    WarpBitonic64::sort(t0, t1);
+                }
+            } else {
+                __syncwarp();
+                if (keep) keys[M + __popc(m & ((1u << lane) - 1u))] = key;
+            }
             M += __popc(m);
         }
     }
     if (unresolved) atomicAdd(p.stats + kStatUnresolved, unresolved);
     if (lane == 0) p.mcount[qi] = M;
+    if (in_regs) {
+        const int64_t have = M < p.kk ? M : p.kk;
+        if (lane < have) write_result(p, qi, lane, t0);
+        if (lane + kWarp < have) write_result(p, qi, lane + kWarp, t1);
+        for (int64_t j = have + lane; j < p.k; j += kWarp) write_pad(p, qi, j);
+        return;
+    }
     if (M > kWarpSortMax) return;
     __syncwarp();
     unsigned long long v0 = lane < M ? keys[lane] : ~0ull;
@@ -131,7 +155,7 @@ __global__ __launch_bounds__(kBlock) void block_sort_kernel(const FinalParams p)
     __shared__ unsigned long long sk[kBlockSortMax];
     const int qi = (int)blockIdx.x, tid = (int)threadIdx.x;
     const int64_t M = p.mcount[qi];
-    if (M <= kWarpSortMax) return;
+    if (M <= kWarpSortMax || p.kk <= kWarpSortMax) return; /* the gather kernel's */
     const int64_t kk = p.kk;
     const int64_t have = M < kk ? M : kk;
     if (M > kBlockSortMax && kk <= kBlockSortMax && p.smem_merge) return; /* block_merge_kernel's */
@@ -196,7 +220,7 @@ __global__ __launch_bounds__(kMergeThreads) void block_merge_kernel(const FinalP
     const int qi = (int)blockIdx.x, tid = (int)threadIdx.x;
     const int64_t M = p.mcount[qi];
     const int kk = (int)p.kk;
-    if (M <= kBlockSortMax || kk > kBlockSortMax || !p.smem_merge) return;
+    if (M <= kBlockSortMax || kk > kBlockSortMax || kk <= kWarpSortMax || !p.smem_merge) return;
     const unsigned long long *keys = region_keys(p, qi);
     /* T = the kk-th smallest distance part (a key's high word): at least kk keys are at
      * or below it, so a key whose distance part exceeds T is beaten by kk others and is
@@ -270,7 +294,7 @@ cudaError_t launch_final(const FinalParams &p, int qs, cudaStream_t st)
     const unsigned gblocks = (unsigned)((qs + kWarpsPerBlock - 1) / kWarpsPerBlock);
     gather_kernel<<<gblocks, kBlock, 0, st>>>(p, qs);
     cudaError_t e = cudaGetLastError();
-    if (e != cudaSuccess) return e;
+    if (e != cudaSuccess || p.kk <= kWarpSortMax) return e; /* kk <= 64: the gather finished every query */
     block_sort_kernel<<<(unsigned)qs, kBlock, 0, st>>>(p);
     e = cudaGetLastError();
     if (e != cudaSuccess || !p.smem_merge || p.kk > kBlockSortMax || (int64_t)p.S * p.cap <= kBlockSortMax) return e;
