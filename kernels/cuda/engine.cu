@@ -14,8 +14,9 @@
  * TENSOR-CORE PIPELINE (one state block; mma.cu describes the passes and their bounds)
  *   begin    as below (tau = +inf, counts = 0, query norms)
  *   pass     reference norms; pass A over the first nA references (witnesses), select
- *            (thresholds), pass B over all references (candidates), rescue of overflowed
- *            queries, resolve (canonical values)
+ *            (thresholds), pass B over all references (candidates), prune by the
+ *            entries' bounds (mma_prunes), rescue of overflowed queries, resolve
+ *            (canonical values)
  *   finish   as below
  *   Workspace: stats | qn QS*4 | tau QS*4 | cnt QS*4 | mcount QS*8 | cand QS*cap*16 |
  *   rn round_up(n, 128)*4 | witnesses QS*ga*4 | thr QS*4 | column terms round_up(n, 128)*8,

@@ -17,6 +17,9 @@
  *            band). Any other reference has D > tau', so its canonical value is strictly
  *            greater than those of kk references: it cannot be in the top k (the same
  *            argument as filter.cu).
+ *   prune    (l2 / euclidean; mma_kernel, and ffma_kernel for larger k) the entries
+ *            carry their accumulators: those whose lower bound exceeds the kk-th
+ *            smallest upper bound are dropped before the re-rank (mma_prune_kernel).
  *   rescue   a query whose buffer overflowed (cap slots; ties or a loose tau) is searched
  *            again exactly: every reference, canonical distances, the buffer cut to its
  *            exact top kk by (canonical, id) whenever it fills. Never approximated.
