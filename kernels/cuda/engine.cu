@@ -857,7 +857,7 @@ xknn_status mma_pass(const Run &r, const float *Q, int64_t ldq, int64_t qs, int 
     XKNN__CUDA_CHECK(launch_mma_select(mp, (int)p.kk, sms, r.st));
     mp.n = p.n;
     XKNN__CUDA_CHECK(launch_mma_pass(mp, 1, sms, p.wgmma ? (int)r.ctx->smem_optin : 0, r.st));
-    if (mma_prunes(p)) XKNN__CUDA_CHECK(launch_mma_prune(mp, (int)p.kk, r.st));
+    if (mp.carry) XKNN__CUDA_CHECK(launch_mma_prune(mp, (int)p.kk, r.st)); /* mma_prunes */
     mp.R = R;
     mp.Q = Q;
     mp.ldr = ldr;

@@ -226,12 +226,12 @@ __device__ __forceinline__ float col_term(const MmaParams &p, int64_t j, float x
 
 /* Candidate entry idx at slot pos of list (a state query); a slot past cap is not
  * written: the buffer only counts then (the query is re-run exactly). */
-__device__ __forceinline__ void put_cand_at(Cand *cand, int cap, int64_t list, int pos, int idx)
+__device__ __forceinline__ void put_cand_at(Cand *cand, int cap, int64_t list, int pos, int idx, float up = INFINITY)
 {
     if (pos < cap) {
         Cand e;
         e.lo = -INFINITY;
-        e.up = INFINITY;
+        e.up = up;
         e.c = XKNN_CUDA_UNRESOLVED;
         e.idx = idx;
         cand[list * cap + pos] = e;
@@ -248,8 +248,8 @@ __device__ __forceinline__ void put_cand_at(Cand *cand, int cap, int64_t list, i
  * round trip to L2 per candidate, one after the other, was most of the epilogue's stall
  * time). One call site per row (a call per pair, or passing the accumulators, cost
  * registers in the hot loop). */
-__device__ __noinline__ void append_cands(int *cnt, Cand *cand, int cap, int64_t n, int64_t self, int q, int64_t j0,
-                                          unsigned mask)
+/* The bits of mask whose column j0 + 8 b + c (bit 2 b + c) is a reference other than self */
+__device__ __forceinline__ unsigned row_keep(unsigned mask, int64_t n, int64_t self, int64_t j0)
 {
     unsigned keep = 0;
     for (unsigned m = mask; m; m &= m - 1) {
@@ -257,6 +257,13 @@ __device__ __noinline__ void append_cands(int *cnt, Cand *cand, int cap, int64_t
         const int64_t j = j0 + (bit >> 1) * 8 + (bit & 1);
         if (j < n && j != self) keep |= 1u << bit;
     }
+    return keep;
+}
+
+__device__ __noinline__ void append_cands(int *cnt, Cand *cand, int cap, int64_t n, int64_t self, int q, int64_t j0,
+                                          unsigned mask)
+{
+    unsigned keep = row_keep(mask, n, self, j0);
     if (!keep) return;
     int pos = atomicAdd(cnt + q, __popc(keep));
     for (; keep; keep &= keep - 1, ++pos) {
@@ -271,24 +278,12 @@ __device__ __noinline__ void append_cands(int *cnt, Cand *cand, int cap, int64_t
 __device__ __noinline__ void append_cands_acc(int *cnt, Cand *cand, int cap, int64_t n, int64_t self, int q,
                                               int64_t j0, unsigned mask, const float *acc)
 {
-    unsigned keep = 0;
-    for (unsigned m = mask; m; m &= m - 1) {
-        const int bit = __ffs(m) - 1;
-        const int64_t j = j0 + (bit >> 1) * 8 + (bit & 1);
-        if (j < n && j != self) keep |= 1u << bit;
-    }
+    unsigned keep = row_keep(mask, n, self, j0);
     if (!keep) return;
     int pos = atomicAdd(cnt + q, __popc(keep));
     for (; keep; keep &= keep - 1, ++pos) {
         const int bit = __ffs(keep) - 1;
-        if (pos < cap) {
-            Cand e;
-            e.lo = -INFINITY;
-            e.up = acc[2 * bit];
-            e.c = XKNN_CUDA_UNRESOLVED;
-            e.idx = (int)(j0 + (bit >> 1) * 8 + (bit & 1));
-            cand[(int64_t)q * cap + pos] = e;
-        }
+        put_cand_at(cand, cap, q, pos, (int)(j0 + (bit >> 1) * 8 + (bit & 1)), acc[2 * bit]);
     }
 }
 
