@@ -189,6 +189,10 @@ static const tcase cases[] = {
     {"cores self light tile", DATA_GAUSSIAN, 11876, 0, 64, 16, 1, L2, FP, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
     {"cores d=128 k=1024 2k groups", DATA_UNIFORM, 140000, 40, 128, 1024, 0, EU, FP, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1},
     {"cores big W1-like", DATA_UNIFORM, 300007, 2000, 128, 10, 0, L2, FP, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1},
+    /* large k, l2: tau estimated from a short witness prefix and certified after the
+     * re-rank (engine.cu's plan_estimate) */
+    {"mma k=512 estimated tau", DATA_UNIFORM, 100000, 200, 128, 512, 0, L2, MM, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"cores k=1000 estimated tau clustered", DATA_CLUSTERED, 150001, 100, 64, 1000, 0, L2, FP, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
 };
 #define NCASES (int)(sizeof cases / sizeof cases[0])
 
@@ -464,8 +468,8 @@ static void run_errors(void)
 }
 #define NERRORS 7
 
-/* ---- the embedding API on device buffers (19 tests) --------------------------------- */
-#define NDEVICE 19
+/* ---- the embedding API on device buffers (23 tests) --------------------------------- */
+#define NDEVICE 23
 #ifdef XKNN_TEST_HAVE_CUDA_RT
 #define CK(call)                                                                                       \
     do {                                                                                               \
@@ -521,6 +525,12 @@ static xknn_status dsearch(xknn_cuda_context *ctx, const xknn_params *p, const f
     CK(cudaFree(b.ref));
     CK(cudaStreamDestroy(s));
     return st;
+}
+
+static int cmp_first_float(const void *a, const void *b)
+{
+    const float x = *(const float *)a, y = *(const float *)b;
+    return (x > y) - (x < y);
 }
 
 static void run_device_api(void)
@@ -621,6 +631,40 @@ static void run_device_api(void)
            (long long)hq);
         free(href);
         free(hqry);
+    }
+
+    /* estimated thresholds (engine.cu's plan_estimate: l2, large k). With the references
+     * sorted by their first coordinate the witness prefix is no fair sample: queries on
+     * one side get too small a tau (the certificate fails), the others too large a one
+     * (buffers overflow); both are searched again exactly. XKNN_CUDA_NO_ESTIMATE=1 keeps
+     * the rigorous tau: the same bytes. */
+    {
+        const int64_t en = 100000, eq = 64, ed = 4, ek = 512;
+        float *eref = make_matrix(DATA_UNIFORM, en, ed, ed, 31), *eqry = make_matrix(DATA_UNIFORM, eq, ed, ed, 32);
+        unsigned long long reruns[2] = {0, 0};
+        int pass;
+        p = xknn_params_default();
+        p.cuda_path = XKNN_CUDA_PATH_MMA;
+        for (pass = 0; pass < 3; pass++) {
+            const char *what = pass == 0 ? "uniform" : pass == 1 ? "sorted by the first coordinate"
+                                                                 : "sorted, XKNN_CUDA_NO_ESTIMATE=1";
+            if (pass == 1) qsort(eref, (size_t)en, (size_t)ed * sizeof(float), cmp_first_float);
+            if (pass == 2) setenv("XKNN_CUDA_NO_ESTIMATE", "1", 1);
+            st = xknn_cuda_workspace_size(ctx, &p, en, eq, ed, ek, &bytes, &err);
+            if (st == XKNN_SUCCESS) st = dsearch(ctx, &p, eref, en, eqry, eq, ed, ek, ids, dist, bytes, 0, stats, &err);
+            if (pass == 2) unsetenv("XKNN_CUDA_NO_ESTIMATE");
+            if (pass < 2 && st == XKNN_SUCCESS) reruns[pass] = stats[XKNN_CUDA_STAT_RERUNS];
+            if (pass < 2) ref_knn(REF_L2, eref, en, ed, eqry, eq, ed, ed, ek, 0, 0, 0, wid, wd);
+            if (st != XKNN_SUCCESS)
+                ok(0, "device API, k=512 estimated tau, %s: %s", what, err.message);
+            else
+                is_knn_equal(ids, dist, wid, wd, eq, ek, "device API, k=512 estimated tau, %s (%llu re-runs)", what,
+                             stats[XKNN_CUDA_STAT_RERUNS]);
+        }
+        ok(reruns[1] > 0, "sorted references: failed certificates or overflows re-run (%llu of %lld queries; uniform: %llu)",
+           reruns[1], (long long)eq, reruns[0]);
+        free(eref);
+        free(eqry);
     }
 
     /* offsets + exclude_self through the device API */

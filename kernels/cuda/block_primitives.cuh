@@ -146,9 +146,10 @@ struct BlockResolve {
         int pos[kWarpsPerBlock][kWarp];
     };
 
+    /* returns how many of the n values are <= ctau (the same on every lane) */
     template <bool PF>
-    __device__ __forceinline__ static void flush(WarpCanonical::TempStorage &wt, const int *pos, int n, Cand *buf,
-                                                 const float *q, int64_t d, int kind)
+    __device__ __forceinline__ static int flush(WarpCanonical::TempStorage &wt, const int *pos, int n, Cand *buf,
+                                                const float *q, int64_t d, int kind, float ctau)
     {
         __syncwarp();
         float v;
@@ -159,31 +160,40 @@ struct BlockResolve {
         default: v = WarpCanonical::value<kCanonL2, PF>(wt, q, d, n); break;
         }
         if (lane_id() < n) buf[pos[lane_id()]].c = v;
+        const int below = __popc(__ballot_sync(0xffffffffu, lane_id() < n && v <= ctau));
         __syncwarp();
+        return below;
     }
 
+    /* Canonical values of the unresolved entries of buf[0, count) with lo <= tp. Returns,
+     * for the warp (the same on every lane), how many entries with lo <= tp have a value
+     * <= ctau once resolved (ctau NaN: none, no cost that matters; meaningful for kinds
+     * whose resolved c is the value itself, not kCanonIp). */
     template <bool PF = true>
-    __device__ __forceinline__ static void run(TempStorage &ts, Cand *buf, int count, float tp,
-                                               const float *__restrict__ q, int64_t d, const float *__restrict__ R,
-                                               int64_t ldr, int64_t r_local0, int kind)
+    __device__ __forceinline__ static int run(TempStorage &ts, Cand *buf, int count, float tp,
+                                              const float *__restrict__ q, int64_t d, const float *__restrict__ R,
+                                              int64_t ldr, int64_t r_local0, int kind, float ctau = NAN)
     {
         const int lane = lane_id(), warp = warp_id();
         WarpCanonical::TempStorage &wt = ts.w[warp];
         int *pos = ts.pos[warp];
-        int pending = 0;
+        int pending = 0, below = 0;
         for (int base = warp * kWarp; base < count; base += kBlock) {
             const int i = base + lane;
-            bool need = false;
+            bool need = false, known = false;
             int idx = 0;
             if (i < count) {
                 const Cand e = buf[i];
-                need = cand_unresolved(e.c, kind) && e.lo <= tp;
+                const bool in = e.lo <= tp;
+                need = cand_unresolved(e.c, kind) && in;
+                known = in && !need && e.c <= ctau;
                 idx = e.idx;
             }
+            below += __popc(__ballot_sync(0xffffffffu, known));
             const unsigned m = __ballot_sync(0xffffffffu, need);
             const int nm = __popc(m);
             if (pending + nm > kWarp) {
-                flush<PF>(wt, pos, pending, buf, q, d, kind);
+                below += flush<PF>(wt, pos, pending, buf, q, d, kind, ctau);
                 pending = 0;
             }
             if (need) {
@@ -194,7 +204,8 @@ struct BlockResolve {
             pending += nm;
             __syncwarp();
         }
-        if (pending) flush<PF>(wt, pos, pending, buf, q, d, kind);
+        if (pending) below += flush<PF>(wt, pos, pending, buf, q, d, kind, ctau);
+        return below;
     }
 };
 

@@ -250,7 +250,9 @@ struct Plan {
     int mma, wgmma; /* wgmma: the Hopper kernel of the tensor-core passes */
     int ffma;       /* the same passes with fp32 products on the CUDA cores (path fp32) */
     int64_t nA, ga;
-    size_t off_gmin, off_thr, off_ct;
+    int est;    /* tau estimated from a witness sample (plan_estimate), certified after the re-rank */
+    int64_t ej; /* est: tau = the ej-th smallest witness */
+    size_t off_gmin, off_thr, off_ct, off_redo;
     float la, ua, ub;
     /* what resolve computes (common.cuh's kCanon*); cosine's unit rows (ld dh; sym: the
      * queries are the references, no query copy) */
@@ -296,6 +298,7 @@ void plan_layout(Plan &p)
         p.off_gmin = take((size_t)p.QS * p.ga * sizeof(float));
         p.off_thr = take((size_t)p.QS * sizeof(float));
         p.off_ct = take(2 * (size_t)p.RN * sizeof(float));
+        p.off_redo = take(p.est ? (size_t)p.QS * sizeof(int) : 0);
     }
     if (p.kind == kCanonCosine) {
         p.off_rhat = take((size_t)p.RN * p.dh * sizeof(float));
@@ -489,6 +492,43 @@ double witness_c(int64_t kk, double def)
 }
 static const int64_t kMmaMinPrefix = 8192;
 
+/* ---- estimated thresholds (large k) --------------------------------------------------
+ * A rigorous tau from a prefix of nA references is at best the kk-th neighbour within the
+ * prefix, so about kk n / nA references pass it: for large kk the prefix must be most of
+ * the references (k = 4096 at n = 1M: 905k, pass A about a full GEMM). Instead, tau may
+ * be ESTIMATED from a short prefix and CERTIFIED after the re-rank (filter.cu's resolve):
+ * if at least kk candidates have a canonical value <= tau, no reference left out can be
+ * in the top kk, whatever tau was; a query with fewer is searched again exactly
+ * (mma_rescue_kernel). DESIGN.md section 2's "re-run every query whose certificate
+ * fails". The estimate: with a fraction F of the references within distance t of a query,
+ * a group of 64 has its smallest witness <= t with probability about P = 1 - (1 - F)^64;
+ * over ga groups the j-th smallest witness with j = P ga estimates the t at which F n =
+ * kEstMargin kk. Its relative error is about 1 / sqrt(j) (F from P), so kEstHits = 256
+ * groups below tau put the margin of 30 % at about five standard deviations; witnesses
+ * are upper bounds, which only moves tau up. This assumes the prefix is a fair sample
+ * of the references; where it is not (references sorted, clustered in order), the
+ * certificate fails and queries are searched again: slower, never wrong. Used where the
+ * estimate's prefix is at most half the rigorous one, l2 only (the certificate compares
+ * canonical values with tau); XKNN_CUDA_NO_ESTIMATE=1 (a diagnostic: the results are
+ * the same bytes) keeps the rigorous tau. */
+static const double kEstMargin = 1.3, kEstHits = 256.0;
+
+/* The estimate's prefix (0: none) and its rank ej for kk of n references, where a
+ * rigorous tau would need nA_rig. */
+int64_t plan_estimate(int64_t n, int64_t kk, int64_t nA_rig, int64_t *ej)
+{
+    const char *e = getenv("XKNN_CUDA_NO_ESTIMATE");
+    if (e && *e && *e != '0') return 0;
+    const double f = kEstMargin * (double)kk / (double)n;
+    if (!(f < 1.0)) return 0;
+    const double P = -expm1((double)kMmaGroup * log1p(-f));
+    const int64_t nA = round_up((int64_t)ceil(kEstHits / P) * kMmaGroup, kMmaBN);
+    if (2 * nA > nA_rig || nA > n) return 0;
+    const int64_t ga = ceil_div(nA, kMmaGroup);
+    *ej = max64(1, min64(ga, (int64_t)floor(P * (double)ga)));
+    return nA;
+}
+
 /* The epilogue constants (mma.cu's header) from mrel, mabs of the TF32 derivation, which
  * give |2 acc - 2 P| <= mrel S + mabs for P = q.x exact, S = |q|^2 + |x|^2 exact.
  *   l2, euclidean  U = (1 + mrel) s + mabs - 2 acc >= D; la = (1 - mrel) / 2.
@@ -527,7 +567,7 @@ void mma_bounds(Plan &p)
 }
 
 int plan_mma(const xknn_cuda_context *ctx, const xknn_params *prm, int64_t n, int64_t nq, int64_t d, int64_t k,
-             size_t limit, size_t per_query_extra, int ffma, Plan *out)
+             size_t limit, size_t per_query_extra, int ffma, Plan *out, int estimate = 0)
 {
     if (ctx->cc_major < 8 || (ffma ? ffma_smem_bytes(d) : mma_smem_bytes(d)) > ctx->smem_optin ||
         n > kMaxRefsPerCall - kMmaBN)
@@ -561,8 +601,13 @@ int plan_mma(const xknn_cuda_context *ctx, const xknn_params *prm, int64_t n, in
     nA = max64(nA, max64(kMmaWitnessRatio * kMmaGroup * p.kk, kMmaMinPrefix));
     nA = round_up(nA, kMmaBN);
     p.nA = min64(nA, n);
+    /* estimate: only mma_pass (the plain search) certifies; l2 only */
+    const int64_t nAe = estimate && p.kind == kCanonL2 ? plan_estimate(n, p.kk, p.nA, &p.ej) : 0;
+    p.est = nAe > 0;
+    if (p.est) p.nA = nAe;
     p.ga = ceil_div(p.nA, kMmaGroup);
-    const double expect = 3.0 * (double)p.kk * (double)n / (double)p.nA + 256.0;
+    const double expect = p.est ? 3.0 * kEstMargin * (double)p.kk + 256.0
+                                : 3.0 * (double)p.kk * (double)n / (double)p.nA + 256.0;
     const double capd = 2.0 * expect + 1024.0;
     p.cap = round_up(max64((int64_t)capd, 2 * p.kk + 1024 + kBlock), 256);
     if (p.cap > INT_MAX / 2) return 0;
@@ -611,10 +656,10 @@ int plan_fit(const xknn_cuda_context *ctx, const xknn_params *prm, int64_t n, in
              int64_t pass_rows, size_t limit, size_t per_query_extra, int streaming, Plan *out, size_t *min_needed)
 {
     const int path = choose_path(prm, n, nq, d, k);
-    if (!streaming && path == XKNN_CUDA_PATH_MMA && plan_mma(ctx, prm, n, nq, d, k, limit, per_query_extra, 0, out))
+    if (!streaming && path == XKNN_CUDA_PATH_MMA && plan_mma(ctx, prm, n, nq, d, k, limit, per_query_extra, 0, out, 1))
         return 1;
     if (!streaming && path == XKNN_CUDA_PATH_FP32 && ffma_wanted(prm, d) &&
-        plan_mma(ctx, prm, n, nq, d, k, limit, per_query_extra, 1, out))
+        plan_mma(ctx, prm, n, nq, d, k, limit, per_query_extra, 1, out, 1))
         return 1;
     if (gemm_ipcos(prm)) { /* no cuBLAS path for them (the filter is l2's) */
         xknn_params one = *prm;
@@ -854,7 +899,9 @@ xknn_status mma_pass(const Run &r, const float *Q, int64_t ldq, int64_t qs, int 
     XKNN__CUDA_CHECK(launch_sqnorms(mp.R, mp.ldr, p.n, p.d, r.rn, r.st));
     mp.n = p.nA;
     XKNN__CUDA_CHECK(launch_mma_pass(mp, 0, sms, p.wgmma ? (int)r.ctx->smem_optin : 0, r.st));
-    XKNN__CUDA_CHECK(launch_mma_select(mp, (int)p.kk, sms, r.st));
+    mp.tau_out = p.est ? r.tau : nullptr; /* the certificate's tau (plan_estimate) */
+    XKNN__CUDA_CHECK(launch_mma_select(mp, (int)(p.est ? p.ej : p.kk), sms, r.st));
+    mp.tau_out = nullptr;
     mp.n = p.n;
     XKNN__CUDA_CHECK(launch_mma_pass(mp, 1, sms, p.wgmma ? (int)r.ctx->smem_optin : 0, r.st));
     if (mp.carry) XKNN__CUDA_CHECK(launch_mma_prune(mp, (int)p.kk, r.st)); /* mma_prunes */
@@ -862,8 +909,19 @@ xknn_status mma_pass(const Run &r, const float *Q, int64_t ldq, int64_t qs, int 
     mp.Q = Q;
     mp.ldr = ldr;
     mp.ldq = ldq;
-    XKNN__CUDA_CHECK(launch_mma_rescue(mp, (int)p.kk, p.kind, sms, r.st));
-    XKNN__CUDA_CHECK(launch_resolve(resolve_params(r, Q, ldq, R, ldr, 0), (int)qs, r.st));
+    if (p.est) {
+        /* re-rank and certify first; the rescue then searches the failed and overflowed */
+        int *redo = (int *)((char *)r.stats + p.off_redo);
+        ResolveParams rp = resolve_params(r, Q, ldq, R, ldr, 0);
+        rp.cert = (int)p.kk;
+        rp.redo = redo;
+        XKNN__CUDA_CHECK(launch_resolve(rp, (int)qs, r.st));
+        mp.redo = redo;
+        XKNN__CUDA_CHECK(launch_mma_rescue(mp, (int)p.kk, p.kind, sms, r.st));
+    } else {
+        XKNN__CUDA_CHECK(launch_mma_rescue(mp, (int)p.kk, p.kind, sms, r.st));
+        XKNN__CUDA_CHECK(launch_resolve(resolve_params(r, Q, ldq, R, ldr, 0), (int)qs, r.st));
+    }
 cleanup:
     return st;
 }
@@ -1024,10 +1082,11 @@ void print_plan(const xknn_cuda_context *ctx, const Plan &p, const char *mode, s
         fprintf(stderr,
                 "xknn: cuda: device %d (%s, %d SMs): %s, path %s (%s %s tiles, filter in the "
                 "epilogue), n=%lld nq=%lld d=%lld k=%lld; state block %lld, witnesses over %lld references (%lld "
-                "groups), %lld candidate slots per query, workspace %.1f MiB, budget %.1f MiB\n",
+                "groups%s), %lld candidate slots per query, workspace %.1f MiB, budget %.1f MiB\n",
                 ctx->device, ctx->name, ctx->sms, mode, p.ffma ? "fp32" : "mma", p.ffma ? "FP32" : "TF32",
                 p.ffma ? "CUDA-core" : p.wgmma ? "wgmma" : "mma.sync", (long long)p.n,
-                (long long)p.nq, (long long)p.d, (long long)p.k, (long long)p.QS, (long long)p.nA, (long long)p.ga, (long long)p.cap,
+                (long long)p.nq, (long long)p.d, (long long)p.k, (long long)p.QS, (long long)p.nA, (long long)p.ga,
+                p.est ? ", tau estimated and certified" : "", (long long)p.cap,
                 (double)p.bytes / 1048576.0, (double)budget / 1048576.0);
         return;
     }

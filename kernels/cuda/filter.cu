@@ -318,22 +318,42 @@ cudaError_t launch_filter(const FilterParams &p, int qb, cudaStream_t st)
  * the device (streamed chunks are overwritten after the pass). Launch: 256 threads, grid
  * (S, qs); ~38 KB static shared memory (WarpCanonical staging), 5 blocks per SM; the
  * work is FP64 FMAs on staged rows, coalesced 128-byte row loads. */
+/* THE ESTIMATED THRESHOLD'S CERTIFICATE (cert > 0: engine.cu's plan_estimate, kCanonL2,
+ * S = 1). tau is then the select's estimate, not a bound, and pass B appended every
+ * reference with L <= tau'. If at least cert = kk entries have a canonical value <= tau,
+ * no other reference can be in the top kk: it has D > tau', so its canonical value is
+ * above tau' (1 - 2^-23) > tau (the canonical float is within D (2^-24 + (d + 2) 2^-53) of
+ * D; tau' - tau is 2^-19 tau + 16 FLT_MIN), beyond those kk whatever the ids. A query with
+ * fewer gets redo[q] = 1 and is searched again exactly (mma_rescue_kernel with p.redo),
+ * and so does a query whose buffer overflowed (this resolve then runs before the rescue). */
 __global__ __launch_bounds__(kBlock) void resolve_kernel(const ResolveParams p)
 {
     __shared__ union {
         BlockScan::TempStorage scan;
         BlockResolve::TempStorage res;
     } sm;
+    __shared__ int below;
     const int s = (int)blockIdx.x, qi = (int)blockIdx.y;
     Cand *seg = p.cand + ((int64_t)qi * p.S + s) * p.cap;
     int *cntp = p.cnt + (int64_t)qi * p.S + s;
-    const float tp = tau_prime(load_tau(p.tau + qi));
+    const float tau = load_tau(p.tau + qi);
+    const float tp = tau_prime(tau);
     int bc = *cntp;
-    if (bc == 0) return;
+    if (p.cert && threadIdx.x == 0) below = 0;
+    if (bc == 0 || (p.cert && bc > p.cap)) { /* cert: an overflowed buffer is searched again too */
+        if (p.cert && threadIdx.x == 0) p.redo[qi] = 1;
+        return;
+    }
     bc = compact_cands(sm.scan, seg, bc, [&](Cand &e) { return e.lo <= tp; });
     __syncthreads();
-    BlockResolve::run(sm.res, seg, bc, tp, p.Q + (int64_t)qi * p.ldq, p.d, p.R, p.ldr, p.r_local0, p.kind);
+    const int wb = BlockResolve::run(sm.res, seg, bc, tp, p.Q + (int64_t)qi * p.ldq, p.d, p.R, p.ldr, p.r_local0,
+                                     p.kind, p.cert ? tau : NAN);
     if (threadIdx.x == 0) *cntp = bc;
+    if (p.cert) {
+        if (lane_id() == 0) atomicAdd(&below, wb);
+        __syncthreads();
+        if (threadIdx.x == 0) p.redo[qi] = below < p.cert;
+    }
 }
 
 cudaError_t launch_resolve(const ResolveParams &p, int qs, cudaStream_t st)

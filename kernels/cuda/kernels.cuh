@@ -63,6 +63,10 @@ struct ResolveParams {
     int64_t r_local0;
     int64_t d;
     int S, cap, kind; /* kind: common.cuh's kCanon* */
+    /* cert > 0 (S = 1, kCanonL2): the estimated threshold's certificate. redo[q] = 1 when
+     * fewer than cert entries of query q have a canonical value <= tau[q], else 0. */
+    int cert;
+    int *redo;
 };
 
 /* Final selection: per query, the sorted first kk of its candidates, written with pad. */
@@ -140,6 +144,9 @@ struct MmaParams {
     int qt0;               /* ffma_kernel: query tile of blockIdx.x = 0 (launch_one)      */
     int carry;             /* ffma_kernel pass B: entries carry their accumulators (the   *
                             * prune follows; mma_kernel's always do)                     */
+    float *tau_out;        /* select: per state query the selected witness, or NULL       */
+    const int *redo;       /* rescue: search the queries with redo[q] != 0 (a failed      *
+                            * certificate) instead of the overflowed ones; NULL: those    */
     /* Mode 2's column side: the state of reference j is cthr[j], ccnt[j], ccand[j cap ..]
      * (mma_params: the rows' own state, Q = R). rect = 1: Q and R are two disjoint sets
      * (xknn_search_pair): every CTA takes all reference tiles, none is a diagonal tile,

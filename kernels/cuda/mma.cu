@@ -11,6 +11,9 @@
  *            witnesses belong to kk distinct references.
  *   select   per query tau = kk-th smallest witness (radix select): at least kk
  *            references have D <= tau, so tau bounds the kk-th smallest distance.
+ *            (Large k, l2: engine.cu's plan_estimate takes a short prefix and the j-th
+ *            smallest witness, j < kk, an ESTIMATE of that bound; the re-rank then
+ *            certifies it and the rescue searches the queries whose certificate fails.)
  *   pass B   mma tiles over all n references; a pair whose rigorous LOWER bound satisfies
  *            L <= tau' = tau (1 + 2^-19) + 16 FLT_MIN is appended to the query's candidate
  *            buffer (atomic slot; rare: about kk n / nA pairs per query plus the bound's
@@ -1446,7 +1449,10 @@ __global__ __launch_bounds__(kBlock) void mma_select_kernel(const MmaParams p, i
             tau = order_dec(K);
         }
         const float tp = tau >= 0.0f ? tau_prime(tau) : tau;
-        if (threadIdx.x == 0) p.thr[q] = __fmul_ru(0.5f, __fadd_ru(p.ub, tp));
+        if (threadIdx.x == 0) {
+            p.thr[q] = __fmul_ru(0.5f, __fadd_ru(p.ub, tp));
+            if (p.tau_out) p.tau_out[q] = tau;
+        }
         __syncthreads();
     }
 }
@@ -1469,7 +1475,10 @@ __global__ __launch_bounds__(kBlock) void mma_list_thr_kernel(const MmaParams p,
 /* Queries whose buffer overflowed: an exact scan of every reference (canonical values by
  * BlockResolve, whole warps per batch of rows), the buffer cut to its exact top kk by
  * (canonical, id) whenever the next 256 would not fit (cap >= kk + kBlock). Other queries
- * only add their count to the statistics. */
+ * only add their count to the statistics. With p.redo (after a resolve that checked the
+ * estimated threshold's certificate, filter.cu) the queries scanned are those with
+ * redo[q] set (failed or overflowed), and a scanned buffer is resolved at the end, as
+ * the resolve has run already. */
 union RescueSm {
     BlockScan::TempStorage scan;
     BlockRadixSelect<unsigned long long>::TempStorage sel;
@@ -1482,7 +1491,7 @@ __global__ __launch_bounds__(kBlock) void mma_rescue_kernel(const MmaParams p, i
     const int tid = (int)threadIdx.x;
     for (int q = (int)blockIdx.x; q < p.qs; q += (int)gridDim.x) {
         const int c0 = p.cnt[q];
-        if (c0 <= p.cap) {
+        if (p.redo ? !p.redo[q] : c0 <= p.cap) {
             if (tid == 0) atomicAdd(p.stats + kStatAppended, (unsigned long long)c0);
             continue;
         }
@@ -1518,6 +1527,7 @@ __global__ __launch_bounds__(kBlock) void mma_rescue_kernel(const MmaParams p, i
             bc += total;
             __syncthreads();
         }
+        if (p.redo) BlockResolve::run(sm.res, seg, bc, INFINITY, qrow, p.d, p.R, p.ldr, 0, kind);
         if (tid == 0) {
             p.cnt[q] = bc;
             atomicAdd(p.stats + kStatAppended, (unsigned long long)bc);
