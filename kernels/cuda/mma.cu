@@ -787,18 +787,28 @@ __global__ __launch_bounds__(kFfThreads, 1) void ffma_kernel(const MmaParams p)
 #pragma unroll
             for (int e = 0; e < 4; ++e) b4[e] = *reinterpret_cast<const float4 *>(B + k * kFfPitch + 4 * (e ^ bsw));
             const float a[4] = {a4.x, a4.y, a4.z, a4.w};
+            /* The 64 products of the dimension, each column's 4 rows in a row (ptxas gives
+             * the column a reuse chain) in the order i = c + o_p (mod 4), c = m % 4, o =
+             * 0, 3, 1, 2 (mode 1) or 3, 1, 0, 2 (mode 0): with a[i] in register bank i and
+             * b[m] in bank c, these orders got ptxas's fewest FFMAs whose operands not
+             * marked .reuse share a bank (counted in the loop's SASS, CUDA 13 ptxas:
+             * <1, false> 57 -> 1, <1, true> 99 -> 13, <0, false> 137 -> 14). Only the
+             * order of independent FMAs changes: each accumulator still adds its
+             * dimensions in order, with the same fmaf. */
+            constexpr int kOrd = MODE == 0 ? 0x2013 : 0x2130; /* o_p = kOrd >> 4 p & 15 */
 #pragma unroll
-            for (int i = 0; i < 4; ++i)
+            for (int e = 0; e < 4; ++e) {
+                const float b[4] = {b4[e].x, b4[e].y, b4[e].z, b4[e].w};
 #pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    /* columns m = 4 e .. 4 e + 3: ni = 2 e + (m >> 1 & 1), c = m & 1 */
-                    float *r0 = acc[i >> 1][2 * e];
-                    float *r1 = acc[i >> 1][2 * e + 1];
-                    r0[2 * (i & 1)] = fmaf(a[i], b4[e].x, r0[2 * (i & 1)]);
-                    r0[2 * (i & 1) + 1] = fmaf(a[i], b4[e].y, r0[2 * (i & 1) + 1]);
-                    r1[2 * (i & 1)] = fmaf(a[i], b4[e].z, r1[2 * (i & 1)]);
-                    r1[2 * (i & 1) + 1] = fmaf(a[i], b4[e].w, r1[2 * (i & 1) + 1]);
-                }
+                for (int c = 0; c < 4; ++c)
+#pragma unroll
+                    for (int p = 0; p < 4; ++p) {
+                        const int i = (c + (kOrd >> (4 * p) & 15)) & 3;
+                        /* column m = 4 e + c: ni = 2 e + (c >> 1), element 2 (i & 1) + (c & 1) */
+                        float &r = acc[i >> 1][2 * e + (c >> 1)][2 * (i & 1) + (c & 1)];
+                        r = fmaf(a[i], b[c], r);
+                    }
+            }
         }
         if (kc != KC - 1) continue;
 
