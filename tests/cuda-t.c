@@ -468,8 +468,8 @@ static void run_errors(void)
 }
 #define NERRORS 7
 
-/* ---- the embedding API on device buffers (23 tests) --------------------------------- */
-#define NDEVICE 23
+/* ---- the embedding API on device buffers (24 tests) --------------------------------- */
+#define NDEVICE 24
 #ifdef XKNN_TEST_HAVE_CUDA_RT
 #define CK(call)                                                                                       \
     do {                                                                                               \
@@ -645,16 +645,22 @@ static void run_device_api(void)
         int pass;
         p = xknn_params_default();
         p.cuda_path = XKNN_CUDA_PATH_MMA;
-        for (pass = 0; pass < 3; pass++) {
-            const char *what = pass == 0 ? "uniform" : pass == 1 ? "sorted by the first coordinate"
-                                                                 : "sorted, XKNN_CUDA_NO_ESTIMATE=1";
-            if (pass == 1) qsort(eref, (size_t)en, (size_t)ed * sizeof(float), cmp_first_float);
-            if (pass == 2) setenv("XKNN_CUDA_NO_ESTIMATE", "1", 1);
+        /* passes 2 and 3: the re-rank by reference range with ranges of 1/64 of the L2
+         * (several ranges here) */
+        for (pass = 0; pass < 4; pass++) {
+            const char *what = pass == 0   ? "uniform"
+                               : pass == 1 ? "uniform, reference ranges"
+                               : pass == 2 ? "sorted by the first coordinate, reference ranges"
+                                           : "sorted, XKNN_CUDA_NO_ESTIMATE=1";
+            if (pass == 2) qsort(eref, (size_t)en, (size_t)ed * sizeof(float), cmp_first_float);
+            if (pass == 1 || pass == 2) setenv("XKNN_CUDA_RESOLVE_RANGES", "64", 1);
+            if (pass == 3) setenv("XKNN_CUDA_NO_ESTIMATE", "1", 1);
             st = xknn_cuda_workspace_size(ctx, &p, en, eq, ed, ek, &bytes, &err);
             if (st == XKNN_SUCCESS) st = dsearch(ctx, &p, eref, en, eqry, eq, ed, ek, ids, dist, bytes, 0, stats, &err);
-            if (pass == 2) unsetenv("XKNN_CUDA_NO_ESTIMATE");
-            if (pass < 2 && st == XKNN_SUCCESS) reruns[pass] = stats[XKNN_CUDA_STAT_RERUNS];
-            if (pass < 2) ref_knn(REF_L2, eref, en, ed, eqry, eq, ed, ed, ek, 0, 0, 0, wid, wd);
+            unsetenv("XKNN_CUDA_RESOLVE_RANGES");
+            unsetenv("XKNN_CUDA_NO_ESTIMATE");
+            if ((pass == 0 || pass == 2) && st == XKNN_SUCCESS) reruns[pass / 2] = stats[XKNN_CUDA_STAT_RERUNS];
+            if (pass == 0 || pass == 2) ref_knn(REF_L2, eref, en, ed, eqry, eq, ed, ed, ek, 0, 0, 0, wid, wd);
             if (st != XKNN_SUCCESS)
                 ok(0, "device API, k=512 estimated tau, %s: %s", what, err.message);
             else

@@ -324,8 +324,8 @@ cudaError_t launch_filter(const FilterParams &p, int qb, cudaStream_t st)
  * no other reference can be in the top kk: it has D > tau', so its canonical value is
  * above tau' (1 - 2^-23) > tau (the canonical float is within D (2^-24 + (d + 2) 2^-53) of
  * D; tau' - tau is 2^-19 tau + 16 FLT_MIN), beyond those kk whatever the ids. A query with
- * fewer gets redo[q] = 1 and is searched again exactly (mma_rescue_kernel with p.redo),
- * and so does a query whose buffer overflowed (this resolve then runs before the rescue). */
+ * fewer is searched again exactly (mma_rescue_kernel with p.below), and so is a query
+ * whose buffer overflowed (this resolve then runs before the rescue). */
 __global__ __launch_bounds__(kBlock) void resolve_kernel(const ResolveParams p)
 {
     __shared__ union {
@@ -341,7 +341,7 @@ __global__ __launch_bounds__(kBlock) void resolve_kernel(const ResolveParams p)
     int bc = *cntp;
     if (p.cert && threadIdx.x == 0) below = 0;
     if (bc == 0 || (p.cert && bc > p.cap)) { /* cert: an overflowed buffer is searched again too */
-        if (p.cert && threadIdx.x == 0) p.redo[qi] = 1;
+        if (p.cert && threadIdx.x == 0) p.below[qi] = 0;
         return;
     }
     bc = compact_cands(sm.scan, seg, bc, [&](Cand &e) { return e.lo <= tp; });
@@ -352,7 +352,7 @@ __global__ __launch_bounds__(kBlock) void resolve_kernel(const ResolveParams p)
     if (p.cert) {
         if (lane_id() == 0) atomicAdd(&below, wb);
         __syncthreads();
-        if (threadIdx.x == 0) p.redo[qi] = below < p.cert;
+        if (threadIdx.x == 0) p.below[qi] = below;
     }
 }
 
@@ -360,6 +360,114 @@ cudaError_t launch_resolve(const ResolveParams &p, int qs, cudaStream_t st)
 {
     const dim3 grid((unsigned)p.S, (unsigned)qs);
     resolve_kernel<<<grid, kBlock, 0, st>>>(p);
+    return cudaGetLastError();
+}
+
+/* ---- resolve by reference range --------------------------------------------------------
+ * With an estimated threshold at large k (engine.cu's plan_estimate) each query holds
+ * thousands of candidates, and the re-rank gathers one reference row per candidate from
+ * all over the references: about 50 GB of random row reads at W3 (k = 4096), bound by
+ * HBM. Each reference row is wanted by about kk / n of the queries, so the rows are read
+ * many times, but queries resolved together share almost none. Resolving by reference
+ * range instead: bucket_kernel reorders each query's entries by range (nb ranges of rb
+ * references, a range's rows as large as the L2: engine.cu's kRangeL2Part), then resolve_range_kernel's grid runs
+ * range 0 of every query, then range 1, ...: the rows of one range stay in L2 while
+ * every query gathers from it. The certificate counts are summed over the ranges. Entry
+ * order within a query does not matter downstream (the final selection sorts by
+ * (canonical, id)). */
+constexpr int kBucketThreads = 1024;
+constexpr int kRangeQueries = 8; /* queries per block of resolve_range_kernel */
+
+__device__ __forceinline__ int range_of(const ResolveParams &p, int idx)
+{
+    const int64_t b = (int64_t)idx / p.rb;
+    return b < p.nb ? (int)b : p.nb - 1;
+}
+
+/* One block per query: its entries through shared memory, reordered by range, and the
+ * nb + 1 offsets. An overflowed buffer gets empty ranges (the rescue searches it); one
+ * with more than bmax entries keeps them in range 0. below[q] is zeroed. */
+__global__ __launch_bounds__(kBucketThreads) void bucket_kernel(const ResolveParams p)
+{
+    extern __shared__ __align__(16) unsigned char bucket_sm[];
+    Cand *buf = reinterpret_cast<Cand *>(bucket_sm);
+    __shared__ int hist[kMaxRanges], fill[kMaxRanges];
+    const int qi = (int)blockIdx.x, tid = (int)threadIdx.x;
+    Cand *seg = p.cand + (int64_t)qi * p.cap;
+    int *off = p.boff + (int64_t)qi * (p.nb + 1);
+    const int bc = p.cnt[qi];
+    if (tid == 0) p.below[qi] = 0;
+    if (bc <= 0 || bc > p.cap || bc > p.bmax) {
+        for (int b = tid; b <= p.nb; b += kBucketThreads) off[b] = b == 0 || bc > p.cap ? 0 : max(bc, 0);
+        return;
+    }
+    for (int b = tid; b < p.nb; b += kBucketThreads) hist[b] = 0;
+    __syncthreads();
+    for (int i0 = 0; i0 < bc; i0 += 4 * kBucketThreads) { /* four loads in flight a thread */
+        Cand e[4];
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            const int i = i0 + u * kBucketThreads + tid;
+            if (i < bc) e[u] = seg[i];
+        }
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            const int i = i0 + u * kBucketThreads + tid;
+            if (i < bc) {
+                buf[i] = e[u];
+                atomicAdd(&hist[range_of(p, e[u].idx)], 1);
+            }
+        }
+    }
+    __syncthreads();
+    if (tid == 0) {
+        int sum = 0;
+        for (int b = 0; b < p.nb; ++b) {
+            fill[b] = sum;
+            off[b] = sum;
+            sum += hist[b];
+        }
+        off[p.nb] = sum;
+    }
+    __syncthreads();
+    for (int i = tid; i < bc; i += kBucketThreads) {
+        const Cand e = buf[i];
+        seg[atomicAdd(&fill[range_of(p, e.idx)], 1)] = e;
+    }
+}
+
+/* Block (x, r): range r of queries kRangeQueries x .. + kRangeQueries - 1 (blockIdx.x
+ * runs fastest, so every query's range r is resolved before range r + 1 starts). The
+ * entries' lo are -inf (the tensor-core passes), so nothing is compacted. */
+__global__ __launch_bounds__(kBlock) void resolve_range_kernel(const ResolveParams p, int qs)
+{
+    __shared__ BlockResolve::TempStorage res;
+    const int r = (int)blockIdx.y;
+    const int q1 = min(qs, ((int)blockIdx.x + 1) * kRangeQueries);
+    for (int qi = (int)blockIdx.x * kRangeQueries; qi < q1; ++qi) {
+        const int *off = p.boff + (int64_t)qi * (p.nb + 1);
+        const int o0 = off[r], o1 = off[r + 1];
+        if (o1 <= o0) continue;
+        const float tau = *(const volatile float *)(p.tau + qi);
+        const int wb = BlockResolve::run(res, p.cand + (int64_t)qi * p.cap + o0, o1 - o0, INFINITY,
+                                         p.Q + (int64_t)qi * p.ldq, p.d, p.R, p.ldr, p.r_local0, p.kind, tau);
+        if (lane_id() == 0 && wb) atomicAdd(p.below + qi, wb);
+        __syncthreads(); /* res is reused by the next query */
+    }
+}
+
+cudaError_t launch_resolve_ranges(const ResolveParams &p, int qs, int smem_optin, cudaStream_t st)
+{
+    if (qs <= 0) return cudaSuccess;
+    const size_t smem = (size_t)p.bmax * sizeof(Cand);
+    if ((int)smem > smem_optin || p.nb < 1 || p.nb > kMaxRanges) return cudaErrorInvalidValue;
+    cudaError_t e = cudaFuncSetAttribute(bucket_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (e != cudaSuccess) return e;
+    bucket_kernel<<<qs, kBucketThreads, smem, st>>>(p);
+    e = cudaGetLastError();
+    if (e != cudaSuccess) return e;
+    const dim3 grid((unsigned)((qs + kRangeQueries - 1) / kRangeQueries), (unsigned)p.nb);
+    resolve_range_kernel<<<grid, kBlock, 0, st>>>(p, qs);
     return cudaGetLastError();
 }
 

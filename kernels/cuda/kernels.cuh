@@ -63,11 +63,19 @@ struct ResolveParams {
     int64_t r_local0;
     int64_t d;
     int S, cap, kind; /* kind: common.cuh's kCanon* */
-    /* cert > 0 (S = 1, kCanonL2): the estimated threshold's certificate. redo[q] = 1 when
-     * fewer than cert entries of query q have a canonical value <= tau[q], else 0. */
+    /* cert > 0 (S = 1, kCanonL2): the estimated threshold's certificate. below[q] = how
+     * many entries of query q have a canonical value <= tau[q] (0 for an overflowed
+     * buffer, not resolved); the rescue then searches the queries with below[q] < cert. */
     int cert;
-    int *redo;
+    int *below;
+    /* resolve by reference range (filter.cu's launch_resolve_ranges; cert > 0): nb ranges
+     * of rb references; boff: per query nb + 1 entry offsets (bucket_kernel); a query
+     * with more than bmax entries keeps one range */
+    int nb, bmax;
+    int64_t rb;
+    int *boff;
 };
+static const int kMaxRanges = 64; /* ResolveParams.nb at most */
 
 /* Final selection: per query, the sorted first kk of its candidates, written with pad. */
 struct FinalParams {
@@ -145,8 +153,8 @@ struct MmaParams {
     int carry;             /* ffma_kernel pass B: entries carry their accumulators (the   *
                             * prune follows; mma_kernel's always do)                     */
     float *tau_out;        /* select: per state query the selected witness, or NULL       */
-    const int *redo;       /* rescue: search the queries with redo[q] != 0 (a failed      *
-                            * certificate) instead of the overflowed ones; NULL: those    */
+    const int *below;      /* rescue: also search the queries with below[q] < kk (a      *
+                            * failed certificate, ResolveParams.below); NULL: none        */
     /* Mode 2's column side: the state of reference j is cthr[j], ccnt[j], ccand[j cap ..]
      * (mma_params: the rows' own state, Q = R). rect = 1: Q and R are two disjoint sets
      * (xknn_search_pair): every CTA takes all reference tiles, none is a diagonal tile,
@@ -269,6 +277,7 @@ cudaError_t launch_unit_rows(const float *X, int64_t ld, int64_t rows, int64_t d
 cudaError_t launch_init_state(float *tau, int *cnt, int qs, int S, cudaStream_t st);
 cudaError_t launch_filter(const FilterParams &p, int qb, cudaStream_t st);
 cudaError_t launch_resolve(const ResolveParams &p, int qs, cudaStream_t st);
+cudaError_t launch_resolve_ranges(const ResolveParams &p, int qs, int smem_optin, cudaStream_t st);
 cudaError_t launch_final(const FinalParams &p, int qs, cudaStream_t st);
 /* kp: keys kept per (slice, query), one of 32, 64, 128, 256 (kFusedMaxKeep). The fused
  * kernel over slices [z0, z0 + nz); then, once every slice is done, finish + rescue. */

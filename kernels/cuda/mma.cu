@@ -1485,10 +1485,10 @@ __global__ __launch_bounds__(kBlock) void mma_list_thr_kernel(const MmaParams p,
 /* Queries whose buffer overflowed: an exact scan of every reference (canonical values by
  * BlockResolve, whole warps per batch of rows), the buffer cut to its exact top kk by
  * (canonical, id) whenever the next 256 would not fit (cap >= kk + kBlock). Other queries
- * only add their count to the statistics. With p.redo (after a resolve that checked the
- * estimated threshold's certificate, filter.cu) the queries scanned are those with
- * redo[q] set (failed or overflowed), and a scanned buffer is resolved at the end, as
- * the resolve has run already. */
+ * only add their count to the statistics. With p.below (after a resolve that checked the
+ * estimated threshold's certificate, filter.cu) the queries with below[q] < kk are
+ * scanned too, and a scanned buffer is resolved at the end, as the resolve has run
+ * already. */
 union RescueSm {
     BlockScan::TempStorage scan;
     BlockRadixSelect<unsigned long long>::TempStorage sel;
@@ -1501,7 +1501,7 @@ __global__ __launch_bounds__(kBlock) void mma_rescue_kernel(const MmaParams p, i
     const int tid = (int)threadIdx.x;
     for (int q = (int)blockIdx.x; q < p.qs; q += (int)gridDim.x) {
         const int c0 = p.cnt[q];
-        if (p.redo ? !p.redo[q] : c0 <= p.cap) {
+        if (c0 <= p.cap && !(p.below && p.below[q] < kk)) {
             if (tid == 0) atomicAdd(p.stats + kStatAppended, (unsigned long long)c0);
             continue;
         }
@@ -1537,7 +1537,7 @@ __global__ __launch_bounds__(kBlock) void mma_rescue_kernel(const MmaParams p, i
             bc += total;
             __syncthreads();
         }
-        if (p.redo) BlockResolve::run(sm.res, seg, bc, INFINITY, qrow, p.d, p.R, p.ldr, 0, kind);
+        if (p.below) BlockResolve::run(sm.res, seg, bc, INFINITY, qrow, p.d, p.R, p.ldr, 0, kind);
         if (tid == 0) {
             p.cnt[q] = bc;
             atomicAdd(p.stats + kStatAppended, (unsigned long long)bc);
