@@ -92,7 +92,15 @@ struct CUstream_st; /* = cudaStream_t's pointee; NULL means the legacy default s
                                   the fp32 path's CUDA-core passes for k >= n / 16384)
                                   drop the pairs whose lower bound exceeds the k-th upper
                                   bound before the re-rank; XKNN_CUDA_NO_PRUNE=1
-                                  (diagnostic) re-ranks them all. In xknn_search_pair (l2) a
+                                  (diagnostic) re-ranks them all. For large k (l2, where
+                                  a rigorous bound would need most references as
+                                  witnesses) the bound is estimated from a short prefix
+                                  and certified after the re-rank; a query whose
+                                  certificate fails is searched again exactly (RERUNS),
+                                  and the re-rank runs by reference ranges of the L2's
+                                  size; XKNN_CUDA_NO_ESTIMATE=1 and
+                                  XKNN_CUDA_RESOLVE_RANGES=0 (diagnostics) turn them off.
+                                  Same bytes either way. In xknn_search_pair (l2) a
                                   side whose running lists are full takes its thresholds
                                   from their k-th values instead of witnesses;
                                   XKNN_CUDA_PAIR_WITNESSES=1 keeps the witnesses.        */
