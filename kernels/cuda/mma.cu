@@ -792,10 +792,13 @@ __global__ __launch_bounds__(kFfThreads, 1) void ffma_kernel(const MmaParams p)
              * 0, 3, 1, 2 (mode 1) or 3, 1, 0, 2 (mode 0): with a[i] in register bank i and
              * b[m] in bank c, these orders got ptxas's fewest FFMAs whose operands not
              * marked .reuse share a bank (counted in the loop's SASS, CUDA 13 ptxas:
-             * <1, false> 57 -> 1, <1, true> 99 -> 13, <0, false> 137 -> 14). Only the
-             * order of independent FMAs changes: each accumulator still adds its
-             * dimensions in order, with the same fmaf. */
-            constexpr int kOrd = MODE == 0 ? 0x2013 : 0x2130; /* o_p = kOrd >> 4 p & 15 */
+             * <1, false> 57 -> 1, <0, false> 137 -> 14). On one H100 (W1 fp32) orders
+             * with 1, 34, 57 and 110 such FFMAs ran 60.06, 60.73, 60.37 and 61.33 ms.
+             * With the accumulators carried (CARRY) the order 2, 0, 3, 1 was faster
+             * (k = 100: 65.85 against 66.24 ms), though it has more of them (102 against
+             * 13). Only the order of independent FMAs changes: each accumulator still
+             * adds its dimensions in order, with the same fmaf. */
+            constexpr int kOrd = MODE == 0 ? 0x2013 : CARRY ? 0x1302 : 0x2130; /* o_p = kOrd >> 4 p & 15 */
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 const float b[4] = {b4[e].x, b4[e].y, b4[e].z, b4[e].w};
