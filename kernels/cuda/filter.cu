@@ -317,8 +317,9 @@ cudaError_t launch_filter(const FilterParams &p, int qb, cudaStream_t st)
  * canonical distance of every unresolved survivor while its reference chunk is still on
  * the device (streamed chunks are overwritten after the pass). Launch: 256 threads, grid
  * (S, qs); ~38 KB static shared memory (WarpCanonical staging), 5 blocks per SM; the
- * work is FP64 FMAs on staged rows, coalesced 128-byte row loads. */
-/* THE ESTIMATED THRESHOLD'S CERTIFICATE (cert > 0: engine.cu's plan_estimate, kCanonL2,
+ * work is FP64 FMAs on staged rows, coalesced 128-byte row loads.
+ *
+ * THE ESTIMATED THRESHOLD'S CERTIFICATE (cert > 0: engine.cu's plan_estimate, kCanonL2,
  * S = 1). tau is then the select's estimate, not a bound, and pass B appended every
  * reference with L <= tau'. If at least cert = kk entries have a canonical value <= tau,
  * no other reference can be in the top kk: it has D > tau', so its canonical value is
@@ -370,9 +371,9 @@ cudaError_t launch_resolve(const ResolveParams &p, int qs, cudaStream_t st)
  * HBM. Each reference row is wanted by about kk / n of the queries, so the rows are read
  * many times, but queries resolved together share almost none. Resolving by reference
  * range instead: bucket_kernel reorders each query's entries by range (nb ranges of rb
- * references, a range's rows as large as the L2: engine.cu's kRangeL2Part), then resolve_range_kernel's grid runs
- * range 0 of every query, then range 1, ...: the rows of one range stay in L2 while
- * every query gathers from it. The certificate counts are summed over the ranges. Entry
+ * references, a range's rows as large as the L2: engine.cu's kRangeL2Part), then
+ * resolve_range_kernel's grid runs range 0 of every query, then range 1, ...: the rows
+ * of one range stay in L2 while every query gathers from it. The certificate counts are summed over the ranges. Entry
  * order within a query does not matter downstream (the final selection sorts by
  * (canonical, id)). */
 constexpr int kBucketThreads = 1024;
@@ -398,7 +399,8 @@ __global__ __launch_bounds__(kBucketThreads) void bucket_kernel(const ResolvePar
     const int bc = p.cnt[qi];
     if (tid == 0) p.below[qi] = 0;
     if (bc <= 0 || bc > p.cap || bc > p.bmax) {
-        for (int b = tid; b <= p.nb; b += kBucketThreads) off[b] = b == 0 || bc > p.cap ? 0 : max(bc, 0);
+        const int all = bc > 0 && bc <= p.cap ? bc : 0; /* range 0 holds them all, or none */
+        for (int b = tid; b <= p.nb; b += kBucketThreads) off[b] = b == 0 ? 0 : all;
         return;
     }
     for (int b = tid; b < p.nb; b += kBucketThreads) hist[b] = 0;
@@ -448,9 +450,9 @@ __global__ __launch_bounds__(kBlock) void resolve_range_kernel(const ResolvePara
         const int *off = p.boff + (int64_t)qi * (p.nb + 1);
         const int o0 = off[r], o1 = off[r + 1];
         if (o1 <= o0) continue;
-        const float tau = *(const volatile float *)(p.tau + qi);
         const int wb = BlockResolve::run(res, p.cand + (int64_t)qi * p.cap + o0, o1 - o0, INFINITY,
-                                         p.Q + (int64_t)qi * p.ldq, p.d, p.R, p.ldr, p.r_local0, p.kind, tau);
+                                         p.Q + (int64_t)qi * p.ldq, p.d, p.R, p.ldr, p.r_local0, p.kind,
+                                         load_tau(p.tau + qi));
         if (lane_id() == 0 && wb) atomicAdd(p.below + qi, wb);
         __syncthreads(); /* res is reused by the next query */
     }
