@@ -621,7 +621,17 @@ __global__ __launch_bounds__(kThreads, 1) void mma_kernel(const MmaParams p)
 constexpr int kFfThreads = 512;
 constexpr int kFfBK = 64;           /* dimensions per ring stage: one barrier per 64 */
 constexpr int kFfStages = 2;        /* ring depth: a stage loads while the other is used */
-constexpr int kFfUnroll = 8;        /* dimensions per loop trip (W1: 4 is 7 % slower, 16 the same) */
+/* dimensions per loop trip (ffma_kernel's U). ptxas loads the next dimension's operands
+ * during the current one's products within a trip, but not across the loop's back edge,
+ * so the first dimension of every trip waits on its loads (ncu on W1's pass B: the
+ * short-scoreboard stall was 30 % of the samples, most on FFMAs). Longer trips wait less
+ * often. One H100, W1 fp32 against unroll 8 (60.03-60.07 ms): 16 59.60-59.64, 32
+ * 59.46-59.52, 64 59.29-59.35 ms; but with 64 everywhere nq = 300 (a last tile of 44
+ * rows) went 2.52 -> 2.89 ms. So grids whose last tile is mostly full take 64, and a
+ * light last tile, pass A and the kernel carrying its accumulators (which spills at 64)
+ * take 16: W1 fp32 60.01-60.05 -> 58.90-58.97 ms, nq = 300 2.54 -> 2.50 ms, k = 100
+ * 65.90 -> 64.94 ms (another H100). */
+constexpr int kFfUnroll = 16, kFfUnrollFull = 64;
 constexpr int kFfPitch = kBN + 4;   /* floats per dimension of a staged reference chunk */
 
 /* position of query row r (of the CTA's kBM) within a dimension of the staged queries */
@@ -680,10 +690,11 @@ __device__ __forceinline__ void ff_load_stage(float *stage, const MmaParams &p, 
     }
 }
 
-template <int MODE, bool CARRY>
+template <int MODE, bool CARRY, int U>
 __global__ __launch_bounds__(kFfThreads, 1) void ffma_kernel(const MmaParams p)
 {
     static_assert(MODE == 0 || MODE == 1, "passes A and B only");
+    static_assert(kFfBK % U == 0, "whole trips per stage");
     static_assert(kBM == 256 && kBN == 128, "the layout assumes these tiles");
     extern __shared__ __align__(16) float smem[];
     const int dpad = (int)((p.d + kFfBK - 1) / kFfBK * kFfBK);
@@ -780,7 +791,7 @@ __global__ __launch_bounds__(kFfThreads, 1) void ffma_kernel(const MmaParams p)
         if (idle) continue;
         const float *A = Aw + kc * kFfBK * kBM;
         const float *B = Rs + stg * kFfBK * kFfPitch + bw;
-#pragma unroll kFfUnroll
+#pragma unroll U
         for (int k = 0; k < kFfBK; ++k) {
             const float4 a4 = *reinterpret_cast<const float4 *>(A + k * kBM);
             float4 b4[4];
@@ -791,8 +802,9 @@ __global__ __launch_bounds__(kFfThreads, 1) void ffma_kernel(const MmaParams p)
              * the column a reuse chain) in the order i = c + o_p (mod 4), c = m % 4, o =
              * 0, 3, 1, 2 (mode 1) or 3, 1, 0, 2 (mode 0): with a[i] in register bank i and
              * b[m] in bank c, these orders got ptxas's fewest FFMAs whose operands not
-             * marked .reuse share a bank (counted in the loop's SASS, CUDA 13 ptxas:
-             * <1, false> 57 -> 1, <0, false> 137 -> 14). On one H100 (W1 fp32) orders
+             * marked .reuse share a bank (counted in the loop's SASS, CUDA 13 ptxas, at
+             * trips of 8: <1, false> 57 -> 1, <0, false> 137 -> 14; at the trips of
+             * now: <1, false, 64> 5 of 4096, <1, false, 16> 7 of 1024). On one H100 (W1 fp32) orders
              * with 1, 34, 57 and 110 such FFMAs ran 60.06, 60.73, 60.37 and 61.33 ms.
              * With the accumulators carried (CARRY) the order 2, 0, 3, 1 was faster
              * (k = 100: 65.85 against 66.24 ms), though it has more of them (102 against
@@ -1593,9 +1605,15 @@ cudaError_t launch_one(const MmaParams &p, int sms, int wgmma, cudaStream_t st)
         const int64_t RT = (p.n + kBN - 1) / kBN;
         const int fsm = (int)ffma_smem_bytes(p.d);
         constexpr int M = MODE == 2 ? 1 : MODE; /* (mode 2 returned above) */
-        /* pass B's entries carry their accumulators only where p.carry asks (mma_prune) */
-        void (*const kern)(const MmaParams) = M == 1 && p.carry ? ffma_kernel<1, true> : ffma_kernel<M, false>;
-        const cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, fsm);
+        /* pass B's entries carry their accumulators only where p.carry asks (mma_prune);
+         * pass B without them takes the longer trips where its last tile is mostly full
+         * (kFfUnrollFull) */
+        void (*const kern)(const MmaParams) =
+            M == 1 && p.carry ? ffma_kernel<1, true, kFfUnroll> : ffma_kernel<M, false, kFfUnroll>;
+        void (*const kfull)(const MmaParams) = M == 1 && !p.carry ? ffma_kernel<1, false, kFfUnrollFull> : kern;
+        cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, fsm);
+        if (e == cudaSuccess && kfull != kern)
+            e = cudaFuncSetAttribute(kfull, cudaFuncAttributeMaxDynamicSharedMemorySize, fsm);
         if (e != cudaSuccess) return e;
         /* query tiles [qt0, qt0 + nqt) over all reference tiles, sliced by choose_slices */
         auto grid = [&](int64_t qt0, int64_t nqt) {
@@ -1604,7 +1622,9 @@ cudaError_t launch_one(const MmaParams &p, int sms, int wgmma, cudaStream_t st)
             int64_t Z = choose_slices(nqt, RT, sms);
             q.tiles_per_cta = (int)((RT + Z - 1) / Z);
             Z = (RT + q.tiles_per_cta - 1) / q.tiles_per_cta;
-            kern<<<dim3((unsigned)nqt, (unsigned)Z), kFfThreads, fsm, st>>>(q);
+            const int64_t last_rows = p.qs - (qt0 + nqt - 1) * kBM; /* rows of the grid's last tile */
+            void (*const k)(const MmaParams) = last_rows > kBM / 2 ? kfull : kern;
+            k<<<dim3((unsigned)nqt, (unsigned)Z), kFfThreads, fsm, st>>>(q);
             return cudaGetLastError();
         };
         /* A last tile of at most kBM / 2 queries has idle warps, so its CTAs end early
