@@ -876,6 +876,40 @@ __device__ __forceinline__ float ldg_again(const float *a)
     return v;
 }
 
+/* A reference tile's column terms as the Hopper epilogues read them, per thread: modes 0
+ * and 1 c_j of columns nb * 8 + 2 t + c (v[2 nb + c]); mode 2 (c_j, c'_x) of both columns
+ * (v[4 nb + 2 c], v[4 nb + 2 c + 1]). wgmma_ws_kernel loads them before it waits for the
+ * tile's last wgmma, so that their latency hides behind the tensor work (ncu: long-
+ * scoreboard stalls were the largest share in passes B and the self-join triangle). In
+ * the SASS, ptxas keeps modes 0 and 1's 32 loads before the wait (one H100: W1 10.74 ->
+ * 10.14-10.34 ms, W2 15.27 -> 14.76-15.00, k = 1024 20.1 -> 19.7) but puts mode 2's 64
+ * after it (register pressure), so the triangle is unchanged. */
+template <int MODE>
+struct WgTerms {
+    float v[MODE == 2 ? 64 : 32];
+};
+
+template <int MODE>
+__device__ __forceinline__ void wg_load_terms(WgTerms<MODE> &T, const MmaParams &p, int64_t tile, int t)
+{
+    const int64_t ref0 = tile * kBN;
+#pragma unroll
+    for (int nb = 0; nb < 16; ++nb) {
+        if constexpr (MODE == 2) {
+            const float4 w = __ldg(reinterpret_cast<const float4 *>(reinterpret_cast<const float2 *>(p.ct) + ref0 +
+                                                                   2 * t + nb * 8));
+            T.v[4 * nb] = w.x;
+            T.v[4 * nb + 1] = w.y;
+            T.v[4 * nb + 2] = w.z;
+            T.v[4 * nb + 3] = w.w;
+        } else {
+            const float2 c2 = __ldg(reinterpret_cast<const float2 *>(p.ct + ref0 + nb * 8 + 2 * t));
+            T.v[2 * nb] = c2.x;
+            T.v[2 * nb + 1] = c2.y;
+        }
+    }
+}
+
 /* Mode 2 epilogue of the Hopper kernels (fragment: rows rbase + 64 mb + 8 hh, i = 2 mb + hh,
  * columns nb * 8 + 2 t + c, accumulator acc[mb][4 nb + 2 hh + c]): sym_epilogue's masks,
  * each behind a quick test. The row side takes the row maximum of fadd_ru(acc, -c_j) as
@@ -887,7 +921,8 @@ __device__ __forceinline__ float ldg_again(const float *a)
  * and tile. ct2: the tile's column terms (c_j, c'_x) as pairs, offset to the thread's
  * first column. (Computing the column bits in a second loop after the row maxima made
  * ptxas spill the accumulators.) */
-__device__ __forceinline__ void sym_epilogue_wg(const MmaParams &p, float (&acc)[2][64], const float2 *ct2,
+__device__ __forceinline__ void sym_epilogue_wg(const MmaParams &p, float (&acc)[2][64], const WgTerms<2> &T,
+                                                const float2 *ct2,
                                                 const float *row_s, const float *prow_s, int rbase, int q0,
                                                 int64_t ref0, int t, bool offdiag)
 {
@@ -902,7 +937,7 @@ __device__ __forceinline__ void sym_epilogue_wg(const MmaParams &p, float (&acc)
     unsigned rm[4] = {0u, 0u, 0u, 0u}, cmk[4] = {0u, 0u, 0u, 0u};
 #pragma unroll
     for (int nb = 0; nb < 16; ++nb) {
-        const float4 w = __ldg(reinterpret_cast<const float4 *>(ct2 + nb * 8)); /* (c_j, c'_x) of both columns */
+        const float4 w = make_float4(T.v[4 * nb], T.v[4 * nb + 1], T.v[4 * nb + 2], T.v[4 * nb + 3]); /* (c_j, c'_x) of both columns */
 #pragma unroll
         for (int c = 0; c < 2; ++c) {
             const float cj = c ? w.z : w.x, cx = c ? w.w : w.y;
@@ -1036,21 +1071,20 @@ __device__ __noinline__ void append_rows(int *cnt, Cand *cand, int cap, int64_t 
  * mma_kernel's layout, unused here). Leaves acc as it found it. */
 template <int MODE>
 __device__ __forceinline__ void wg_epilogue(const MmaParams &p, float (&acc)[2][64], int64_t tile,
-                                            const float *row_s, const float *prow_s, int wg, int wi, int g, int t,
-                                            int q0)
+                                            const WgTerms<MODE> &T, const float *row_s, const float *prow_s, int wg,
+                                            int wi, int g, int t, int q0)
 {
     const int64_t ref0 = tile * kBN;
     if constexpr (MODE == 2) {
-        sym_epilogue_wg(p, acc, reinterpret_cast<const float2 *>(p.ct) + ref0 + 2 * t, row_s, prow_s,
+        sym_epilogue_wg(p, acc, T, reinterpret_cast<const float2 *>(p.ct) + ref0 + 2 * t, row_s, prow_s,
                         wg * 128 + wi * 16 + g, q0, ref0, t, p.rect || tile * kBN >= (int64_t)q0 + kBM);
     } else {
         /* the tile's column terms (col_term, computed once a pass by mma_col_terms_kernel) */
         float cv[16][2];
 #pragma unroll
         for (int nb = 0; nb < 16; ++nb) {
-            const float2 c2 = __ldg(reinterpret_cast<const float2 *>(p.ct + ref0 + nb * 8 + 2 * t));
-            cv[nb][0] = c2.x;
-            cv[nb][1] = c2.y;
+            cv[nb][0] = T.v[2 * nb];
+            cv[nb][1] = T.v[2 * nb + 1];
         }
         if constexpr (MODE == 0) {
             const int64_t s0 = p.self_local0 + q0;
@@ -1216,7 +1250,9 @@ __global__ __launch_bounds__(kThreads, 1) void wgmma_kernel(const MmaParams p)
 
         /* ---- epilogue of reference tile `tile` ---- */
         const int64_t tile = t0 + it / KC;
-        wg_epilogue<MODE>(p, acc, tile, row_s, prow_s, wg, wi, g, t, q0);
+        WgTerms<MODE> T;
+        wg_load_terms<MODE>(T, p, tile, t);
+        wg_epilogue<MODE>(p, acc, tile, T, row_s, prow_s, wg, wi, g, t, q0);
 #pragma unroll
         for (int mb = 0; mb < 2; ++mb)
 #pragma unroll
@@ -1432,12 +1468,15 @@ __global__ __launch_bounds__(kWsThreads, 1) void wgmma_ws_kernel(const MmaParams
             named_arrive(2, 256);
         else if (tile + 1 < t1)
             named_arrive(1, 256);
+        /* the tile's column terms (and mode 2's thresholds) from global memory (L1/L2),
+         * loaded while the last wgmma run */
+        WgTerms<MODE> T;
+        wg_load_terms<MODE>(T, p, tile, t);
         asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
         __syncwarp();
         if (lane == 0) mbar_arrive(empty + prev);
 
-        /* the tile's norms and (mode 2) thresholds from global memory (L1/L2) */
-        wg_epilogue<MODE>(p, acc, tile, row_s, prow_s, wg, wi, g, t, q0);
+        wg_epilogue<MODE>(p, acc, tile, T, row_s, prow_s, wg, wi, g, t, q0);
         /* zeroed after the epilogue, so they are dead across the appenders' calls */
 #pragma unroll
         for (int mb = 0; mb < 2; ++mb)
