@@ -624,7 +624,7 @@ constexpr int kFfStages = 2;        /* ring depth: a stage loads while the other
 /* dimensions per loop trip (ffma_kernel's U). ptxas loads the next dimension's operands
  * during the current one's products within a trip, but not across the loop's back edge,
  * so the first dimension of every trip waits on its loads (ncu on W1's pass B: the
- * short-scoreboard stall was 30 % of the samples, most on FFMAs). Longer trips wait less
+ * short-scoreboard stalls were 29 % of the samples, most on FFMAs). Longer trips wait less
  * often. One H100, W1 fp32 against unroll 8 (60.03-60.07 ms): 16 59.60-59.64, 32
  * 59.46-59.52, 64 59.29-59.35 ms; but with 64 everywhere nq = 300 (a last tile of 44
  * rows) went 2.52 -> 2.89 ms. So grids whose last tile is mostly full take 64, and a
@@ -803,8 +803,9 @@ __global__ __launch_bounds__(kFfThreads, 1) void ffma_kernel(const MmaParams p)
              * 0, 3, 1, 2 (mode 1) or 3, 1, 0, 2 (mode 0): with a[i] in register bank i and
              * b[m] in bank c, these orders got ptxas's fewest FFMAs whose operands not
              * marked .reuse share a bank (counted in the loop's SASS, CUDA 13 ptxas, at
-             * trips of 8: <1, false> 57 -> 1, <0, false> 137 -> 14; at the trips of
-             * now: <1, false, 64> 5 of 4096, <1, false, 16> 7 of 1024). On one H100 (W1 fp32) orders
+             * trips of 8: <1, false> 57 -> 1, <0, false> 137 -> 14; with the trips of
+             * kFfUnrollFull and kFfUnroll, <1, false, 64> has 5 of 4096 and <1, false,
+             * 16> 7 of 1024). On one H100 (W1 fp32) orders
              * with 1, 34, 57 and 110 such FFMAs ran 60.06, 60.73, 60.37 and 61.33 ms.
              * With the accumulators carried (CARRY) the order 2, 0, 3, 1 was faster
              * (k = 100: 65.85 against 66.24 ms), though it has more of them (102 against
@@ -937,7 +938,8 @@ __device__ __forceinline__ void sym_epilogue_wg(const MmaParams &p, float (&acc)
     unsigned rm[4] = {0u, 0u, 0u, 0u}, cmk[4] = {0u, 0u, 0u, 0u};
 #pragma unroll
     for (int nb = 0; nb < 16; ++nb) {
-        const float4 w = make_float4(T.v[4 * nb], T.v[4 * nb + 1], T.v[4 * nb + 2], T.v[4 * nb + 3]); /* (c_j, c'_x) of both columns */
+        /* (c_j, c'_x) of both columns */
+        const float4 w = make_float4(T.v[4 * nb], T.v[4 * nb + 1], T.v[4 * nb + 2], T.v[4 * nb + 3]);
 #pragma unroll
         for (int c = 0; c < 2; ++c) {
             const float cj = c ? w.z : w.x, cx = c ? w.w : w.y;
@@ -1469,7 +1471,7 @@ __global__ __launch_bounds__(kWsThreads, 1) void wgmma_ws_kernel(const MmaParams
         else if (tile + 1 < t1)
             named_arrive(1, 256);
         /* the tile's column terms (and mode 2's thresholds) from global memory (L1/L2),
-         * loaded while the last wgmma run */
+         * loaded while the tile's last wgmma run */
         WgTerms<MODE> T;
         wg_load_terms<MODE>(T, p, tile, t);
         asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
