@@ -11,7 +11,8 @@
 #              with XKNN_CUDA_TEST_QUICK=1 (racecheck: 2, cuda-t's covering subset)
 #   bench      bench_knn rows W1..W5, D (d=32, d=960), STREAM (benchmarks/README.md)
 #   peers      benchmarks/peers_torch.py on the W1/W2 and W4/W5 data
-#   summary    one line per step and per row, from the JSON files (always last)
+#   summary    one line per step and per row, from the JSON files, and issue 4's targets
+#              checked against the rows of the same call (always last)
 #
 # Environment (all optional):
 #   STEPS="build test sanitizer bench peers"   steps to run (summary always runs)
@@ -248,6 +249,29 @@ if peers:
                          f"{f(r['time_ms'], '9.3f')} ms {f(r.get('queries_per_s'), '11.0f')} q/s "
                          f"wrong={f(r['wrong'], 'd')} {r['status']:8s} speedup={f(r.get('xknn_speedup'), '.2f')}"
                          f" ({r.get('xknn_path') or '-'})")
+# issue 4's targets, each against the rows of this call (W3: twice W2 measured here)
+def row(label, k, path, mode="device", nq=None):
+    for run in bench:
+        if run["label"] != label:
+            continue
+        for r in run["rows"]:
+            if (r["k"] == k and r["path"].split(":")[0] == path and r["mode"] == mode and r["status"] == "ok"
+                    and (nq is None or r["nq"] == nq)):
+                return r["time_ms"]
+    return None
+w2 = row("W1W2", 100, "auto")
+targets = [("W1 auto <= 15 ms", row("W1W2", 10, "auto"), 15.0),
+           ("W1 fp32 <= 60 ms", row("W1W2", 10, "fp32"), 60.0),
+           ("W2 auto <= 20 ms", w2, 20.0),
+           ("W3 k=1024 auto <= 2 x W2", row("W3", 1024, "auto"), 2 * w2 if w2 else None),
+           ("W3 k=4096 auto <= 2 x W2", row("W3", 4096, "auto"), 2 * w2 if w2 else None),
+           ("W4 host <= 1.0 ms", row("W4", 16, "auto", "host"), 1.0),
+           ("W5 host <= 3 ms", row("W5", 16, "auto", "host"), 3.0)]
+tl = [f"{name:26s} {f(t, '9.3f')} ms against {f(lim, '8.3f')} ms: {'met' if t <= lim else 'MISSED'}"
+      for name, t, lim in targets if t is not None and lim is not None]
+if tl:
+    lines.append("== issue 4 targets (rows of this call)")
+    lines += tl
 bad = [r for run in bench for r in run["rows"] if r["status"] != "ok"]
 lines.append(f"== bench_knn rows: {sum(len(run['rows']) for run in bench)}, not ok: {len(bad)}")
 text = "\n".join(lines)
