@@ -250,13 +250,12 @@ if peers:
                          f"wrong={f(r['wrong'], 'd')} {r['status']:8s} speedup={f(r.get('xknn_speedup'), '.2f')}"
                          f" ({r.get('xknn_path') or '-'})")
 # issue 4's targets, each against the rows of this call (W3: twice W2 measured here)
-def row(label, k, path, mode="device", nq=None):
+def row(label, k, path, mode="device"):
     for run in bench:
         if run["label"] != label:
             continue
         for r in run["rows"]:
-            if (r["k"] == k and r["path"].split(":")[0] == path and r["mode"] == mode and r["status"] == "ok"
-                    and (nq is None or r["nq"] == nq)):
+            if r["k"] == k and r["path"].split(":")[0] == path and r["mode"] == mode and r["status"] == "ok":
                 return r["time_ms"]
     return None
 w2 = row("W1W2", 100, "auto")

@@ -373,9 +373,9 @@ cudaError_t launch_resolve(const ResolveParams &p, int qs, cudaStream_t st)
  * range instead: bucket_kernel reorders each query's entries by range (nb ranges of rb
  * references, a range's rows as large as the L2: engine.cu's kRangeL2Part), then
  * resolve_range_kernel's grid runs range 0 of every query, then range 1, ...: the rows
- * of one range stay in L2 while every query gathers from it. The certificate counts are summed over the ranges. Entry
- * order within a query does not matter downstream (the final selection sorts by
- * (canonical, id)). */
+ * of one range stay in L2 while every query gathers from it. The certificate counts are
+ * summed over the ranges. Entry order within a query does not matter downstream (the
+ * final selection sorts by (canonical, id)). */
 constexpr int kBucketThreads = 1024;
 constexpr int kRangeQueries = 8; /* queries per block of resolve_range_kernel */
 

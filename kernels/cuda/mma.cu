@@ -1081,13 +1081,8 @@ __device__ __forceinline__ void wg_epilogue(const MmaParams &p, float (&acc)[2][
         sym_epilogue_wg(p, acc, T, reinterpret_cast<const float2 *>(p.ct) + ref0 + 2 * t, row_s, prow_s,
                         wg * 128 + wi * 16 + g, q0, ref0, t, p.rect || tile * kBN >= (int64_t)q0 + kBM);
     } else {
-        /* the tile's column terms (col_term, computed once a pass by mma_col_terms_kernel) */
-        float cv[16][2];
-#pragma unroll
-        for (int nb = 0; nb < 16; ++nb) {
-            cv[nb][0] = T.v[2 * nb];
-            cv[nb][1] = T.v[2 * nb + 1];
-        }
+        /* T: the tile's column terms (col_term, computed once a pass by
+         * mma_col_terms_kernel), c_j of column nb * 8 + 2 t + c at T.v[2 nb + c] */
         if constexpr (MODE == 0) {
             const int64_t s0 = p.self_local0 + q0;
             const bool diag = p.exclude && ref0 < s0 + kBM && s0 < ref0 + kBN;
@@ -1104,7 +1099,7 @@ __device__ __forceinline__ void wg_epilogue(const MmaParams &p, float (&acc)[2][
 #pragma unroll
                     for (int i = 0; i < 4; ++i)
                         mn[i][nb >> 3] =
-                            fminf(mn[i][nb >> 3], __fmaf_ru(wg_acc(acc, i, nb, c), -2.0f, cv[nb][c]));
+                            fminf(mn[i][nb >> 3], __fmaf_ru(wg_acc(acc, i, nb, c), -2.0f, T.v[2 * nb + c]));
             if (diag) { /* the tile holds some of the CTA's queries: no query is its own witness */
 #pragma unroll
                 for (int i = 0; i < 4; ++i) {
@@ -1117,7 +1112,7 @@ __device__ __forceinline__ void wg_epilogue(const MmaParams &p, float (&acc)[2][
 #pragma unroll
                         for (int c = 0; c < 2; ++c)
                             if (nb * 8 + 2 * t + c != jq) {
-                                const float u = __fmaf_ru(wg_acc(acc, i, nb, c), -2.0f, cv[nb][c]);
+                                const float u = __fmaf_ru(wg_acc(acc, i, nb, c), -2.0f, T.v[2 * nb + c]);
                                 mn[i][nb >> 3] = fminf(mn[i][nb >> 3], u);
                             }
                 }
@@ -1150,7 +1145,7 @@ __device__ __forceinline__ void wg_epilogue(const MmaParams &p, float (&acc)[2][
                 for (int c = 0; c < 2; ++c)
 #pragma unroll
                     for (int i = 0; i < 4; ++i)
-                        mx[i] = max_nan(mx[i], __fadd_ru(wg_acc(acc, i, nb, c), -cv[nb][c]));
+                        mx[i] = max_nan(mx[i], __fadd_ru(wg_acc(acc, i, nb, c), -T.v[2 * nb + c]));
             unsigned masks[4] = {0u, 0u, 0u, 0u}; /* row 2 mb + hh's candidates */
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
@@ -1162,7 +1157,7 @@ __device__ __forceinline__ void wg_epilogue(const MmaParams &p, float (&acc)[2][
                 for (int nb = 0; nb < 16; ++nb)
 #pragma unroll
                     for (int c = 0; c < 2; ++c)
-                        mask |= (unsigned)!(__fadd_ru(wg_acc(acc, i, nb, c), -cv[nb][c]) < rc)
+                        mask |= (unsigned)!(__fadd_ru(wg_acc(acc, i, nb, c), -T.v[2 * nb + c]) < rc)
                                 << (2 * nb + c);
                 masks[i] = mask;
             }
