@@ -911,6 +911,41 @@ __device__ __forceinline__ void wg_load_terms(WgTerms<MODE> &T, const MmaParams 
     }
 }
 
+/* A read of shared memory the compiler neither merges with an earlier one nor hoists
+ * (ldg_again's counterpart) */
+__device__ __forceinline__ float lds_again(const float *a)
+{
+    float v;
+    asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(v) : "r"(smem_addr(a)));
+    return v;
+}
+
+/* Where sym_epilogue_wg reads the tile's column terms (c_j, c'_x): quad(nb) those of the
+ * thread's columns nb * 8 + 2 t + c, c = 0, 1; again(nb, c) the c_j of one, read again.
+ * SymTermsReg: registers loaded by wg_load_terms (again from global memory); SymTermsSmem:
+ * the warp's copy of the tile's terms in shared memory (wgmma_ws_kernel). */
+struct SymTermsReg {
+    const WgTerms<2> &T;
+    const float2 *g; /* global, offset to the thread's first column */
+    __device__ __forceinline__ float4 quad(int nb) const
+    {
+        return make_float4(T.v[4 * nb], T.v[4 * nb + 1], T.v[4 * nb + 2], T.v[4 * nb + 3]);
+    }
+    __device__ __forceinline__ float again(int nb, int c) const { return ldg_again(&g[nb * 8 + c].x); }
+};
+struct SymTermsSmem {
+    const float2 *s; /* shared, offset to the thread's first column */
+    __device__ __forceinline__ float4 quad(int nb) const
+    {
+        float4 v;
+        asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+                     : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+                     : "r"(smem_addr(s + nb * 8)));
+        return v;
+    }
+    __device__ __forceinline__ float again(int nb, int c) const { return lds_again(&s[nb * 8 + c].x); }
+};
+
 /* Mode 2 epilogue of the Hopper kernels (fragment: rows rbase + 64 mb + 8 hh, i = 2 mb + hh,
  * columns nb * 8 + 2 t + c, accumulator acc[mb][4 nb + 2 hh + c]): sym_epilogue's masks,
  * each behind a quick test. The row side takes the row maximum of fadd_ru(acc, -c_j) as
@@ -922,8 +957,8 @@ __device__ __forceinline__ void wg_load_terms(WgTerms<MODE> &T, const MmaParams 
  * and tile. ct2: the tile's column terms (c_j, c'_x) as pairs, offset to the thread's
  * first column. (Computing the column bits in a second loop after the row maxima made
  * ptxas spill the accumulators.) */
-__device__ __forceinline__ void sym_epilogue_wg(const MmaParams &p, float (&acc)[2][64], const WgTerms<2> &T,
-                                                const float2 *ct2,
+template <class Terms>
+__device__ __forceinline__ void sym_epilogue_wg(const MmaParams &p, float (&acc)[2][64], const Terms &ts,
                                                 const float *row_s, const float *prow_s, int rbase, int q0,
                                                 int64_t ref0, int t, bool offdiag)
 {
@@ -939,7 +974,7 @@ __device__ __forceinline__ void sym_epilogue_wg(const MmaParams &p, float (&acc)
 #pragma unroll
     for (int nb = 0; nb < 16; ++nb) {
         /* (c_j, c'_x) of both columns */
-        const float4 w = make_float4(T.v[4 * nb], T.v[4 * nb + 1], T.v[4 * nb + 2], T.v[4 * nb + 3]);
+        const float4 w = ts.quad(nb);
 #pragma unroll
         for (int c = 0; c < 2; ++c) {
             const float cj = c ? w.z : w.x, cx = c ? w.w : w.y;
@@ -966,7 +1001,7 @@ __device__ __forceinline__ void sym_epilogue_wg(const MmaParams &p, float (&acc)
                 for (int c = 0; c < 2; ++c)
                 {
                     const float a = wg_acc(acc, i, nb, c);
-                    rm[i] |= (unsigned)!(__fadd_ru(a, -ldg_again(&ct2[nb * 8 + c].x)) < rc[i]) << (2 * nb + c);
+                    rm[i] |= (unsigned)!(__fadd_ru(a, -ts.again(nb, c)) < rc[i]) << (2 * nb + c);
                 }
         }
 #pragma unroll
@@ -1078,7 +1113,7 @@ __device__ __forceinline__ void wg_epilogue(const MmaParams &p, float (&acc)[2][
 {
     const int64_t ref0 = tile * kBN;
     if constexpr (MODE == 2) {
-        sym_epilogue_wg(p, acc, T, reinterpret_cast<const float2 *>(p.ct) + ref0 + 2 * t, row_s, prow_s,
+        sym_epilogue_wg(p, acc, SymTermsReg{T, reinterpret_cast<const float2 *>(p.ct) + ref0 + 2 * t}, row_s, prow_s,
                         wg * 128 + wi * 16 + g, q0, ref0, t, p.rect || tile * kBN >= (int64_t)q0 + kBM);
     } else {
         /* T: the tile's column terms (col_term, computed once a pass by
@@ -1296,7 +1331,7 @@ constexpr int kWsMaxStages = 12;
 __host__ __device__ constexpr size_t ws_smem_bytes(int64_t dpad, int S)
 {
     return sizeof(float) * (size_t)(kBM * dpad + 2 * kBM + (int64_t)S * kBN * 32) +
-           2 * kWsMaxStages * sizeof(uint64_t) + 1024;
+           2 * kWsMaxStages * sizeof(uint64_t) + 8 * kBN * 2 * sizeof(float) /* mode 2's term copies */ + 1024;
 }
 
 #ifdef XKNN__HAVE_WGMMA /* (only the sm_90a kernel body uses it) */
@@ -1336,6 +1371,7 @@ __global__ __launch_bounds__(kWsThreads, 1) void wgmma_ws_kernel(const MmaParams
     float *prow_s = row_s + kBM;            /* kBM (mode 2) */
     uint64_t *full = reinterpret_cast<uint64_t *>(prow_s + kBM);
     uint64_t *empty = full + kWsMaxStages;
+    float2 *terms_s = reinterpret_cast<float2 *>(empty + kWsMaxStages); /* mode 2: kBN a consumer warp */
 
     const int tid = (int)threadIdx.x, warp = tid >> 5;
     const int role = warp >> 2; /* 0 producer, 1 and 2 consumers */
@@ -1465,15 +1501,33 @@ __global__ __launch_bounds__(kWsThreads, 1) void wgmma_ws_kernel(const MmaParams
             named_arrive(2, 256);
         else if (tile + 1 < t1)
             named_arrive(1, 256);
-        /* the tile's column terms (and mode 2's thresholds) from global memory (L1/L2),
-         * loaded while the tile's last wgmma run */
-        WgTerms<MODE> T;
-        wg_load_terms<MODE>(T, p, tile, t);
-        asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-        __syncwarp();
-        if (lane == 0) mbar_arrive(empty + prev);
-
-        wg_epilogue<MODE>(p, acc, tile, T, row_s, prow_s, wg, wi, g, t, q0);
+        if constexpr (MODE == 2) {
+            /* the tile's 128 (c_j, c'_x) pairs (1 KiB) copied by cp.async into the warp's
+             * own area while the last wgmma run: no registers held across the wait (64
+             * registers of them made ptxas load them after it). The area is rewritten
+             * only after the warp's previous epilogue (the __syncwarp at the tile's top). */
+            float2 *ts = terms_s + (warp - 4) * kBN;
+            const float2 *src = reinterpret_cast<const float2 *>(p.ct) + tile * kBN;
+            cp_async16(ts + 2 * lane, src + 2 * lane, 16);
+            cp_async16(ts + 64 + 2 * lane, src + 64 + 2 * lane, 16);
+            cp_async_commit();
+            asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+            __syncwarp();
+            if (lane == 0) mbar_arrive(empty + prev);
+            cp_async_wait<0>();
+            __syncwarp();
+            sym_epilogue_wg(p, acc, SymTermsSmem{ts + 2 * t}, row_s, prow_s, wg * 128 + wi * 16 + g, q0, tile * kBN,
+                            t, p.rect || tile * kBN >= (int64_t)q0 + kBM);
+        } else {
+            /* the tile's column terms from global memory (L1/L2), loaded while the tile's
+             * last wgmma run */
+            WgTerms<MODE> T;
+            wg_load_terms<MODE>(T, p, tile, t);
+            asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+            __syncwarp();
+            if (lane == 0) mbar_arrive(empty + prev);
+            wg_epilogue<MODE>(p, acc, tile, T, row_s, prow_s, wg, wi, g, t, q0);
+        }
         /* zeroed after the epilogue, so they are dead across the appenders' calls */
 #pragma unroll
         for (int mb = 0; mb < 2; ++mb)
