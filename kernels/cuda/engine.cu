@@ -261,15 +261,28 @@ struct Plan {
     int kind, sym;
     int64_t dh;
     size_t off_rhat, off_qhat;
+    /* l2 / euclidean on the TF32 tensor cores: the passes see the rows centred on mu and
+     * rounded to TF32 (center_wanted), in the off_rhat / off_qhat copies */
+    int center;
+    size_t off_mu;
 };
 
+/* TF32 products: the queries are rounded (cvt.rna, 2^-11) and the references truncated
+ * (2^-10), so a product errs by less than 2^-9 of |q_t x_t|; centred rows (p.center)
+ * are rounded on both sides, (1 + 2^-11)^2 - 1 < 2^-10 + 2^-21. Centring itself: with
+ * a = q - mu, b = x - mu (exact) and a', b' their float roundings (|a'_t - a_t| <= u
+ * |a_t|), e = (a' - b') - (a - b) has |e_t| <= u (|a_t| + |b_t|), so
+ * | |a' - b'|^2 - |q - x|^2 | = |2 (a - b).e + |e|^2| <= (4 u + 2 u^2) (|a|^2 + |b|^2),
+ * at most 4.001 u s with s the float norms of a', b': the 2^-20 s added to mrel
+ * covers it four times over. */
 void plan_bounds(Plan &p)
 {
     const double u = 0x1p-24, dd = (double)p.d;
-    const double g = p.tf32 ? 0x1p-9 + 0x1p-18 + (dd + 16.0) * 0x1p-23 : (dd + 16.0) * u;
+    const double prod = p.center ? 0x1p-10 + 0x1p-21 : 0x1p-9;
+    const double g = p.tf32 ? prod + 0x1p-18 + (dd + 16.0) * 0x1p-23 : (dd + 16.0) * u;
     if (g < 0.25) {
         const double eps = 1.25 * g / (1.0 - g);
-        p.mrel = round_up_float(eps * (1.0 + 0x1p-20) + 8.0 * u);
+        p.mrel = round_up_float(eps * (1.0 + 0x1p-20) + 8.0 * u + (p.center ? 0x1p-20 : 0.0));
         p.mabs = round_up_float(2.0 * (3.0 * dd + 8.0) * (double)FLT_MIN);
     } else {
         p.mrel = 0.0f;
@@ -303,10 +316,11 @@ void plan_layout(Plan &p)
         p.off_below = take(p.est ? (size_t)p.QS * sizeof(int) : 0);
         p.off_boff = take(p.nb > 1 ? (size_t)p.QS * (size_t)(p.nb + 1) * sizeof(int) : 0);
     }
-    if (p.kind == kCanonCosine) {
+    if (p.kind == kCanonCosine || p.center) {
         p.off_rhat = take((size_t)p.RN * p.dh * sizeof(float));
         p.off_qhat = take(p.sym ? 0 : (size_t)p.QS * p.dh * sizeof(float));
     }
+    if (p.center) p.off_mu = take((size_t)p.d * sizeof(float));
     p.bytes = o;
 }
 
@@ -572,6 +586,44 @@ void mma_bounds(Plan &p)
     }
 }
 
+/* The bound constants for p.center = on (plan_bounds at the padded depth, then the
+ * epilogue's); 0 where no bound holds (the tensor-core path does not apply). */
+int plan_set_center(Plan &p, int on)
+{
+    const int64_t d = p.d;
+    p.center = on;
+    p.d = round_up(d, 32);
+    plan_bounds(p);
+    p.d = d;
+    if (!(p.mabs < INFINITY)) return 0;
+    mma_bounds(p);
+    return 1;
+}
+
+/* Centred rows for the TF32 passes of l2 / euclidean (plan_bounds): the band of the
+ * bound scales with |q - mu|^2 + |x - mu|^2 instead of |q|^2 + |x|^2 (uniform data in
+ * [0, 1]^d: a quarter), and both operands are rounded, not one truncated (half again).
+ * Costs a copy of the references (n round_up(d, 4) floats), made once a call.
+ * XKNN_CUDA_NO_CENTER=1 (a diagnostic: the results are the same bytes, only the
+ * candidates change) keeps the rows as they are. */
+int center_wanted(const Plan &p)
+{
+    const char *e = getenv("XKNN_CUDA_NO_CENTER");
+    return p.tf32 && (p.kind == kCanonL2 || p.kind == kCanonEuclid) && !(e && *e && *e != '0');
+}
+
+/* A plan whose centred copies fit where p (without them) did: keeps p.QS; otherwise p
+ * stays as it is. need(p): the bytes the caller checks against its budget. */
+template <class Need>
+void plan_try_center(Plan &p, size_t budget, Need need)
+{
+    if (p.center || !center_wanted(p)) return;
+    Plan c = p;
+    if (!plan_set_center(c, 1)) return;
+    plan_layout(c);
+    if (need(c) <= budget) p = c;
+}
+
 int plan_mma(const xknn_cuda_context *ctx, const xknn_params *prm, int64_t n, int64_t nq, int64_t d, int64_t k,
              size_t limit, size_t per_query_extra, int ffma, Plan *out, int estimate = 0)
 {
@@ -596,12 +648,9 @@ int plan_mma(const xknn_cuda_context *ctx, const xknn_params *prm, int64_t n, in
         p.wgmma = !ffma && ctx->cc_major == 9 && ctx->cc_minor == 0 && mma_wgmma_built() &&
                   !(ms && *ms && *ms != '0') && wgmma_smem_bytes(d, 0) <= ctx->smem_optin;
     }
-    /* the bound of the TF32 derivation (ffma: of FP32) for the padded depth */
-    p.d = round_up(d, 32);
-    plan_bounds(p);
-    p.d = d;
-    if (!(p.mabs < INFINITY)) return 0;
-    mma_bounds(p);
+    /* the bound of the TF32 derivation (ffma: of FP32) for the padded depth, rows as they
+     * are (plan_try_center adds the centred copies where they fit) */
+    if (!plan_set_center(p, 0)) return 0;
     const double f = sqrt(witness_c(p.kk, ffma ? kFfmaWitnessC : 0.0) * (double)p.kk / (double)n);
     int64_t nA = (int64_t)ceil(f * (double)n);
     nA = max64(nA, max64(kMmaWitnessRatio * kMmaGroup * p.kk, kMmaMinPrefix));
@@ -643,6 +692,7 @@ int plan_mma(const xknn_cuda_context *ctx, const xknn_params *prm, int64_t n, in
         p.QS = QS;
         plan_layout(p);
         if (p.bytes + (size_t)QS * per_query_extra <= limit) {
+            plan_try_center(p, limit, [&](const Plan &c) { return c.bytes + (size_t)QS * per_query_extra; });
             *out = p;
             return 1;
         }
@@ -774,6 +824,9 @@ struct Run {
     long long *mcount;
     Cand *cand;
     void *cublas_ws;
+    /* p.center: the centred references and their norms are in the workspace (made by
+     * the call's first state block; the references do not change within a call) */
+    mutable bool centred;
 };
 
 Run run_bind(xknn_cuda_context *ctx, const Plan *p, void *ws, cudaStream_t st)
@@ -792,6 +845,7 @@ Run run_bind(xknn_cuda_context *ctx, const Plan *p, void *ws, cudaStream_t st)
     r.rn = (float *)(b + p->off_rn);
     r.tile = (float *)(b + p->off_tile);
     r.cublas_ws = b + p->off_cublas;
+    r.centred = false;
     return r;
 }
 
@@ -921,8 +975,22 @@ xknn_status mma_pass(const Run &r, const float *Q, int64_t ldq, int64_t qs, int 
         mp.R = rh;
         mp.Q = qh;
         mp.ldr = mp.ldq = p.dh;
+    } else if (p.center) {
+        /* the passes run on centred TF32 rows with their norms (plan_bounds); rescue and
+         * resolve on the inputs */
+        char *b = (char *)r.stats;
+        float *rh = (float *)(b + p.off_rhat), *qh = (float *)(b + p.off_qhat), *mu = (float *)(b + p.off_mu);
+        if (!r.centred) {
+            XKNN__CUDA_CHECK(launch_mean_rows(R, ldr, p.n, p.d, mu, r.st));
+            XKNN__CUDA_CHECK(launch_center_rows(R, ldr, p.n, p.d, mu, rh, p.dh, r.rn, r.st));
+            r.centred = true;
+        }
+        XKNN__CUDA_CHECK(launch_center_rows(Q, ldq, qs, p.d, mu, qh, p.dh, r.qn, r.st));
+        mp.R = rh;
+        mp.Q = qh;
+        mp.ldr = mp.ldq = p.dh;
     }
-    XKNN__CUDA_CHECK(launch_sqnorms(mp.R, mp.ldr, p.n, p.d, r.rn, r.st));
+    if (!p.center) XKNN__CUDA_CHECK(launch_sqnorms(mp.R, mp.ldr, p.n, p.d, r.rn, r.st));
     mp.n = p.nA;
     XKNN__CUDA_CHECK(launch_mma_pass(mp, 0, sms, p.wgmma ? (int)r.ctx->smem_optin : 0, r.st));
     mp.tau_out = p.est ? r.tau : nullptr; /* the certificate's tau (plan_estimate) */
@@ -1114,11 +1182,11 @@ void print_plan(const xknn_cuda_context *ctx, const Plan &p, const char *mode, s
     }
     if (p.mma) {
         fprintf(stderr,
-                "xknn: cuda: device %d (%s, %d SMs): %s, path %s (%s %s tiles, filter in the "
+                "xknn: cuda: device %d (%s, %d SMs): %s, path %s (%s %s tiles%s, filter in the "
                 "epilogue), n=%lld nq=%lld d=%lld k=%lld; state block %lld, witnesses over %lld references (%lld "
                 "groups%s), %lld candidate slots per query, workspace %.1f MiB, budget %.1f MiB\n",
                 ctx->device, ctx->name, ctx->sms, mode, p.ffma ? "fp32" : "mma", p.ffma ? "FP32" : "TF32",
-                p.ffma ? "CUDA-core" : p.wgmma ? "wgmma" : "mma.sync", (long long)p.n,
+                p.ffma ? "CUDA-core" : p.wgmma ? "wgmma" : "mma.sync", p.center ? " on centred rows" : "", (long long)p.n,
                 (long long)p.nq, (long long)p.d, (long long)p.k, (long long)p.QS, (long long)p.nA, (long long)p.ga,
                 p.est ? (p.nb > 1 ? ", tau estimated and certified, re-rank by reference range"
                                   : ", tau estimated and certified")
@@ -2012,11 +2080,15 @@ static const char *plan_sym(const xknn_cuda_context *ctx, const xknn__job *job, 
     p.cap = round_up(max64((int64_t)(1.25 * expect) + 512, p.kk + kBlock + 256), 256);
     p.QS = round_up(n, kMmaBN); /* thr and the norms are read a whole tile at a time */
     p.sym = 1;
-    plan_layout(p);
     const int64_t block = min64(n, kMaxStateQueries);
-    const size_t need = p.bytes + (size_t)n * (size_t)d * sizeof(float) +
-                        (size_t)block * (size_t)k * (sizeof(int64_t) + (job->dist ? sizeof(float) : 0));
-    if (need > budget) return kSymNoFit;
+    auto need = [&](const Plan &c) {
+        return c.bytes + (size_t)n * (size_t)d * sizeof(float) +
+               (size_t)block * (size_t)k * (sizeof(int64_t) + (job->dist ? sizeof(float) : 0));
+    };
+    if (!plan_set_center(p, 0)) return "no tensor-core bound for this shape";
+    plan_layout(p);
+    if (need(p) > budget) return kSymNoFit;
+    plan_try_center(p, budget, need);
     *out = p;
     *out_block = block;
     return NULL;
@@ -2097,17 +2169,23 @@ xknn_status host_sym(const xknn__job *job, xknn_cuda_context *ctx, int staged, s
     XKNN__TRY(run_start(run, er));
     XKNN__CUDA_CHECK(launch_init_state(run.tau, run.cnt, (int)n, 1, sc));
     {
-        /* the tensor cores' operand: the rows, or for cosine their unit-length copies
-         * (mma_bounds); rescue and resolve read the rows themselves */
+        /* the tensor cores' operand: the rows, or their unit-length (cosine, mma_bounds)
+         * or centred (l2, plan_bounds) copies; rescue and resolve read the rows themselves */
         const float *X = hb.dR;
         int64_t ldx = d;
+        float *xh = (float *)((char *)run.stats + plan.off_rhat);
         if (plan.kind == kCanonCosine) {
-            float *xh = (float *)((char *)run.stats + plan.off_rhat);
             XKNN__CUDA_CHECK(launch_unit_rows(hb.dR, d, n, d, xh, plan.dh, sc));
             X = xh;
             ldx = plan.dh;
+        } else if (plan.center) {
+            float *mu = (float *)((char *)run.stats + plan.off_mu);
+            XKNN__CUDA_CHECK(launch_mean_rows(hb.dR, d, n, d, mu, sc));
+            XKNN__CUDA_CHECK(launch_center_rows(hb.dR, d, n, d, mu, xh, plan.dh, run.rn, sc));
+            X = xh;
+            ldx = plan.dh;
         }
-        XKNN__CUDA_CHECK(launch_sqnorms(X, ldx, n, d, run.rn, sc));
+        if (!plan.center) XKNN__CUDA_CHECK(launch_sqnorms(X, ldx, n, d, run.rn, sc));
         run.qn = run.rn; /* the queries are the references */
         mp = mma_params(run, X, ldx, n, prm->exclude_self, 0, X, ldx);
     }
@@ -2266,12 +2344,18 @@ const char *plan_pair(const xknn_cuda_context *ctx, const xknn__job *job, int64_
     p.ga = max64(pa.ga, pb.ga);
     p.RN = round_up(max64(na, nb), kMmaBN);
     p.sym = 1;
-    plan_layout(p);
     const int64_t block = min64(max64(na, nb), kMaxStateQueries);
-    const size_t per_row = (size_t)d * sizeof(float) + (p.kind == kCanonCosine ? (size_t)p.dh * sizeof(float) : 0);
-    const size_t need =
-        p.bytes + (size_t)(na + nb) * per_row + 2 * (size_t)block * (size_t)k * (sizeof(int64_t) + sizeof(float));
-    if (need > budget) return kPairNoFit;
+    /* the rows, and the tensor cores' copies of both sets (cosine's unit rows, l2's
+     * centred rows) */
+    auto need = [&](const Plan &c) {
+        const size_t per_row =
+            (size_t)d * sizeof(float) + (c.kind == kCanonCosine || c.center ? (size_t)c.dh * sizeof(float) : 0);
+        return c.bytes + (size_t)(na + nb) * per_row + 2 * (size_t)block * (size_t)k * (sizeof(int64_t) + sizeof(float));
+    };
+    if (!plan_set_center(p, 0)) return "no tensor-core bound for this shape";
+    plan_layout(p);
+    if (need(p) > budget) return kPairNoFit;
+    plan_try_center(p, budget, need);
     *out = p;
     *out_block = block;
     return NULL;
@@ -2418,7 +2502,7 @@ xknn_status host_pair(const xknn__job *job, xknn_cuda_context *ctx, int staged, 
         if (e == cudaSuccess) e = hb.alloc(&hb.dWs, plan.bytes);
         if (e == cudaSuccess) e = hb.alloc((void **)&hb.dIds, (size_t)(2 * block) * k * sizeof(int64_t));
         if (e == cudaSuccess) e = hb.alloc((void **)&hb.dDist, (size_t)(2 * block) * k * sizeof(float));
-        if (e == cudaSuccess && plan.kind == kCanonCosine)
+        if (e == cudaSuccess && (plan.kind == kCanonCosine || plan.center))
             e = hb.alloc((void **)&hb.dChunk[0], (size_t)(na + nb) * (size_t)plan.dh * sizeof(float));
         ok = alloc_outcome(hb, e, er, &st);
     }
@@ -2474,9 +2558,19 @@ xknn_status host_pair(const xknn__job *job, xknn_cuda_context *ctx, int staged, 
             XA = xh;
             XB = xh + na * plan.dh;
             ldx = plan.dh;
+        } else if (plan.center) { /* both sets on one mu (any mu serves, the same for both) */
+            float *xh = hb.dChunk[0], *mu = (float *)((char *)run.stats + plan.off_mu);
+            XKNN__CUDA_CHECK(launch_mean_rows(hb.dR, d, na, d, mu, sc));
+            XKNN__CUDA_CHECK(launch_center_rows(hb.dR, d, na, d, mu, xh, plan.dh, run.qn, sc));
+            XKNN__CUDA_CHECK(launch_center_rows(hb.dQ, d, nb, d, mu, xh + na * plan.dh, plan.dh, run.qn + b0, sc));
+            XA = xh;
+            XB = xh + na * plan.dh;
+            ldx = plan.dh;
         }
-        XKNN__CUDA_CHECK(launch_sqnorms(XA, ldx, na, d, run.qn, sc));
-        XKNN__CUDA_CHECK(launch_sqnorms(XB, ldx, nb, d, run.qn + b0, sc));
+        if (!plan.center) {
+            XKNN__CUDA_CHECK(launch_sqnorms(XA, ldx, na, d, run.qn, sc));
+            XKNN__CUDA_CHECK(launch_sqnorms(XB, ldx, nb, d, run.qn + b0, sc));
+        }
         MmaParams ma = mma_params(run, XA, ldx, na, 0, 0, XB, ldx);
         MmaParams mb = mma_params(run, XB, ldx, nb, 0, 0, XA, ldx);
         XKNN__CUDA_CHECK(cudaMemsetAsync(ma.thr, 0, (size_t)plan.QS * sizeof(float), sc));

@@ -95,6 +95,80 @@ cudaError_t launch_unit_rows(const float *X, int64_t ld, int64_t rows, int64_t d
     return cudaGetLastError();
 }
 
+/* ---- centred rows (l2 / euclidean tensor-core passes) --------------------------------
+ * The TF32 bound is relative to s = |q|^2 + |x|^2, and L2 distances do not change when
+ * both points move by the same vector mu; engine.cu (center_wanted) takes mu = the mean
+ * of the references (a sample of them), so the tensor cores see rows of smaller norm
+ * and the bound's band holds fewer candidates. */
+
+/* mu[c] = the mean of column c over the rows floor(j rows / m), j = 0..m-1 (m =
+ * min(rows, kMeanSample)): double sums in a fixed order, so mu is the same bits on
+ * every run. Any mu is valid (mma.cu's derivation holds for every mu); a fair one only
+ * makes the band narrower. One block per column (a gather of m scattered floats). */
+constexpr int64_t kMeanSample = 8192;
+__global__ __launch_bounds__(kBlock) void mean_rows_kernel(const float *__restrict__ X, int64_t ld, int64_t rows,
+                                                           int64_t m, float *__restrict__ mu)
+{
+    __shared__ double part[kBlock];
+    const int64_t c = blockIdx.x;
+    double acc = 0.0;
+    for (int64_t j = threadIdx.x; j < m; j += kBlock) acc += (double)__ldg(X + (j * rows / m) * ld + c);
+    part[threadIdx.x] = acc;
+    __syncthreads();
+    for (int h = kBlock / 2; h > 0; h >>= 1) {
+        if ((int)threadIdx.x < h) part[threadIdx.x] += part[threadIdx.x + h];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) mu[c] = __double2float_rn(part[0] / (double)m);
+}
+
+cudaError_t launch_mean_rows(const float *X, int64_t ld, int64_t rows, int64_t d, float *mu, cudaStream_t st)
+{
+    if (rows <= 0 || d <= 0) return cudaSuccess;
+    mean_rows_kernel<<<(unsigned)d, kBlock, 0, st>>>(X, ld, rows, rows < kMeanSample ? rows : kMeanSample, mu);
+    return cudaGetLastError();
+}
+
+/* out row = tf32(b), b_t = fl(x_t - mu_t) (one float rounding: b_t = (x_t - mu_t)(1 + e),
+ * |e| <= 2^-24, exact where the difference is subnormal), tf32 = cvt.rna (the 13 low
+ * bits zero, relative error <= 2^-11), the columns [d, ld_out) zero; norms[row] = |b|^2
+ * (double sum of the unrounded b_t, rounded to float once), the norm the bound takes
+ * for the operand the tensor cores round (as the staged queries). One warp per row. */
+__global__ __launch_bounds__(kBlock) void center_rows_kernel(const float *__restrict__ X, int64_t ld, int64_t rows,
+                                                             int64_t d, const float *__restrict__ mu,
+                                                             float *__restrict__ out, int64_t ld_out,
+                                                             float *__restrict__ norms)
+{
+    const int64_t row = (int64_t)blockIdx.x * kNormRowsPerBlock + warp_id();
+    if (row >= rows) return;
+    const float *x = X + row * ld;
+    float *y = out + row * ld_out;
+    double acc = 0.0;
+    for (int64_t t = lane_id(); t < ld_out; t += kWarp) {
+        float v = 0.0f;
+        if (t < d) {
+            const float b = __fsub_rn(__ldg(x + t), __ldg(mu + t));
+            acc = __fma_rn((double)b, (double)b, acc);
+            unsigned r;
+            asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(b));
+            v = __uint_as_float(r);
+        }
+        y[t] = v;
+    }
+#pragma unroll
+    for (int o = kWarp / 2; o > 0; o >>= 1) acc = __dadd_rn(acc, __shfl_xor_sync(0xffffffffu, acc, o));
+    if (lane_id() == 0) norms[row] = __double2float_rn(acc);
+}
+
+cudaError_t launch_center_rows(const float *X, int64_t ld, int64_t rows, int64_t d, const float *mu, float *out,
+                               int64_t ld_out, float *norms, cudaStream_t st)
+{
+    if (rows <= 0) return cudaSuccess;
+    const int64_t blocks = (rows + kNormRowsPerBlock - 1) / kNormRowsPerBlock;
+    center_rows_kernel<<<(unsigned)blocks, kBlock, 0, st>>>(X, ld, rows, d, mu, out, ld_out, norms);
+    return cudaGetLastError();
+}
+
 /* tau = +inf, buffer counts = 0. Grid-stride, 256 threads. */
 __global__ __launch_bounds__(kBlock) void init_state_kernel(float *tau, int *cnt, int qs, int S)
 {

@@ -271,6 +271,11 @@ cudaError_t launch_mma_prune(const MmaParams &p, int kk, cudaStream_t st);
 cudaError_t launch_mma_rescue(const MmaParams &p, int kk, int kind, int sms, cudaStream_t st);
 
 cudaError_t launch_sqnorms(const float *X, int64_t ld, int64_t rows, int64_t d, float *out, cudaStream_t st);
+/* l2's centred tensor-core operands (filter.cu): mu from a sample of the rows of X, then
+ * rows tf32(x - mu) with the norms of x - mu */
+cudaError_t launch_mean_rows(const float *X, int64_t ld, int64_t rows, int64_t d, float *mu, cudaStream_t st);
+cudaError_t launch_center_rows(const float *X, int64_t ld, int64_t rows, int64_t d, const float *mu, float *out,
+                               int64_t ld_out, float *norms, cudaStream_t st);
 /* rows of X scaled to unit length (cosine's tensor-core operands; see filter.cu) */
 cudaError_t launch_unit_rows(const float *X, int64_t ld, int64_t rows, int64_t d, float *out, int64_t ld_out,
                              cudaStream_t st);

@@ -52,7 +52,10 @@
  * mabs. The queries are rounded to TF32 (cvt.rna) when staged; the references enter the
  * tensor cores as raw fp32 bits, which the hardware reads as TF32 (the 13 low bits are not
  * used: truncation), the case the bound already covers (2^-9 per product). Padded
- * dimensions are exact zeros. The epilogue evaluates, with directed roundings:
+ * dimensions are exact zeros. l2 / euclidean with p.center (engine.cu's center_wanted):
+ * the passes see both sets centred on one mu and already rounded to TF32 (filter.cu's
+ * center_rows_kernel), and the norms are those of x - mu: the same epilogue, with the
+ * constants of plan_bounds for that case (about an eighth of the band on uniform data). The epilogue evaluates, with directed roundings:
  *   U = fma_ru(acc, -2, fma_ru(s_up, ua, ub)) >= s (1 + mrel) + mabs - 2 acc >= D
  *       (s_up = fadd_ru(|q|^2, |x|^2), ua >= 1 + mrel, ub = mabs);
  *   not a candidate  <=>  acc < r = fma_rd(s_dn, la, -thr),  la <= (1 - mrel) / 2,
