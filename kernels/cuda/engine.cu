@@ -20,7 +20,9 @@
  *   finish   as below
  *   Workspace: stats | qn QS*4 | tau QS*4 | cnt QS*4 | mcount QS*8 | cand QS*cap*16 |
  *   rn round_up(n, 128)*4 | witnesses QS*ga*4 | thr QS*4 | column terms round_up(n, 128)*8,
- *   ga = ceil(nA / 64).
+ *   ga = ceil(nA / 64); cosine's unit rows and l2's centred rows (center_wanted, where
+ *   they fit): round_up(n, 128)*dh*4 | QS*dh*4 (the self-join: none) | mu d*4,
+ *   dh = round_up(d, 4).
  *
  * FUSED PIPELINE (one state block of QS queries, one stream): fused kernel over Z slices
  * of RZ references (one launch, or on the host path one launch per quarter of the slices
@@ -66,6 +68,10 @@
  *     |T + 2 q.x| <= [2^-9 + 2^-20 + gamma'_d (1 + 2^-8)] s <= g (1 + 2^-8)(1 + 2g) s,
  *     and eps_tf32 = 1.25 g / (1 - g) exceeds that plus the norm terms (2u + d 2^-52)
  *     by at least 0.15 g for every g < 1/4.
+ *   TF32 on centred rows (p.center: both operands rounded, < 2^-11 each, so |r| <=
+ *     2^-10 + 2^-22): the same with g = 2^-10 + 2^-21 + 2^-18 + (d+16) 2^-23, for D
+ *     and s of the centred floats; mrel adds 2^-20 for their distance to the inputs' D
+ *     (plan_bounds).
  *   Both: inputs or products flushed to zero (FTZ in tensor cores or cuBLAS kernels)
  *     lose at most FLT_MIN |other factor| <= FLT_MIN (1 + s)/2 per term; with underflow
  *     of partial results abs = (3d + 8) FLT_MIN and a relative d 2^-126, negligible.
