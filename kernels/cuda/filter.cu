@@ -109,10 +109,24 @@ constexpr int64_t kMeanSample = 8192;
 __global__ __launch_bounds__(kBlock) void mean_rows_kernel(const float *__restrict__ X, int64_t ld, int64_t rows,
                                                            int64_t m, float *__restrict__ mu)
 {
+    constexpr int kU = 8; /* loads in flight a thread (the gather is latency-bound) */
     __shared__ double part[kBlock];
     const int64_t c = blockIdx.x;
+    double a[kU];
+#pragma unroll
+    for (int u = 0; u < kU; ++u) a[u] = 0.0;
+    int64_t j = threadIdx.x;
+    for (; j + (kU - 1) * kBlock < m; j += kU * kBlock) {
+        float v[kU];
+#pragma unroll
+        for (int u = 0; u < kU; ++u) v[u] = __ldg(X + ((j + u * kBlock) * rows / m) * ld + c);
+#pragma unroll
+        for (int u = 0; u < kU; ++u) a[u] += (double)v[u];
+    }
+    for (; j < m; j += kBlock) a[0] += (double)__ldg(X + (j * rows / m) * ld + c);
     double acc = 0.0;
-    for (int64_t j = threadIdx.x; j < m; j += kBlock) acc += (double)__ldg(X + (j * rows / m) * ld + c);
+#pragma unroll
+    for (int u = 0; u < kU; ++u) acc += a[u];
     part[threadIdx.x] = acc;
     __syncthreads();
     for (int h = kBlock / 2; h > 0; h >>= 1) {
