@@ -609,13 +609,18 @@ int plan_set_center(Plan &p, int on)
 /* Centred rows for the TF32 passes of l2 / euclidean (plan_bounds): the band of the
  * bound scales with |q - mu|^2 + |x - mu|^2 instead of |q|^2 + |x|^2 (uniform data in
  * [0, 1]^d: a quarter), and both operands are rounded, not one truncated (half again).
- * Costs a copy of the references (n round_up(d, 4) floats), made once a call.
- * XKNN_CUDA_NO_CENTER=1 (a diagnostic: the results are the same bytes, only the
- * candidates change) keeps the rows as they are. */
+ * Costs a copy of the references (n round_up(d, 4) floats, made once a call) and two
+ * launches, which pay where the passes have many pairs: n nq >= kCenterMinPairs (on an
+ * H100, W1's 1e10 pairs: 10.19 -> 9.65 ms; W4's 6.7e7: 0.306 -> 0.335 ms, d = 32 with
+ * nq = 100 also slower). XKNN_CUDA_CENTER (a diagnostic: the results are the same
+ * bytes, only the candidates change): 1 centres every shape, 0 none. */
+static const double kCenterMinPairs = 4294967296.0;
 int center_wanted(const Plan &p)
 {
-    const char *e = getenv("XKNN_CUDA_NO_CENTER");
-    return p.tf32 && (p.kind == kCanonL2 || p.kind == kCanonEuclid) && !(e && *e && *e != '0');
+    if (!(p.tf32 && (p.kind == kCanonL2 || p.kind == kCanonEuclid))) return 0;
+    const char *e = getenv("XKNN_CUDA_CENTER");
+    if (e && *e) return *e != '0';
+    return (double)p.n * (double)p.nq >= kCenterMinPairs;
 }
 
 /* A plan whose centred copies fit where p (without them) did: keeps p.QS; otherwise p
