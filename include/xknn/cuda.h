@@ -60,7 +60,11 @@ struct CUstream_st; /* = cudaStream_t's pointee; NULL means the legacy default s
  * that, or when its workspace does not fit, FUSED behaves as AUTO on the GEMM paths.
  * MMA is supported for metric l2 / euclidean and d <= 128 on GPUs of compute capability
  * 8.0 or newer, with the references resident in device memory; otherwise (or when its
- * workspace does not fit) it behaves as TF32.
+ * workspace does not fit) it behaves as TF32. Where n*nq >= 2^32 and the workspace
+ * holds them, its tensor cores see rows centred on the references' mean and rounded to
+ * TF32, a narrower bound and fewer candidates (round_up(d, 4) floats a reference and a
+ * state query of workspace; XKNN_CUDA_CENTER=1 / 0, diagnostics, centres every shape /
+ * none; the results are the same bytes).
  * Metrics ip and cosine (f32) have one GEMM path, MMA (AUTO, FUSED and MMA choose it):
  * d <= 128, compute capability 8.0 or newer, at least 2 min(k, n) witness groups (n >=
  * 128 min(k, n)); cosine runs the tensor cores on unit-length copies of the rows (their

@@ -611,8 +611,8 @@ int plan_set_center(Plan &p, int on)
  * [0, 1]^d: a quarter), and both operands are rounded, not one truncated (half again).
  * Costs a copy of the references (n round_up(d, 4) floats, made once a call) and two
  * launches, which pay where the passes have many pairs: n nq >= kCenterMinPairs (on an
- * H100, W1's 1e10 pairs: 10.19 -> 9.65 ms; W4's 6.7e7: 0.306 -> 0.335 ms, d = 32 with
- * nq = 100 also slower). XKNN_CUDA_CENTER (a diagnostic: the results are the same
+ * H100, W1's 1e10 pairs: 10.19 -> 9.65 ms; W4's 6.7e7: 0.312 -> 0.339 ms; d = 32 with
+ * nq = 100: 0.483 ms centred, 0.430 not). XKNN_CUDA_CENTER (a diagnostic: the results are the same
  * bytes, only the candidates change): 1 centres every shape, 0 none. */
 static const double kCenterMinPairs = 4294967296.0;
 int center_wanted(const Plan &p)
