@@ -612,8 +612,8 @@ int plan_set_center(Plan &p, int on)
  * Costs a copy of the references (n round_up(d, 4) floats, made once a call) and two
  * launches, which pay where the passes have many pairs: n nq >= kCenterMinPairs (on an
  * H100, W1's 1e10 pairs: 10.19 -> 9.65 ms; W4's 6.7e7: 0.312 -> 0.339 ms; d = 32 with
- * nq = 100: 0.483 ms centred, 0.430 not). XKNN_CUDA_CENTER (a diagnostic: the results are the same
- * bytes, only the candidates change): 1 centres every shape, 0 none. */
+ * nq = 100: 0.483 ms centred, 0.430 not). XKNN_CUDA_CENTER (a diagnostic: the results
+ * are the same bytes, only the candidates change): 1 centres every shape, 0 none. */
 static const double kCenterMinPairs = 4294967296.0;
 int center_wanted(const Plan &p)
 {
@@ -1197,8 +1197,8 @@ void print_plan(const xknn_cuda_context *ctx, const Plan &p, const char *mode, s
                 "epilogue), n=%lld nq=%lld d=%lld k=%lld; state block %lld, witnesses over %lld references (%lld "
                 "groups%s), %lld candidate slots per query, workspace %.1f MiB, budget %.1f MiB\n",
                 ctx->device, ctx->name, ctx->sms, mode, p.ffma ? "fp32" : "mma", p.ffma ? "FP32" : "TF32",
-                p.ffma ? "CUDA-core" : p.wgmma ? "wgmma" : "mma.sync", p.center ? " on centred rows" : "", (long long)p.n,
-                (long long)p.nq, (long long)p.d, (long long)p.k, (long long)p.QS, (long long)p.nA, (long long)p.ga,
+                p.ffma ? "CUDA-core" : p.wgmma ? "wgmma" : "mma.sync", p.center ? " on centred rows" : "",
+                (long long)p.n, (long long)p.nq, (long long)p.d, (long long)p.k, (long long)p.QS, (long long)p.nA, (long long)p.ga,
                 p.est ? (p.nb > 1 ? ", tau estimated and certified, re-rank by reference range"
                                   : ", tau estimated and certified")
                       : "",
