@@ -153,6 +153,15 @@ __host__ __device__ __forceinline__ unsigned long long make_key(float c, int idx
 __device__ __forceinline__ float key_dist(unsigned long long key) { return __uint_as_float((unsigned)(key >> 32)); }
 __device__ __forceinline__ int key_idx(unsigned long long key) { return (int)(unsigned)(key & 0xffffffffu); }
 
+/* x rounded to TF32 (10 mantissa bits, nearest, ties away: cvt.rna), in a float whose 13
+ * low bits are zero; relative error <= 2^-11 */
+__device__ __forceinline__ float to_tf32(float x)
+{
+    unsigned r;
+    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
+    return __uint_as_float(r);
+}
+
 /* Order encoding of a float (not NaN) as unsigned: a < b as floats <=> enc(a) < enc(b),
  * -0 and +0 both encode as +0. The generic path's keys use it, so values of either sign
  * (ip orders by -value) sort as unsigned integers; order_dec inverts it (+0 for zero). */

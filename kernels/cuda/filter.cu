@@ -44,9 +44,7 @@ __device__ __forceinline__ double warp_row_sumsq(const float *__restrict__ x, in
         const double v = (double)__ldg(x + t);
         acc = __fma_rn(v, v, acc);
     }
-#pragma unroll
-    for (int o = kWarp / 2; o > 0; o >>= 1) acc = __dadd_rn(acc, __shfl_xor_sync(0xffffffffu, acc, o));
-    return acc;
+    return warp_sum(acc);
 }
 
 __global__ __launch_bounds__(kBlock) void sqnorm_kernel(const float *__restrict__ X, int64_t ld, int64_t rows,
@@ -163,14 +161,11 @@ __global__ __launch_bounds__(kBlock) void center_rows_kernel(const float *__rest
         if (t < d) {
             const float b = __fsub_rn(__ldg(x + t), __ldg(mu + t));
             acc = __fma_rn((double)b, (double)b, acc);
-            unsigned r;
-            asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(b));
-            v = __uint_as_float(r);
+            v = to_tf32(b);
         }
         y[t] = v;
     }
-#pragma unroll
-    for (int o = kWarp / 2; o > 0; o >>= 1) acc = __dadd_rn(acc, __shfl_xor_sync(0xffffffffu, acc, o));
+    acc = warp_sum(acc);
     if (lane_id() == 0) norms[row] = __double2float_rn(acc);
 }
 

@@ -55,7 +55,8 @@
  * dimensions are exact zeros. l2 / euclidean with p.center (engine.cu's center_wanted):
  * the passes see both sets centred on one mu and already rounded to TF32 (filter.cu's
  * center_rows_kernel), and the norms are those of x - mu: the same epilogue, with the
- * constants of plan_bounds for that case (about an eighth of the band on uniform data). The epilogue evaluates, with directed roundings:
+ * constants of plan_bounds for that case (about an eighth of the band on uniform data).
+ * The epilogue evaluates, with directed roundings:
  *   U = fma_ru(acc, -2, fma_ru(s_up, ua, ub)) >= s (1 + mrel) + mabs - 2 acc >= D
  *       (s_up = fadd_ru(|q|^2, |x|^2), ua >= 1 + mrel, ub = mabs);
  *   not a candidate  <=>  acc < r = fma_rd(s_dn, la, -thr),  la <= (1 - mrel) / 2,
@@ -116,13 +117,6 @@ constexpr int kGStages = 3; /* wgmma kernel: cp.async ring depth */
  * 64 (one barrier and one wgmma drain per 64 dimensions instead of per 32), else 32. Mode
  * 2 keeps 32: its extra rings would not fit next to 64-dimension stages at d = 128. */
 __host__ __device__ constexpr int wgmma_chunk_of(int64_t dpad, bool sym) { return !sym && dpad % 64 == 0 ? 64 : 32; }
-
-__device__ __forceinline__ float to_tf32(float x)
-{
-    unsigned r;
-    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
-    return __uint_as_float(r);
-}
 
 __device__ __forceinline__ void mma_tf32(float (&c)[4], float a0, float a1, float a2, float a3, float b0, float b1)
 {

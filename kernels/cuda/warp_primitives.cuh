@@ -25,6 +25,15 @@ namespace xknn_cuda {
 __device__ __forceinline__ int lane_id() { return (int)(threadIdx.x & (kWarp - 1)); }
 __device__ __forceinline__ int warp_id() { return (int)(threadIdx.x / kWarp); }
 
+/* The sum of v over the warp, on every lane: a butterfly of correctly rounded double
+ * additions (the same order on every run). */
+__device__ __forceinline__ double warp_sum(double v)
+{
+#pragma unroll
+    for (int o = kWarp / 2; o > 0; o >>= 1) v = __dadd_rn(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
 __device__ __forceinline__ int warp_inclusive_sum(int v)
 {
     const int lane = lane_id();
