@@ -271,6 +271,8 @@ struct Plan {
      * rounded to TF32 (center_wanted), in the off_rhat / off_qhat copies */
     int center;
     size_t off_mu;
+    /* the self-join's pass A as a band of `band` tiles (sym_band; 0: over the prefix nA) */
+    int64_t band;
 };
 
 /* TF32 products: the queries are rounded (cvt.rna, 2^-11) and the references truncated
@@ -1195,13 +1197,14 @@ void print_plan(const xknn_cuda_context *ctx, const Plan &p, const char *mode, s
         fprintf(stderr,
                 "xknn: cuda: device %d (%s, %d SMs): %s, path %s (%s %s tiles%s, filter in the "
                 "epilogue), n=%lld nq=%lld d=%lld k=%lld; state block %lld, witnesses over %lld references (%lld "
-                "groups%s), %lld candidate slots per query, workspace %.1f MiB, budget %.1f MiB\n",
+                "groups%s%s), %lld candidate slots per query, workspace %.1f MiB, budget %.1f MiB\n",
                 ctx->device, ctx->name, ctx->sms, mode, p.ffma ? "fp32" : "mma", p.ffma ? "FP32" : "TF32",
                 p.ffma ? "CUDA-core" : p.wgmma ? "wgmma" : "mma.sync", p.center ? " on centred rows" : "",
                 (long long)p.n, (long long)p.nq, (long long)p.d, (long long)p.k, (long long)p.QS, (long long)p.nA, (long long)p.ga,
                 p.est ? (p.nb > 1 ? ", tau estimated and certified, re-rank by reference range"
                                   : ", tau estimated and certified")
                       : "",
+                p.band ? ", a symmetric band of tiles" : "",
                 (long long)p.cap,
                 (double)p.bytes / 1048576.0, (double)budget / 1048576.0);
         return;
@@ -2071,6 +2074,28 @@ static double wall_seconds(void)
     return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
+/* The self-join's pass A as a band (mma.cu's SYMMETRIC WITNESSES): W tiles give each row
+ * about 256 (W - 1) witnesses (its own 128 W columns and the rows of the CTAs whose band
+ * holds it) for n 128 W pairs of tensor work, where the prefix pass gives nA witnesses for
+ * n nA. W = nA / 256 + 1 keeps the prefix plan's witnesses a row at about half its work.
+ * 0 (the prefix pass) off the warp-specialized Hopper kernel, or where the band would
+ * wrap onto itself (2 W + 4 > n / 128 tiles) or have too few groups for kk.
+ * XKNN_CUDA_SYM_BAND (a diagnostic; the results are the same bytes): 0 = the prefix pass,
+ * N > 0 = a band of N tiles (at most what fits, at least 2). */
+int64_t sym_band(const xknn_cuda_context *ctx, const Plan &p, int64_t n, int64_t d)
+{
+    if (!p.wgmma || p.ffma || !mma_band_supported(d, (int)ctx->smem_optin)) return 0;
+    const int64_t most = (ceil_div(n, kMmaBN) - 4) / 2;
+    const char *e = getenv("XKNN_CUDA_SYM_BAND");
+    if (e && *e) {
+        const long long v = atoll(e);
+        return v <= 0 || most < 2 ? 0 : max64(2, min64((int64_t)v, most));
+    }
+    const int64_t W = ceil_div(p.nA, 2 * kMmaBN) + 1;
+    if (W > most || 4 * (W - 1) < kMmaWitnessRatio * p.kk) return 0;
+    return W;
+}
+
 static const char kSymNoFit[] = "the state of all n points does not fit the device memory budget";
 
 static const char *plan_sym(const xknn_cuda_context *ctx, const xknn__job *job, size_t budget, Plan *out,
@@ -2087,6 +2112,11 @@ static const char *plan_sym(const xknn_cuda_context *ctx, const xknn__job *job, 
         return "no tensor-core plan (device, d, or fewer than 4k witness groups of 64 references)";
     if ((p.wgmma ? wgmma_smem_bytes(d, 1) : mma_smem_bytes(d)) + mma_sym_smem_extra() > ctx->smem_optin)
         return "the symmetric kernel's shared memory exceeds the device's";
+    p.band = sym_band(ctx, p, n, d);
+    if (p.band) {
+        p.ga = 4 * p.band;
+        p.nA = min64(n, 2 * kMmaBN * (p.band - 1)); /* about the witnesses a row gets */
+    }
     const double expect = 3.0 * (double)p.kk * (double)n / (double)p.nA + 256.0;
     p.cap = round_up(max64((int64_t)(1.25 * expect) + 512, p.kk + kBlock + 256), 256);
     p.QS = round_up(n, kMmaBN); /* thr and the norms are read a whole tile at a time */
@@ -2205,8 +2235,14 @@ xknn_status host_sym(const xknn__job *job, xknn_cuda_context *ctx, int staged, s
     if (prm->verbose)
         for (int i = 0; i < 4; ++i) XKNN__CUDA_CHECK(cudaEventCreate(&ev[i]));
     if (ev[0]) XKNN__CUDA_CHECK(cudaEventRecord(ev[0], sc));
-    mp.n = plan.nA;
-    XKNN__CUDA_CHECK(launch_mma_pass(mp, 0, ctx->sms, plan.wgmma ? (int)ctx->smem_optin : 0, sc));
+    if (plan.band) {
+        mp.n = n;
+        mp.band = (int)plan.band;
+        XKNN__CUDA_CHECK(launch_mma_band(mp, ctx->sms, (int)ctx->smem_optin, sc));
+    } else {
+        mp.n = plan.nA;
+        XKNN__CUDA_CHECK(launch_mma_pass(mp, 0, ctx->sms, plan.wgmma ? (int)ctx->smem_optin : 0, sc));
+    }
     XKNN__CUDA_CHECK(launch_mma_select(mp, (int)plan.kk, ctx->sms, sc));
     if (ev[1]) XKNN__CUDA_CHECK(cudaEventRecord(ev[1], sc));
     mp.n = n;

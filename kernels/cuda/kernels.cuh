@@ -163,6 +163,10 @@ struct MmaParams {
     int *ccnt;
     Cand *ccand;
     int rect;
+    /* Pass A of the self-join as a band (launch_mma_band): CTA I takes the band reference
+     * tiles (2 I + j) mod RT, j < band, and feeds the witnesses of its rows and of the
+     * band's columns (ga = 4 band slots a row) */
+    int band;
 };
 
 /* Generic path (generic.cu): canonical distances of any metric and dtype, tile by tile,
@@ -263,6 +267,11 @@ int mma_wgmma_built(void);          /* 1 when the build holds sm_90a code (gpu_a
  * device's shared-memory opt-in per block in bytes (sizes the warp-specialized ring) */
 cudaError_t launch_mma_pass(const MmaParams &p, int mode, int sms, int wgmma, cudaStream_t st);
 cudaError_t launch_mma_select(const MmaParams &p, int kk, int sms, cudaStream_t st);
+/* The self-join's symmetric pass A over the band p.band (mma.cu's SYMMETRIC WITNESSES):
+ * p.gmin filled with +inf, then the band; cudaErrorNotSupported where the warp-
+ * specialized Hopper kernel cannot run it (mma_band_supported is 0) */
+int mma_band_supported(int64_t d, int wgmma);
+cudaError_t launch_mma_band(const MmaParams &p, int sms, int wgmma, cudaStream_t st);
 /* thr of queries with full running lists from their k-th values kth[0, p.qs) (l2) */
 cudaError_t launch_mma_list_thr(const MmaParams &p, const float *kth, int sms, cudaStream_t st);
 /* pass B's entries (l2 / euclidean, mma_kernel and ffma_kernel) cut to those whose lower

@@ -46,6 +46,21 @@
  *   c'_x = fsub_rd(fmul_rd(la, |x|^2), thr_x): then acc < p_i + c'_x <= la s - thr_x;
  * the maximum over a thread's rows decides for a whole column at once.
  *
+ * SYMMETRIC WITNESSES (pass A of the self-join in mode 3: launch_mma_band, wgmma_ws_kernel
+ * only). Pass A over a prefix of nA references costs n nA pairs for nA witnesses a row.
+ * The band: CTA I (rows in tiles 2 I, 2 I + 1) takes the reference tiles (2 I + j) mod
+ * RT, j < W, and each tile with j >= 2 feeds the witnesses of both its rows (per 64
+ * columns, as pass A) and its columns (per 64 rows of the CTA: U(x, q) is the same
+ * rigorous bound with the roles swapped, s and acc being symmetric). A row's witnesses are
+ * then its band's columns (j < W, itself excluded) and the rows of the CTAs whose band
+ * holds it (tiles T - W + 1 .. T - 1 of its tile T): about 256 (W - 1) references for
+ * n 128 W pairs of tensor work, half of the prefix pass's for as many. The two sets are
+ * disjoint while 2 W + 4 <= RT, and every group of 64 is a distinct set of references,
+ * so the kk-th smallest witness still bounds the kk-th distance. Slots: a row's own
+ * groups 2 j + h; a column's, from group m = 2 wg + mb of CTA I at band offset j, 2 W +
+ * 2 j - m - 1 (2 j - m = 2 T - (4 I + m) mod 2 RT: distinct groups, distinct slots); ga =
+ * 4 W, and the slots no CTA fills stay +inf (launch_mma_band fills them first).
+ *
  * THE BOUNDS. acc is the fp32 accumulation of TF32 products q't x't: the same quantity as
  * cuBLAS's TF32 GEMM (T = -2 acc exactly), so engine.cu's TF32 derivation holds: with
  * s = |q|^2 + |x|^2 (float norms), |s - 2 acc - D| <= eps s + abs, eps <= mrel, abs <=
@@ -183,14 +198,17 @@ template <int MODE>
 __device__ __forceinline__ void cta_tiles(const MmaParams &p, int q0, int64_t &t0, int64_t &t1)
 {
     const int64_t RT = (p.n + kBN - 1) / kBN;
-    t0 = (MODE == 2 && !p.rect ? (int64_t)q0 / kBN : 0) + (int64_t)blockIdx.y * p.tiles_per_cta;
-    t1 = t0 + p.tiles_per_cta < RT ? t0 + p.tiles_per_cta : RT;
+    t0 = (MODE == 2 && !p.rect || MODE == 3 ? (int64_t)q0 / kBN : 0) + (int64_t)blockIdx.y * p.tiles_per_cta;
+    /* mode 3: virtual tiles of the band, [q0 / kBN, q0 / kBN + band), tile v is v mod RT */
+    const int64_t end = MODE == 3 ? (int64_t)q0 / kBN + p.band : RT;
+    t1 = t0 + p.tiles_per_cta < end ? t0 + p.tiles_per_cta : end;
 }
 
 /* Per-row epilogue constants of rows [0, bm) of the CTA's query tile (see mma_kernel):
  * pass A  A_i = fma_ru(ua, |q|^2, ub)  (NaN for padding rows);
  * pass B  r_i = fsub_rd(fmul_rd(la, |q|^2), thr)  (+inf for padding rows: never a
- * candidate); mode 2 also p_i = fmul_rd(la, |q|^2) in prow_s (+inf for padding rows).
+ * candidate); mode 2 also p_i = fmul_rd(la, |q|^2) in prow_s (+inf for padding rows);
+ * mode 3 (the band) A_i as pass A and C_q = fmul_ru(ua, |q|^2) in prow_s (NaN for padding).
  * Thread `first` of the nt that share the work starts at row first. */
 template <int MODE>
 __device__ __forceinline__ void stage_row_consts(float *row_s, float *prow_s, const MmaParams &p, int q0, int bm,
@@ -199,11 +217,12 @@ __device__ __forceinline__ void stage_row_consts(float *row_s, float *prow_s, co
     for (int r = first; r < bm; r += nt) {
         const int q = q0 + r;
         const float qv = q < p.qs ? norm_or_nan(p.qn[q]) : __int_as_float(0x7fffffff);
-        if (MODE == 0)
+        if (MODE == 0 || MODE == 3)
             row_s[r] = __fmaf_ru(p.ua, qv, p.ub);
         else
             row_s[r] = q < p.qs ? __fsub_rd(__fmul_rd(p.la, qv), p.thr[q]) : INFINITY;
         if (MODE == 2) prow_s[r] = q < p.qs ? __fmul_rd(p.la, qv) : INFINITY;
+        if (MODE == 3) prow_s[r] = __fmul_ru(p.ua, qv); /* the row as a column: C_q (NaN for padding) */
     }
 }
 
@@ -1202,6 +1221,130 @@ __device__ __forceinline__ void wg_epilogue(const MmaParams &p, float (&acc)[2][
     }
 }
 
+/* One lane's half of 2 H values after a min with lane ^ M's other half (a reduce-scatter
+ * step): the lane whose bit M is set keeps v[H + e], the other v[e]; both end with the
+ * kept half in v[0, H). */
+template <int H, int M>
+__device__ __forceinline__ void min_scatter(float (&v)[16], int lane)
+{
+    const bool hi = (lane & M) != 0;
+#pragma unroll
+    for (int e = 0; e < H; ++e) {
+        const float keep = hi ? v[H + e] : v[e], give = hi ? v[e] : v[H + e];
+        v[e] = fminf(keep, __shfl_xor_sync(0xffffffffu, give, M));
+    }
+}
+
+/* band_epilogue_wg's row side; DIAG: tiles that may hold the CTA's own rows (j < 2) */
+template <bool DIAG>
+__device__ __forceinline__ void band_rows(const MmaParams &p, const float (&acc)[2][64], const WgTerms<3> &T,
+                                          const float *row_s, int wg, int wi, int g, int t, int q0, int64_t ref0,
+                                          int j)
+{
+    float mn[4][2];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) mn[i][0] = mn[i][1] = INFINITY;
+    if (DIAG) { /* no row is its own witness: its column in the tile, or -1 */
+        const int64_t s0 = p.self_local0 + q0;
+        int jq[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int64_t c = s0 + wg * 128 + (i >> 1) * 64 + wi * 16 + g + 8 * (i & 1) - ref0;
+            jq[i] = p.exclude && c >= 0 && c < kBN ? (int)c : -1;
+        }
+#pragma unroll
+        for (int nb = 0; nb < 16; ++nb)
+#pragma unroll
+            for (int c = 0; c < 2; ++c)
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    const float u = __fmaf_ru(wg_acc(acc, i, nb, c), -2.0f, T.v[2 * nb + c]);
+                    mn[i][nb >> 3] = fminf(mn[i][nb >> 3], nb * 8 + 2 * t + c == jq[i] ? INFINITY : u);
+                }
+    } else {
+#pragma unroll
+        for (int nb = 0; nb < 16; ++nb)
+#pragma unroll
+            for (int c = 0; c < 2; ++c)
+#pragma unroll
+                for (int i = 0; i < 4; ++i)
+                    mn[i][nb >> 3] = fminf(mn[i][nb >> 3], __fmaf_ru(wg_acc(acc, i, nb, c), -2.0f, T.v[2 * nb + c]));
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const int r = wg * 128 + (i >> 1) * 64 + wi * 16 + g + 8 * (i & 1);
+        const int q = q0 + r;
+        const float rc = row_s[r];
+#pragma unroll
+        for (int h2 = 0; h2 < 2; ++h2) {
+            float m = __fadd_ru(rc, mn[i][h2]);
+            m = fminf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+            m = fminf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+            if (t == 0 && q < p.qs) p.gmin[(int64_t)q * p.ga + 2 * j + h2] = m;
+        }
+    }
+}
+
+/* Mode 3's epilogue (SYMMETRIC WITNESSES): band tile j (reference tile ref0 / kBN) of the
+ * CTA's rows. Row side (band_rows): pass A's per-row minima of the tile's two 64-column
+ * groups, into slots 2 j, 2 j + 1. Column side (j >= 2; tiles 0 and 1 hold the CTA's own
+ * rows): per column and 64-row group m = 2 wg + mb of the CTA the minimum over its rows
+ * of fma_ru(acc, -2, C_q), then U = fadd_ru(A'_x, min) with A'_x = fadd_ru(C_x, ub), into
+ * slot 2 band + 2 j - m - 1 of the column. The rows' minima go across the warp's lanes by
+ * a reduce-scatter (lane bits 4, 3, 2; per group and half of the columns each lane ends
+ * with 2 of 16 values) and across the warpgroup's 4 warps through wbuf (4 x 2 x 128
+ * floats): after named barrier 4 + wg, thread wi * 32 + lane takes column wi * 32 + lane
+ * of both groups. wbuf is written again only after the next tile's turn barrier, which
+ * each of the warpgroup's warps reaches after its reads here. (The row side's self test
+ * is a select in its one loop: a second loop over a diagonal row's columns, as pass A
+ * has, made ptxas spill next to the column side.) */
+__device__ __forceinline__ void band_epilogue_wg(const MmaParams &p, float (&acc)[2][64], const WgTerms<3> &T,
+                                                 const float *row_s, const float *prow_s, float *wbuf, int wg, int wi,
+                                                 int g, int t, int lane, int q0, int64_t ref0, int j)
+{
+    if (j < 2) { /* (the same j for the whole CTA) */
+        band_rows<true>(p, acc, T, row_s, wg, wi, g, t, q0, ref0, j);
+        return;
+    }
+    band_rows<false>(p, acc, T, row_s, wg, wi, g, t, q0, ref0, j);
+    float cq[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) cq[i] = prow_s[wg * 128 + (i >> 1) * 64 + wi * 16 + g + 8 * (i & 1)];
+    float *mine = wbuf + wi * 2 * kBN;
+#pragma unroll
+    for (int mb = 0; mb < 2; ++mb)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) { /* columns nb * 8 + 2 t + c, nb in [8 h, 8 h + 8) */
+            float v[16];          /* index 2 (nb - 8 h) + c */
+#pragma unroll
+            for (int nb = 0; nb < 8; ++nb)
+#pragma unroll
+                for (int c = 0; c < 2; ++c)
+                    v[2 * nb + c] = fminf(__fmaf_ru(wg_acc(acc, 2 * mb, 8 * h + nb, c), -2.0f, cq[2 * mb]),
+                                          __fmaf_ru(wg_acc(acc, 2 * mb + 1, 8 * h + nb, c), -2.0f, cq[2 * mb + 1]));
+            min_scatter<8, 16>(v, lane);
+            min_scatter<4, 8>(v, lane);
+            min_scatter<2, 4>(v, lane);
+            /* v[u] is index 2 g + u: column (8 h + g) 8 + 2 t + u */
+            mine[mb * kBN + (8 * h + g) * 8 + 2 * t] = v[0];
+            mine[mb * kBN + (8 * h + g) * 8 + 2 * t + 1] = v[1];
+        }
+    named_sync(4 + wg, 128);
+    const int col = wi * 32 + lane;
+    const int64_t x = ref0 + col;
+    if (x < p.n) {
+        const float ax = __fadd_ru(p.ct[x], p.ub);
+#pragma unroll
+        for (int mb = 0; mb < 2; ++mb) {
+            float m = wbuf[mb * kBN + col];
+#pragma unroll
+            for (int w = 1; w < 4; ++w) m = fminf(m, wbuf[w * 2 * kBN + mb * kBN + col]);
+            const int64_t slot = 2 * (int64_t)p.band + 2 * j - (2 * wg + mb) - 1;
+            p.gmin[x * p.ga + slot] = __fadd_ru(ax, m);
+        }
+    }
+}
+
 #endif
 
 template <int MODE, bool VEC, int KB>
@@ -1368,7 +1511,7 @@ __global__ __launch_bounds__(kWsThreads, 1) void wgmma_ws_kernel(const MmaParams
     float *prow_s = row_s + kBM;            /* kBM (mode 2) */
     uint64_t *full = reinterpret_cast<uint64_t *>(prow_s + kBM);
     uint64_t *empty = full + kWsMaxStages;
-    float2 *terms_s = reinterpret_cast<float2 *>(empty + kWsMaxStages); /* mode 2: kBN a consumer warp */
+    float2 *terms_s = reinterpret_cast<float2 *>(empty + kWsMaxStages); /* mode 2: kBN a consumer warp; mode 3: wbuf */
 
     const int tid = (int)threadIdx.x, warp = tid >> 5;
     const int role = warp >> 2; /* 0 producer, 1 and 2 consumers */
@@ -1376,6 +1519,7 @@ __global__ __launch_bounds__(kWsThreads, 1) void wgmma_ws_kernel(const MmaParams
     int64_t t0, t1;
     cta_tiles<MODE>(p, q0, t0, t1);
     if (t0 >= t1) return;
+    const int64_t RT = (p.n + kBN - 1) / kBN; /* (mode 3's virtual tiles wrap at RT) */
     const int KC = dpad / KB;
     const int64_t total = (t1 - t0) * KC;
 
@@ -1397,7 +1541,7 @@ __global__ __launch_bounds__(kWsThreads, 1) void wgmma_ws_kernel(const MmaParams
 #pragma unroll 1
         for (int64_t it = 0; it < total; ++it) {
             if (round > 0) mbar_wait(empty + s, (round - 1) & 1);
-            ws_load_chunk(Rs + s * kBN * KB, p, tile, kc, ptid);
+            ws_load_chunk(Rs + s * kBN * KB, p, MODE == 3 && tile >= RT ? tile - RT : tile, kc, ptid);
             mbar_arrive_cp_async(full + s);
             if (++s == S) {
                 s = 0;
@@ -1515,6 +1659,15 @@ __global__ __launch_bounds__(kWsThreads, 1) void wgmma_ws_kernel(const MmaParams
             __syncwarp();
             sym_epilogue_wg(p, acc, SymTermsSmem{ts + 2 * t}, row_s, prow_s, wg * 128 + wi * 16 + g, q0, tile * kBN,
                             t, p.rect || tile * kBN >= (int64_t)q0 + kBM);
+        } else if constexpr (MODE == 3) {
+            const int64_t rt = tile >= RT ? tile - RT : tile;
+            WgTerms<3> T;
+            wg_load_terms<3>(T, p, rt, t);
+            asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+            __syncwarp();
+            if (lane == 0) mbar_arrive(empty + prev);
+            band_epilogue_wg(p, acc, T, row_s, prow_s, reinterpret_cast<float *>(terms_s) + wg * 4 * 2 * kBN, wg, wi,
+                             g, t, lane, q0, rt * kBN, (int)(tile - q0 / kBN));
         } else {
             /* the tile's column terms from global memory (L1/L2), loaded while the tile's
              * last wgmma run */
@@ -1832,6 +1985,50 @@ cudaError_t launch_mma_select(const MmaParams &p, int kk, int sms, cudaStream_t 
 {
     const int blocks = p.qs < 8 * sms ? p.qs : 8 * sms;
     mma_select_kernel<<<blocks, kBlock, 0, st>>>(p, kk);
+    return cudaGetLastError();
+}
+
+__global__ __launch_bounds__(kBlock) void fill_inf_kernel(float *a, int64_t count)
+{
+    for (int64_t i = (int64_t)blockIdx.x * kBlock + threadIdx.x; i < count; i += (int64_t)gridDim.x * kBlock)
+        a[i] = INFINITY;
+}
+
+int mma_band_supported(int64_t d, int wgmma)
+{
+    const char *ws = getenv("XKNN_CUDA_WGMMA_WS");
+    return wgmma > 0 && d % 4 == 0 && !(ws && *ws == '0') && ws_stages(d, (size_t)wgmma) > 0;
+}
+
+cudaError_t launch_mma_band(const MmaParams &p, int sms, int wgmma, cudaStream_t st)
+{
+    if (p.n <= 0 || p.qs <= 0) return cudaSuccess;
+    const int64_t RT = (p.n + kBN - 1) / kBN, qt = (p.qs + kBM - 1) / kBM;
+    /* the band's tiles of a row and its columns' must be disjoint (2 band < RT - 2) and the
+     * CTA's own rows the band's first two tiles (Q = R, the self-join) */
+    if (!mma_band_supported(p.d, wgmma) || p.band < 2 || 2 * (int64_t)p.band + 4 > RT || p.ga < 4 * p.band ||
+        p.qs != p.n || ((uintptr_t)p.R % 16) != 0 || p.ldr % 4 != 0)
+        return cudaErrorNotSupported;
+    { /* every slot +inf: a column's slots are filled only by the CTAs whose band holds it */
+        const int64_t count = (int64_t)p.qs * p.ga;
+        const int64_t need = (count + kBlock - 1) / kBlock;
+        fill_inf_kernel<<<(unsigned)(need < 16 * (int64_t)sms ? need : 16 * (int64_t)sms), kBlock, 0, st>>>(p.gmin,
+                                                                                                        count);
+        const int64_t RN = (p.n + kBN - 1) / kBN * kBN;
+        const int blocks = (int)(RN / kBlock + 1 < 4 * (int64_t)sms ? RN / kBlock + 1 : 4 * (int64_t)sms);
+        mma_col_terms_kernel<0><<<blocks, kBlock, 0, st>>>(p);
+        const cudaError_t e = cudaGetLastError();
+        if (e != cudaSuccess) return e;
+    }
+    MmaParams q = p;
+    int64_t Z = choose_slices(qt, p.band, sms);
+    q.tiles_per_cta = (int)((p.band + Z - 1) / Z);
+    Z = (p.band + q.tiles_per_cta - 1) / q.tiles_per_cta;
+    const int S = ws_stages(p.d, (size_t)wgmma);
+    const size_t wsm = ws_smem_bytes((p.d + kBK - 1) / kBK * kBK, S);
+    cudaError_t e = cudaFuncSetAttribute(wgmma_ws_kernel<3>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)wsm);
+    if (e != cudaSuccess) return e;
+    wgmma_ws_kernel<3><<<dim3((unsigned)qt, (unsigned)Z), kWsThreads, wsm, st>>>(q, S);
     return cudaGetLastError();
 }
 
