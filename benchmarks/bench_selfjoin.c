@@ -46,7 +46,8 @@ static void usage(FILE *f)
             "  --no-plain      time only the symmetric path (no byte comparison)\n"
             "  --json FILE     append one JSON object\n"
             "  --write-data F  write the points as .fbin\n"
-            "  -v              the library's verbose lines (plan, path)\n");
+            "  -v              the library's verbose lines (plan, path) of the warm-up calls\n"
+            "  -vv             and of the timed calls\n");
 }
 
 static xknn_cuda_context *ctx_of[2]; /* [0] symmetric, [1] plain (cuda backend) */
@@ -87,6 +88,8 @@ int main(int argc, char **argv)
             return 0;
         } else if (!strcmp(a, "-v")) {
             verbose = 1;
+        } else if (!strcmp(a, "-vv")) {
+            verbose = 2;
         } else if (!strcmp(a, "--no-plain")) {
             plain = 0;
         } else if (v && !strcmp(a, "--n")) {
@@ -165,7 +168,7 @@ int main(int argc, char **argv)
             bench_die(PROG, "symmetric: %s", err.message);
         if (plain && run(&p, XKNN_SELF_JOIN_PLAIN, &xm, k, pid, pd, &plain_ms, &err) != XKNN_SUCCESS)
             bench_die(PROG, "plain: %s", err.message);
-        p.verbose = 0;
+        p.verbose = verbose > 1; /* -vv: the timed calls' lines too */
         for (r = 0; r < repeats; r++) {
             if (run(&p, XKNN_SELF_JOIN_AUTO, &xm, k, sid, sd, &ts[r], &err) != XKNN_SUCCESS)
                 bench_die(PROG, "symmetric: %s", err.message);

@@ -2124,7 +2124,7 @@ static const char *plan_sym(const xknn_cuda_context *ctx, const xknn__job *job, 
     const int64_t block = min64(n, kMaxStateQueries);
     auto need = [&](const Plan &c) {
         return c.bytes + (size_t)n * (size_t)d * sizeof(float) +
-               (size_t)block * (size_t)k * (sizeof(int64_t) + (job->dist ? sizeof(float) : 0));
+               2 * (size_t)block * (size_t)k * (sizeof(int64_t) + (job->dist ? sizeof(float) : 0));
     };
     if (!plan_set_center(p, 0)) return "no tensor-core bound for this shape";
     plan_layout(p);
@@ -2157,9 +2157,19 @@ xknn_status host_sym(const xknn__job *job, xknn_cuda_context *ctx, int staged, s
     cudaStream_t sc = ctx->stream;
     const char *why = plan_sym(ctx, job, budget, &plan, &block);
     cudaEvent_t ev[4] = {NULL, NULL, NULL, NULL}; /* -v: phase times */
+    cudaEvent_t fin[2] = {NULL, NULL};            /* pipelined output: block b's results enqueued */
     const double h0 = wall_seconds();
     double h_alloc = 0.0, h_up = 0.0;
     cudaError_t e;
+    /* block b's results (buffer b & 1) to the host on the copy stream, once fin[b & 1] */
+    auto sym_out = [&](int64_t b) -> xknn_status {
+        const int64_t q0 = b * block, qs = min64(block, n - q0), o = (b & 1) * block * k;
+        const cudaError_t w = cudaStreamWaitEvent(ctx->copy_stream, fin[b & 1], 0);
+        if (w != cudaSuccess) return failf(er, XKNN_ERROR_DEVICE, "cuda backend: %s: %s (output stream)", cudaGetErrorName(w), cudaGetErrorString(w));
+        return results_out(ctx, 1, job->ids + q0 * k, hb.dIds + o, job->dist ? job->dist + q0 * k : NULL,
+                           hb.dDist ? hb.dDist + o : NULL, (size_t)(qs * k), prm->num_threads, ctx->copy_stream,
+                           &piece, er);
+    };
 
     const char *req = getenv("XKNN_CUDA_SYM_REQUIRE");
     const int require = req && *req && *req != '0';
@@ -2177,10 +2187,14 @@ xknn_status host_sym(const xknn__job *job, xknn_cuda_context *ctx, int staged, s
     }
     hb.pool = ctx->pool;
     hb.s = sc;
+    /* two output buffers where the blocks' results go out on the copy stream while the
+     * next block is re-ranked (staged, more than one block) */
+    const int pipe = staged && n > block;
     e = hb.alloc((void **)&hb.dR, (size_t)n * row_bytes);
     if (e == cudaSuccess) e = hb.alloc(&hb.dWs, plan.bytes);
-    if (e == cudaSuccess) e = hb.alloc((void **)&hb.dIds, (size_t)block * k * sizeof(int64_t));
-    if (e == cudaSuccess && job->dist) e = hb.alloc((void **)&hb.dDist, (size_t)block * k * sizeof(float));
+    if (e == cudaSuccess) e = hb.alloc((void **)&hb.dIds, (pipe ? 2 : 1) * (size_t)block * k * sizeof(int64_t));
+    if (e == cudaSuccess && job->dist)
+        e = hb.alloc((void **)&hb.dDist, (pipe ? 2 : 1) * (size_t)block * k * sizeof(float));
     ok = alloc_outcome(hb, e, er, &st);
     if (ok < 0) return st;
     if (ok == 0) {
@@ -2251,17 +2265,29 @@ xknn_status host_sym(const xknn__job *job, xknn_cuda_context *ctx, int staged, s
     mp.Q = mp.R = hb.dR;
     mp.ldq = mp.ldr = d;
     XKNN__CUDA_CHECK(launch_mma_rescue(mp, (int)plan.kk, plan.kind, ctx->sms, sc));
-    for (int64_t q0 = 0; q0 < n; q0 += block) {
+    if (pipe)
+        for (int i = 0; i < 2; ++i) XKNN__CUDA_CHECK(cudaEventCreateWithFlags(&fin[i], cudaEventDisableTiming));
+    for (int64_t q0 = 0, b = 0; q0 < n; q0 += block, ++b) {
         const int64_t qs = min64(block, n - q0);
+        const int64_t o = pipe ? (b & 1) * block * k : 0;
         Run rb = run; /* the run's state from query q0 on */
         rb.tau = run.tau + q0;
         rb.cnt = run.cnt + q0;
         rb.cand = run.cand + q0 * plan.cap;
         XKNN__CUDA_CHECK(launch_resolve(resolve_params(rb, hb.dR + q0 * d, d, hb.dR, d, 0), (int)qs, sc));
-        XKNN__TRY(block_finish(rb, qs, hb.dIds, hb.dDist, prm->ref_id_offset, er));
-        XKNN__TRY(results_out(ctx, staged, job->ids + q0 * k, hb.dIds, job->dist ? job->dist + q0 * k : NULL, hb.dDist,
-                              (size_t)(qs * k), prm->num_threads, sc, &piece, er));
+        XKNN__TRY(block_finish(rb, qs, hb.dIds + o, hb.dDist ? hb.dDist + o : NULL, prm->ref_id_offset, er));
+        if (!pipe) {
+            XKNN__TRY(results_out(ctx, staged, job->ids + q0 * k, hb.dIds, job->dist ? job->dist + q0 * k : NULL,
+                                  hb.dDist, (size_t)(qs * k), prm->num_threads, sc, &piece, er));
+            continue;
+        }
+        /* block b's results are enqueued; block b - 1's go out on the copy stream while
+         * they compute (its buffer is written again by block b + 1, enqueued only after
+         * results_out has returned) */
+        XKNN__CUDA_CHECK(cudaEventRecord(fin[b & 1], sc));
+        if (b > 0) XKNN__TRY(sym_out(b - 1));
     }
+    if (pipe) XKNN__TRY(sym_out((n - 1) / block));
     if (ev[3]) XKNN__CUDA_CHECK(cudaEventRecord(ev[3], sc));
     XKNN__CUDA_CHECK(cudaMemcpyAsync(stats, run.stats, sizeof stats, cudaMemcpyDeviceToHost, sc));
     XKNN__CUDA_CHECK(cudaStreamSynchronize(sc));
@@ -2283,6 +2309,8 @@ cleanup:
     if (ctx->copy_stream) (void)cudaStreamSynchronize(ctx->copy_stream);
     for (int i = 0; i < 4; ++i)
         if (ev[i]) cudaEventDestroy(ev[i]);
+    for (int i = 0; i < 2; ++i)
+        if (fin[i]) cudaEventDestroy(fin[i]);
     hb.release();
     (void)cudaStreamSynchronize(sc);
     return st;

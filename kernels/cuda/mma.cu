@@ -1294,12 +1294,12 @@ __device__ __forceinline__ void band_rows(const MmaParams &p, const float (&acc)
  * a reduce-scatter (lane bits 4, 3, 2; per group and half of the columns each lane ends
  * with 2 of 16 values) and across the warpgroup's 4 warps through wbuf (4 x 2 x 128
  * floats): after named barrier 4 + wg, thread wi * 32 + lane takes column wi * 32 + lane
- * of both groups. wbuf is written again only after the next tile's turn barrier, which
+ * of both groups (cx: that column's C_x, loaded before the wgmma wait). wbuf is written again only after the next tile's turn barrier, which
  * each of the warpgroup's warps reaches after its reads here. (The row side's self test
  * is a select in its one loop: a second loop over a diagonal row's columns, as pass A
  * has, made ptxas spill next to the column side.) */
 __device__ __forceinline__ void band_epilogue_wg(const MmaParams &p, float (&acc)[2][64], const WgTerms<3> &T,
-                                                 const float *row_s, const float *prow_s, float *wbuf, int wg, int wi,
+                                                 float cx, const float *row_s, const float *prow_s, float *wbuf, int wg, int wi,
                                                  int g, int t, int lane, int q0, int64_t ref0, int j)
 {
     if (j < 2) { /* (the same j for the whole CTA) */
@@ -1326,19 +1326,20 @@ __device__ __forceinline__ void band_epilogue_wg(const MmaParams &p, float (&acc
             min_scatter<4, 8>(v, lane);
             min_scatter<2, 4>(v, lane);
             /* v[u] is index 2 g + u: column (8 h + g) 8 + 2 t + u */
-            mine[mb * kBN + (8 * h + g) * 8 + 2 * t] = v[0];
-            mine[mb * kBN + (8 * h + g) * 8 + 2 * t + 1] = v[1];
+            asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(smem_addr(mine + mb * kBN + (8 * h + g) * 8 + 2 * t)),
+                         "f"(v[0]), "f"(v[1])
+                         : "memory");
         }
     named_sync(4 + wg, 128);
     const int col = wi * 32 + lane;
     const int64_t x = ref0 + col;
     if (x < p.n) {
-        const float ax = __fadd_ru(p.ct[x], p.ub);
+        const float ax = __fadd_ru(cx, p.ub);
 #pragma unroll
         for (int mb = 0; mb < 2; ++mb) {
-            float m = wbuf[mb * kBN + col];
+            float m = lds_again(wbuf + mb * kBN + col);
 #pragma unroll
-            for (int w = 1; w < 4; ++w) m = fminf(m, wbuf[w * 2 * kBN + mb * kBN + col]);
+            for (int w = 1; w < 4; ++w) m = fminf(m, lds_again(wbuf + w * 2 * kBN + mb * kBN + col));
             const int64_t slot = 2 * (int64_t)p.band + 2 * j - (2 * wg + mb) - 1;
             p.gmin[x * p.ga + slot] = __fadd_ru(ax, m);
         }
@@ -1663,11 +1664,13 @@ __global__ __launch_bounds__(kWsThreads, 1) void wgmma_ws_kernel(const MmaParams
             const int64_t rt = tile >= RT ? tile - RT : tile;
             WgTerms<3> T;
             wg_load_terms<3>(T, p, rt, t);
+            /* the column side's C_x of column wi * 32 + lane (ct has round_up(n, kBN) entries) */
+            const float cx = __ldg(p.ct + rt * kBN + wi * 32 + lane);
             asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
             __syncwarp();
             if (lane == 0) mbar_arrive(empty + prev);
-            band_epilogue_wg(p, acc, T, row_s, prow_s, reinterpret_cast<float *>(terms_s) + wg * 4 * 2 * kBN, wg, wi,
-                             g, t, lane, q0, rt * kBN, (int)(tile - q0 / kBN));
+            band_epilogue_wg(p, acc, T, cx, row_s, prow_s, reinterpret_cast<float *>(terms_s) + wg * 4 * 2 * kBN, wg,
+                             wi, g, t, lane, q0, rt * kBN, (int)(tile - q0 / kBN));
         } else {
             /* the tile's column terms from global memory (L1/L2), loaded while the tile's
              * last wgmma run */
