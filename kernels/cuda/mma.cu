@@ -1506,7 +1506,9 @@ __global__ __launch_bounds__(kWsThreads, 1) void wgmma_ws_kernel(const MmaParams
     extern __shared__ __align__(16) float smem_raw[];
     const int dpad = (int)((p.d + kBK - 1) / kBK * kBK);
     /* the swizzle pattern follows address bits, so both operands start 1024-aligned */
-    float *Qs = reinterpret_cast<float *>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~(uintptr_t)1023);
+    /* (an offset from smem_raw, not an integer round trip, so that the compiler keeps the
+     * shared address space: shared loads and stores instead of generic ones) */
+    float *Qs = smem_raw + ((1024u - (smem_addr(smem_raw) & 1023u)) & 1023u) / sizeof(float);
     float *Rs = Qs + kBM * dpad;            /* S x kBN x KB: swizzled rows of 128 bytes */
     float *row_s = Rs + S * kBN * KB;       /* kBM */
     float *prow_s = row_s + kBM;            /* kBM (mode 2) */
