@@ -99,18 +99,22 @@ cudaError_t launch_unit_rows(const float *X, int64_t ld, int64_t rows, int64_t d
  * of the references (a sample of them), so the tensor cores see rows of smaller norm
  * and the bound's band holds fewer candidates. */
 
-/* mu[c] = the mean of column c over the rows floor(j rows / m), j = 0..m-1 (m =
- * min(rows, kMeanSample)): double sums in a fixed order, so mu is the same bits on
- * every run. Any mu is valid (mma.cu's derivation holds for every mu); a fair one only
- * makes the band narrower. One block per column (a gather of m scattered floats). */
+/* mu[c] = the mean of the finite values of column c over the rows floor(j rows / m),
+ * j = 0..m-1 (m = min(rows, kMeanSample); 0 where none is finite): double sums in a fixed
+ * order, so mu is the same bits on every run. Any finite mu is valid (mma.cu's derivation
+ * holds for every mu); a fair one only makes the band narrower. A NaN or infinite input
+ * left out keeps mu finite, so only its own rows' pairs become candidates (norm NaN or
+ * infinite), not every pair. One block per column (a gather of m scattered floats). */
 constexpr int64_t kMeanSample = 8192;
 __global__ __launch_bounds__(kBlock) void mean_rows_kernel(const float *__restrict__ X, int64_t ld, int64_t rows,
                                                            int64_t m, float *__restrict__ mu)
 {
     constexpr int kU = 8; /* loads in flight a thread (the gather is latency-bound) */
     __shared__ double part[kBlock];
+    __shared__ int cnt[kBlock];
     const int64_t c = blockIdx.x;
     double a[kU];
+    int nf = 0;
 #pragma unroll
     for (int u = 0; u < kU; ++u) a[u] = 0.0;
     int64_t j = threadIdx.x;
@@ -119,19 +123,33 @@ __global__ __launch_bounds__(kBlock) void mean_rows_kernel(const float *__restri
 #pragma unroll
         for (int u = 0; u < kU; ++u) v[u] = __ldg(X + ((j + u * kBlock) * rows / m) * ld + c);
 #pragma unroll
-        for (int u = 0; u < kU; ++u) a[u] += (double)v[u];
+        for (int u = 0; u < kU; ++u)
+            if (isfinite(v[u])) {
+                a[u] += (double)v[u];
+                ++nf;
+            }
     }
-    for (; j < m; j += kBlock) a[0] += (double)__ldg(X + (j * rows / m) * ld + c);
+    for (; j < m; j += kBlock) {
+        const float v = __ldg(X + (j * rows / m) * ld + c);
+        if (isfinite(v)) {
+            a[0] += (double)v;
+            ++nf;
+        }
+    }
     double acc = 0.0;
 #pragma unroll
     for (int u = 0; u < kU; ++u) acc += a[u];
     part[threadIdx.x] = acc;
+    cnt[threadIdx.x] = nf;
     __syncthreads();
     for (int h = kBlock / 2; h > 0; h >>= 1) {
-        if ((int)threadIdx.x < h) part[threadIdx.x] += part[threadIdx.x + h];
+        if ((int)threadIdx.x < h) {
+            part[threadIdx.x] += part[threadIdx.x + h];
+            cnt[threadIdx.x] += cnt[threadIdx.x + h];
+        }
         __syncthreads();
     }
-    if (threadIdx.x == 0) mu[c] = __double2float_rn(part[0] / (double)m);
+    if (threadIdx.x == 0) mu[c] = cnt[0] > 0 ? __double2float_rn(part[0] / (double)cnt[0]) : 0.0f;
 }
 
 cudaError_t launch_mean_rows(const float *X, int64_t ld, int64_t rows, int64_t d, float *mu, cudaStream_t st)
