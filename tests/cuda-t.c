@@ -468,8 +468,8 @@ static void run_errors(void)
 }
 #define NERRORS 7
 
-/* ---- the embedding API on device buffers (24 tests) --------------------------------- */
-#define NDEVICE 24
+/* ---- the embedding API on device buffers (26 tests) --------------------------------- */
+#define NDEVICE 26
 #ifdef XKNN_TEST_HAVE_CUDA_RT
 #define CK(call)                                                                                       \
     do {                                                                                               \
@@ -671,6 +671,35 @@ static void run_device_api(void)
            reruns[1], (long long)eq, reruns[0]);
         free(eref);
         free(eqry);
+    }
+
+    /* centred rows (engine.cu's center_wanted; XKNN_CUDA_CENTER=1 here) with a NaN and an
+     * infinite reference among the rows whose mean they are centred on (rows 0 and 4 of
+     * 20000 are in its sample): the mean leaves them out, so only their own pairs are
+     * candidates and no query is searched again. (A NaN mean made every centred row NaN,
+     * every pair a candidate and every query a re-run: exact, but slow.) */
+    {
+        const int64_t cn = 20000, cq = 500, cd = 32, ck = 10;
+        float *cref = make_matrix(DATA_UNIFORM, cn, cd, cd, 41), *cqry = make_matrix(DATA_UNIFORM, cq, cd, cd, 42);
+        cref[0 * cd + 3] = NAN;
+        cref[4 * cd + 7] = INFINITY;
+        p = xknn_params_default();
+        p.cuda_path = XKNN_CUDA_PATH_MMA;
+        setenv("XKNN_CUDA_CENTER", "1", 1);
+        st = xknn_cuda_workspace_size(ctx, &p, cn, cq, cd, ck, &bytes, &err);
+        if (st == XKNN_SUCCESS) st = dsearch(ctx, &p, cref, cn, cqry, cq, cd, ck, ids, dist, bytes, 0, stats, &err);
+        unsetenv("XKNN_CUDA_CENTER");
+        ref_knn(REF_L2, cref, cn, cd, cqry, cq, cd, cd, ck, 0, 0, 0, wid, wd);
+        if (st != XKNN_SUCCESS)
+            ok(0, "device API, centred rows, a NaN and an infinite reference in the mean's sample: %s", err.message);
+        else
+            is_knn_equal(ids, dist, wid, wd, cq, ck,
+                         "device API, centred rows, a NaN and an infinite reference in the mean's sample");
+        ok(st == XKNN_SUCCESS && stats[XKNN_CUDA_STAT_RERUNS] == 0,
+           "centred rows with a NaN and an infinite reference: no query re-run (%llu of %lld)",
+           st == XKNN_SUCCESS ? stats[XKNN_CUDA_STAT_RERUNS] : 0ull, (long long)cq);
+        free(cref);
+        free(cqry);
     }
 
     /* offsets + exclude_self through the device API */
