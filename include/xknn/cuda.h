@@ -118,9 +118,13 @@ struct CUstream_st; /* = cudaStream_t's pointee; NULL means the legacy default s
  * A host-array self-join (query NULL, self_join auto) of f32 l2/euclidean/ip/cosine on
  * the MMA path runs symmetric: pass B over the triangle of tiles, each off-diagonal tile feeding
  * its rows' and its columns' candidates, with the state of all n points on the device
- * (about n (16 cap + 4 groups + 32) bytes; verbose prints the plan). Where that does not
- * apply it runs the plain search; XKNN_CUDA_SYM_REQUIRE=1 (diagnostics, the tests) makes
- * that an error instead. */
+ * (about n (16 cap + 4 groups + 32) bytes; verbose prints the plan). On the Hopper kernel
+ * (d a multiple of 4, n above about 30k) pass A is a symmetric band of tiles whose
+ * witnesses serve both rows and columns (XKNN_CUDA_SYM_BAND=0 / N, diagnostics: the
+ * prefix pass / a band of N tiles; the results are the same bytes). With a context, the
+ * results of each block of 32768 rows go out while the next is re-ranked. Where the
+ * symmetric path does not apply it runs the plain search; XKNN_CUDA_SYM_REQUIRE=1
+ * (diagnostics, the tests) makes that an error instead. */
 
 /* Diagnostics: the workspace begins with XKNN_CUDA_STAT_COUNT unsigned 64-bit counters,
  * zeroed by each xknn_cuda_search and valid once its work on the stream has completed

@@ -20,9 +20,9 @@
  *   finish   as below
  *   Workspace: stats | qn QS*4 | tau QS*4 | cnt QS*4 | mcount QS*8 | cand QS*cap*16 |
  *   rn round_up(n, 128)*4 | witnesses QS*ga*4 | thr QS*4 | column terms round_up(n, 128)*8,
- *   ga = ceil(nA / 64); cosine's unit rows and l2's centred rows (center_wanted, where
- *   they fit): round_up(n, 128)*dh*4 | QS*dh*4 (the self-join: none) | mu d*4,
- *   dh = round_up(d, 4).
+ *   ga = ceil(nA / 64) (the self-join's band of W tiles, sym_band: 4 W); cosine's unit
+ *   rows and l2's centred rows (center_wanted, where they fit): round_up(n, 128)*dh*4 |
+ *   QS*dh*4 (the self-join: none) | mu d*4, dh = round_up(d, 4).
  *
  * FUSED PIPELINE (one state block of QS queries, one stream): fused kernel over Z slices
  * of RZ references (one launch, or on the host path one launch per quarter of the slices
