@@ -58,8 +58,9 @@
  * disjoint while 2 W + 4 <= RT, and every group of 64 is a distinct set of references,
  * so the kk-th smallest witness still bounds the kk-th distance. Slots: a row's own
  * groups 2 j + h; a column's, from group m = 2 wg + mb of CTA I at band offset j, 2 W +
- * 2 j - m - 1 (2 j - m = 2 T - (4 I + m) mod 2 RT: distinct groups, distinct slots); ga =
- * 4 W, and the slots no CTA fills stay +inf (launch_mma_band fills them first).
+ * 2 j - m - 1 (2 j - m = 2 T - (4 I + m) mod 2 RT: distinct groups of real rows, 4 I + m
+ * < 2 RT, distinct slots; a group of padding rows only writes nothing); ga = 4 W, and the
+ * slots no CTA fills stay +inf (launch_mma_band fills them first).
  *
  * THE BOUNDS. acc is the fp32 accumulation of TF32 products q't x't: the same quantity as
  * cuBLAS's TF32 GEMM (T = -2 acc exactly), so engine.cu's TF32 derivation holds: with
@@ -1337,6 +1338,9 @@ __device__ __forceinline__ void band_epilogue_wg(const MmaParams &p, float (&acc
         const float ax = __fadd_ru(cx, p.ub);
 #pragma unroll
         for (int mb = 0; mb < 2; ++mb) {
+            /* a group of padding rows only (the last CTA's second tile when RT is odd) has
+             * no witness, and its slot is that of CTA 0's group m - 2 (4 I + m = 2 RT + m - 2) */
+            if (q0 + 64 * (2 * wg + mb) >= p.qs) continue;
             float m = lds_again(wbuf + mb * kBN + col);
 #pragma unroll
             for (int w = 1; w < 4; ++w) m = fminf(m, lds_again(wbuf + w * 2 * kBN + mb * kBN + col));
