@@ -2123,8 +2123,9 @@ static const char *plan_sym(const xknn_cuda_context *ctx, const xknn__job *job, 
     p.sym = 1;
     const int64_t block = min64(n, kMaxStateQueries);
     auto need = [&](const Plan &c) {
-        return c.bytes + (size_t)n * (size_t)d * sizeof(float) +
-               2 * (size_t)block * (size_t)k * (sizeof(int64_t) + (job->dist ? sizeof(float) : 0));
+        /* (two output buffers where host_sym may pipeline the blocks' output) */
+        const size_t out = (size_t)block * (size_t)k * (sizeof(int64_t) + (job->dist ? sizeof(float) : 0));
+        return c.bytes + (size_t)n * (size_t)d * sizeof(float) + (n > block ? 2 : 1) * out;
     };
     if (!plan_set_center(p, 0)) return "no tensor-core bound for this shape";
     plan_layout(p);
@@ -2165,7 +2166,9 @@ xknn_status host_sym(const xknn__job *job, xknn_cuda_context *ctx, int staged, s
     auto sym_out = [&](int64_t b) -> xknn_status {
         const int64_t q0 = b * block, qs = min64(block, n - q0), o = (b & 1) * block * k;
         const cudaError_t w = cudaStreamWaitEvent(ctx->copy_stream, fin[b & 1], 0);
-        if (w != cudaSuccess) return failf(er, XKNN_ERROR_DEVICE, "cuda backend: %s: %s (output stream)", cudaGetErrorName(w), cudaGetErrorString(w));
+        if (w != cudaSuccess)
+            return failf(er, XKNN_ERROR_DEVICE, "cuda backend: %s: %s (output stream)", cudaGetErrorName(w),
+                         cudaGetErrorString(w));
         return results_out(ctx, 1, job->ids + q0 * k, hb.dIds + o, job->dist ? job->dist + q0 * k : NULL,
                            hb.dDist ? hb.dDist + o : NULL, (size_t)(qs * k), prm->num_threads, ctx->copy_stream,
                            &piece, er);

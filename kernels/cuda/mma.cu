@@ -1295,13 +1295,14 @@ __device__ __forceinline__ void band_rows(const MmaParams &p, const float (&acc)
  * a reduce-scatter (lane bits 4, 3, 2; per group and half of the columns each lane ends
  * with 2 of 16 values) and across the warpgroup's 4 warps through wbuf (4 x 2 x 128
  * floats): after named barrier 4 + wg, thread wi * 32 + lane takes column wi * 32 + lane
- * of both groups (cx: that column's C_x, loaded before the wgmma wait). wbuf is written again only after the next tile's turn barrier, which
- * each of the warpgroup's warps reaches after its reads here. (The row side's self test
- * is a select in its one loop: a second loop over a diagonal row's columns, as pass A
- * has, made ptxas spill next to the column side.) */
+ * of both groups (cx: that column's C_x, loaded before the wgmma wait). wbuf is written
+ * again only after the next tile's turn barrier, which each of the warpgroup's warps
+ * reaches after its reads here. (The row side's self test is a select in its one loop:
+ * a second loop over a diagonal row's columns, as pass A has, made ptxas spill next to
+ * the column side.) */
 __device__ __forceinline__ void band_epilogue_wg(const MmaParams &p, float (&acc)[2][64], const WgTerms<3> &T,
-                                                 float cx, const float *row_s, const float *prow_s, float *wbuf, int wg, int wi,
-                                                 int g, int t, int lane, int q0, int64_t ref0, int j)
+                                                 float cx, const float *row_s, const float *prow_s, float *wbuf,
+                                                 int wg, int wi, int g, int t, int lane, int q0, int64_t ref0, int j)
 {
     if (j < 2) { /* (the same j for the whole CTA) */
         band_rows<true>(p, acc, T, row_s, wg, wi, g, t, q0, ref0, j);
@@ -1327,9 +1328,8 @@ __device__ __forceinline__ void band_epilogue_wg(const MmaParams &p, float (&acc
             min_scatter<4, 8>(v, lane);
             min_scatter<2, 4>(v, lane);
             /* v[u] is index 2 g + u: column (8 h + g) 8 + 2 t + u */
-            asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(smem_addr(mine + mb * kBN + (8 * h + g) * 8 + 2 * t)),
-                         "f"(v[0]), "f"(v[1])
-                         : "memory");
+            float *dst = mine + mb * kBN + (8 * h + g) * 8 + 2 * t;
+            asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(smem_addr(dst)), "f"(v[0]), "f"(v[1]) : "memory");
         }
     named_sync(4 + wg, 128);
     const int col = wi * 32 + lane;
@@ -2013,7 +2013,7 @@ cudaError_t launch_mma_band(const MmaParams &p, int sms, int wgmma, cudaStream_t
 {
     if (p.n <= 0 || p.qs <= 0) return cudaSuccess;
     const int64_t RT = (p.n + kBN - 1) / kBN, qt = (p.qs + kBM - 1) / kBM;
-    /* the band's tiles of a row and its columns' must be disjoint (2 band < RT - 2) and the
+    /* the band's tiles of a row and its columns' must be disjoint (2 band + 4 <= RT) and the
      * CTA's own rows the band's first two tiles (Q = R, the self-join) */
     if (!mma_band_supported(p.d, wgmma) || p.band < 2 || 2 * (int64_t)p.band + 4 > RT || p.ga < 4 * p.band ||
         p.qs != p.n || ((uintptr_t)p.R % 16) != 0 || p.ldr % 4 != 0)
