@@ -1119,6 +1119,46 @@ __device__ __noinline__ void append_rows(int *cnt, Cand *cand, int cap, int64_t 
     }
 }
 
+/* Pass A's row side of one tile for a thread's four rows (wg_epilogue mode 0, band_rows):
+ * mn[i][h] = min over the thread's columns of 64-column group h of fma_ru(acc, -2, C_j)
+ * (cj: the tile's column terms, C_j of column nb * 8 + 2 t + c at cj[2 nb + c]; the four
+ * rows' chains interleave). */
+__device__ __forceinline__ void row_group_minima(const float (&acc)[2][64], const float (&cj)[32], float (&mn)[4][2])
+{
+#pragma unroll
+    for (int nb = 0; nb < 16; ++nb)
+#pragma unroll
+        for (int c = 0; c < 2; ++c)
+#pragma unroll
+            for (int i = 0; i < 4; ++i)
+                mn[i][nb >> 3] = fminf(mn[i][nb >> 3], __fmaf_ru(wg_acc(acc, i, nb, c), -2.0f, cj[2 * nb + c]));
+}
+
+/* U = fadd_ru(A_i, min), the minimum across the quad's 4 lanes (a group's 64 columns),
+ * written by lane t = 0 of each row q < qs to slot slot0 + h of its witnesses. CHECK: slots
+ * past ga are not written (a prefix's last tile may hold one group too many; the band's
+ * slots 2 j + h are always below 4 W). Rounding up is monotone, so this is the same value
+ * as the per-pair U's minimum. */
+template <bool CHECK>
+__device__ __forceinline__ void put_row_witnesses(const MmaParams &p, const float (&mn)[4][2], const float *row_s,
+                                                  int wg, int wi, int g, int t, int q0, int64_t slot0)
+{
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const int r = wg * 128 + (i >> 1) * 64 + wi * 16 + g + 8 * (i & 1);
+        const int q = q0 + r;
+        const float rc = row_s[r];
+#pragma unroll
+        for (int h2 = 0; h2 < 2; ++h2) {
+            float m = __fadd_ru(rc, mn[i][h2]);
+            m = fminf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+            m = fminf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+            const int64_t slot = slot0 + h2;
+            if (t == 0 && q < p.qs && (!CHECK || slot < p.ga)) p.gmin[(int64_t)q * p.ga + slot] = m;
+        }
+    }
+}
+
 /* The epilogue of reference tile `tile` for warp wi of warpgroup wg (the mma_kernel
  * contract): pass A witnesses, pass B candidates, mode 2 both sides. The column terms
  * come from p.ct (mma_col_terms_kernel; wgmma_kernel's norm ring in shared memory is
@@ -1144,14 +1184,7 @@ __device__ __forceinline__ void wg_epilogue(const MmaParams &p, float (&acc)[2][
             float mn[4][2];
 #pragma unroll
             for (int i = 0; i < 4; ++i) mn[i][0] = mn[i][1] = INFINITY;
-#pragma unroll
-            for (int nb = 0; nb < 16; ++nb)
-#pragma unroll
-                for (int c = 0; c < 2; ++c)
-#pragma unroll
-                    for (int i = 0; i < 4; ++i)
-                        mn[i][nb >> 3] =
-                            fminf(mn[i][nb >> 3], __fmaf_ru(wg_acc(acc, i, nb, c), -2.0f, T.v[2 * nb + c]));
+            row_group_minima(acc, T.v, mn);
             if (diag) { /* the tile holds some of the CTA's queries: no query is its own witness */
 #pragma unroll
                 for (int i = 0; i < 4; ++i) {
@@ -1169,20 +1202,7 @@ __device__ __forceinline__ void wg_epilogue(const MmaParams &p, float (&acc)[2][
                             }
                 }
             }
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                const int r = wg * 128 + (i >> 1) * 64 + wi * 16 + g + 8 * (i & 1);
-                const int q = q0 + r;
-                const float rc = row_s[r];
-#pragma unroll
-                for (int h2 = 0; h2 < 2; ++h2) {
-                    float m = __fadd_ru(rc, mn[i][h2]);
-                    m = fminf(m, __shfl_xor_sync(0xffffffffu, m, 1));
-                    m = fminf(m, __shfl_xor_sync(0xffffffffu, m, 2));
-                    const int64_t grp = ref0 / kMmaGroup + h2;
-                    if (t == 0 && q < p.qs && grp < p.ga) p.gmin[(int64_t)q * p.ga + grp] = m;
-                }
-            }
+            put_row_witnesses<true>(p, mn, row_s, wg, wi, g, t, q0, ref0 / kMmaGroup);
         } else {
             /* not a candidate <=> fadd_ru(acc, -c_j) < r_i (then acc < c_j + r_i <= la s - thr
              * exactly); the row maximum decides for all 32 pairs at once (max.NaN keeps NaN:
@@ -1263,27 +1283,9 @@ __device__ __forceinline__ void band_rows(const MmaParams &p, const float (&acc)
                     mn[i][nb >> 3] = fminf(mn[i][nb >> 3], nb * 8 + 2 * t + c == jq[i] ? INFINITY : u);
                 }
     } else {
-#pragma unroll
-        for (int nb = 0; nb < 16; ++nb)
-#pragma unroll
-            for (int c = 0; c < 2; ++c)
-#pragma unroll
-                for (int i = 0; i < 4; ++i)
-                    mn[i][nb >> 3] = fminf(mn[i][nb >> 3], __fmaf_ru(wg_acc(acc, i, nb, c), -2.0f, T.v[2 * nb + c]));
+        row_group_minima(acc, T.v, mn);
     }
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        const int r = wg * 128 + (i >> 1) * 64 + wi * 16 + g + 8 * (i & 1);
-        const int q = q0 + r;
-        const float rc = row_s[r];
-#pragma unroll
-        for (int h2 = 0; h2 < 2; ++h2) {
-            float m = __fadd_ru(rc, mn[i][h2]);
-            m = fminf(m, __shfl_xor_sync(0xffffffffu, m, 1));
-            m = fminf(m, __shfl_xor_sync(0xffffffffu, m, 2));
-            if (t == 0 && q < p.qs) p.gmin[(int64_t)q * p.ga + 2 * j + h2] = m;
-        }
-    }
+    put_row_witnesses<false>(p, mn, row_s, wg, wi, g, t, q0, 2 * j);
 }
 
 /* Mode 3's epilogue (SYMMETRIC WITNESSES): band tile j (reference tile ref0 / kBN) of the
