@@ -34,37 +34,43 @@ typedef struct {
     int sym;           /* 1: must take the symmetric path (XKNN_CUDA_SYM_REQUIRE=1) */
     int ctx;           /* 1: a caller's context (staged copies; the symmetric path's results
                         * go out block by block on the copy stream, beside the next block) */
+    int huge;          /* 1: four rows of huge norm (beyond the bounds' range: NaN norms there) */
 } scase;
 
 static const scase cases[] = {
-    /* what                         kind            n      d    k   met ldp off     budget    sym ctx */
-    {"k=1, n not a tile multiple", DATA_UNIFORM, 1000, 3, 1, 0, 0, 0, 0, 1, 0},
-    {"ties, integer data", DATA_INTEGER, 3001, 32, 8, 0, 0, 0, 0, 1, 0},
-    {"ties d=1: buffers overflow, exact re-run", DATA_INTEGER, 4100, 1, 10, 1, 0, 0, 0, 1, 0},
-    {"duplicates", DATA_DUPLICATES, 2600, 16, 9, 0, 0, 0, 0, 1, 0},
-    {"gaussian d=100 euclidean", DATA_GAUSSIAN, 5000, 100, 16, 1, 0, 0, 0, 1, 0},
-    {"ld = d + 3, d=17 (4-byte loads), id offset", DATA_UNIFORM, 2177, 17, 4, 0, 3, 1000000, 0, 1, 0},
-    {"clustered d=128 k=30", DATA_CLUSTERED, 9000, 128, 30, 0, 0, 0, 0, 1, 0},
-    {"uniform d=64 k=16, several chunks per tile row", DATA_UNIFORM, 12000, 64, 16, 0, 0, 0, 0, 1, 0},
+    /* what                         kind            n      d    k   met ldp off     budget    sym ctx huge */
+    {"k=1, n not a tile multiple", DATA_UNIFORM, 1000, 3, 1, 0, 0, 0, 0, 1, 0, 0},
+    {"ties, integer data", DATA_INTEGER, 3001, 32, 8, 0, 0, 0, 0, 1, 0, 0},
+    {"ties d=1: buffers overflow, exact re-run", DATA_INTEGER, 4100, 1, 10, 1, 0, 0, 0, 1, 0, 0},
+    {"duplicates", DATA_DUPLICATES, 2600, 16, 9, 0, 0, 0, 0, 1, 0, 0},
+    {"gaussian d=100 euclidean", DATA_GAUSSIAN, 5000, 100, 16, 1, 0, 0, 0, 1, 0, 0},
+    {"ld = d + 3, d=17 (4-byte loads), id offset", DATA_UNIFORM, 2177, 17, 4, 0, 3, 1000000, 0, 1, 0, 0},
+    {"clustered d=128 k=30", DATA_CLUSTERED, 9000, 128, 30, 0, 0, 0, 0, 1, 0, 0},
+    {"uniform d=64 k=16, several chunks per tile row", DATA_UNIFORM, 12000, 64, 16, 0, 0, 0, 0, 1, 0, 0},
     /* ip and cosine (cosine's tensor cores see unit-length rows): ties, zero rows,
      * duplicates, offsets */
-    {"ip, ties, integer data", DATA_INTEGER, 3001, 32, 8, XKNN_METRIC_IP, 0, 0, 0, 1, 0},
-    {"ip gaussian d=100", DATA_GAUSSIAN, 5000, 100, 16, XKNN_METRIC_IP, 0, 0, 0, 1, 0},
-    {"ip ld = d + 3, d=17, id offset", DATA_UNIFORM, 2177, 17, 4, XKNN_METRIC_IP, 3, 1000000, 0, 1, 0},
-    {"cosine, ties and zero rows d=3", DATA_INTEGER, 4100, 3, 10, XKNN_METRIC_COSINE, 0, 0, 0, 1, 0},
-    {"cosine duplicates", DATA_DUPLICATES, 2600, 16, 9, XKNN_METRIC_COSINE, 0, 0, 0, 1, 0},
-    {"cosine clustered d=128 k=30", DATA_CLUSTERED, 9000, 128, 30, XKNN_METRIC_COSINE, 0, 0, 0, 1, 0},
-    {"k=n-1: plain (too few witness groups)", DATA_INTEGER, 300, 8, -1, 0, 0, 0, 0, 0, 0},
+    {"ip, ties, integer data", DATA_INTEGER, 3001, 32, 8, XKNN_METRIC_IP, 0, 0, 0, 1, 0, 0},
+    {"ip gaussian d=100", DATA_GAUSSIAN, 5000, 100, 16, XKNN_METRIC_IP, 0, 0, 0, 1, 0, 0},
+    {"ip ld = d + 3, d=17, id offset", DATA_UNIFORM, 2177, 17, 4, XKNN_METRIC_IP, 3, 1000000, 0, 1, 0, 0},
+    {"cosine, ties and zero rows d=3", DATA_INTEGER, 4100, 3, 10, XKNN_METRIC_COSINE, 0, 0, 0, 1, 0, 0},
+    {"cosine duplicates", DATA_DUPLICATES, 2600, 16, 9, XKNN_METRIC_COSINE, 0, 0, 0, 1, 0, 0},
+    {"cosine clustered d=128 k=30", DATA_CLUSTERED, 9000, 128, 30, XKNN_METRIC_COSINE, 0, 0, 0, 1, 0, 0},
+    {"k=n-1: plain (too few witness groups)", DATA_INTEGER, 300, 8, -1, 0, 0, 0, 0, 0, 0, 0},
     /* a state larger than the budget: the blocked triangle (halves, their rectangles on
      * the pair kernel, every part on the device: SYM_REQUIRE) */
-    {"200 MiB budget: blocked triangle", DATA_UNIFORM, 20000, 16, 8, 0, 0, 0, (size_t)200 << 20, 1, 0},
-    {"200 MiB budget: blocked triangle, ties", DATA_INTEGER, 20000, 16, 8, 0, 0, 0, (size_t)200 << 20, 1, 0},
+    {"200 MiB budget: blocked triangle", DATA_UNIFORM, 20000, 16, 8, 0, 0, 0, (size_t)200 << 20, 1, 0, 0},
+    {"200 MiB budget: blocked triangle, ties", DATA_INTEGER, 20000, 16, 8, 0, 0, 0, (size_t)200 << 20, 1, 0, 0},
     /* 1 MiB: halves down to parts too small for the kernels, which run on the CPU */
-    {"1 MiB budget: blocked, small parts on the CPU", DATA_UNIFORM, 4000, 32, 5, 0, 0, 0, (size_t)1 << 20, 0, 0},
+    {"1 MiB budget: blocked, small parts on the CPU", DATA_UNIFORM, 4000, 32, 5, 0, 0, 0, (size_t)1 << 20, 0, 0, 0},
     /* more points than a state block (32768) with a caller's context: the results of
      * each block go out while the next one is re-ranked */
-    {"caller's context, 40000 points in two blocks", DATA_UNIFORM, 40000, 16, 8, 0, 0, 0, 0, 1, 1},
-    {"caller's context, 70001 points, ties", DATA_INTEGER, 70001, 8, 6, 0, 0, 0, 0, 1, 1},
+    {"caller's context, 40000 points in two blocks", DATA_UNIFORM, 40000, 16, 8, 0, 0, 0, 0, 1, 1, 0},
+    {"caller's context, 70001 points, ties", DATA_INTEGER, 70001, 8, 6, 0, 0, 0, 0, 1, 1, 0},
+    /* rows whose norms are too large for the bounds (NaN there, mma.cu's norm_or_nan): such
+     * a row's pairs are candidates on both sides of the triangle, never witnesses (prefix
+     * pass or band: meson test cuda-sym-band) */
+    {"huge rows", DATA_UNIFORM, 5000, 32, 8, 0, 0, 0, 0, 1, 0, 1},
+    {"huge rows, ties", DATA_INTEGER, 3001, 16, 6, 0, 0, 0, 0, 1, 0, 1},
 };
 #define NCASES (int)(sizeof cases / sizeof cases[0])
 
@@ -177,6 +183,12 @@ static void run_case(const scase *c)
     snprintf(name, sizeof name, "%s: %s n=%lld d=%lld k=%lld %s", c->what, ref_data_name(c->kind), (long long)n,
              (long long)d, (long long)k, xknn_metric_name((xknn_metric)c->metric));
     ref_make_data(c->kind, tight, n, d, 7);
+    if (c->huge) {
+        tight[17 * d + 1] = 1e20f;
+        tight[1000 * d] = -3e19f;
+        tight[(n - 2) * d + d - 1] = 3e18f;
+        tight[2345 * d + 2] = 1e20f;
+    }
     for (i = 0; i < n; i++)
         for (t = 0; t < ld; t++) x[i * ld + t] = t < d ? tight[i * d + t] : 1e30f;
 
