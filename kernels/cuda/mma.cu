@@ -116,6 +116,10 @@
  * dot product in some order with FMA, the case of engine.cu's FP32 bound (plan_bounds
  * with tf32 = 0), which mma_bounds turns into the same epilogue constants.
  */
+#ifdef XKNN_CUDA_PROFILE
+#include <stdio.h>
+#endif
+
 #include "async_primitives.cuh"
 #include "block_primitives.cuh"
 #include "kernels.cuh"
@@ -128,6 +132,20 @@ constexpr int kBM = kMmaBM, kBN = kMmaBN, kBK = 32, kStages = kMmaStages;
 constexpr int kRowB = kBK + 4; /* floats per staged reference row (16-byte aligned, conflict-free) */
 constexpr int kThreads = kMmaThreads;
 constexpr int kGStages = 3; /* wgmma kernel: cp.async ring depth */
+
+/* XKNN_CUDA_PROFILE (a developer's build option: meson setup -Dcuda_args=-DXKNN_CUDA_PROFILE)
+ * times the phases of wgmma_ws_kernel with clock64: lane 0 of each consumer warp sums, over
+ * its tiles, the wait for its turn, the issue of its chunks, the drain of the last one and
+ * the epilogue (mode 2: its main loop and the rest apart), and counts its warp-tiles; lane
+ * 0 of each producer warp sums its waits on the stages' empty barriers and its loads.
+ * launch_one prints the means after each launch (it waits for the kernel) and clears them.
+ * Without the option the kernel is unchanged. */
+#ifdef XKNN_CUDA_PROFILE
+__device__ unsigned long long g_ws_prof[4][16];
+#define XKNN_PROF(...) __VA_ARGS__
+#else
+#define XKNN_PROF(...)
+#endif
 
 /* wgmma kernel: dimensions per ring stage, KB = 64 where the padded depth is a multiple of
  * 64 (one barrier and one wgmma drain per 64 dimensions instead of per 32), else 32. Mode
@@ -977,8 +995,10 @@ struct SymTermsSmem {
 template <class Terms>
 __device__ __forceinline__ void sym_epilogue_wg(const MmaParams &p, float (&acc)[2][64], const Terms &ts,
                                                 const float *row_s, const float *prow_s, int rbase, int q0,
-                                                int64_t ref0, int t, bool offdiag)
+                                                int64_t ref0, int t, bool offdiag
+                                                XKNN_PROF(, unsigned long long *pr = nullptr))
 {
+    XKNN_PROF(const unsigned long long e0 = clock64();)
     float rc[4], pv[4], mx[4];
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
@@ -1009,6 +1029,12 @@ __device__ __forceinline__ void sym_epilogue_wg(const MmaParams &p, float (&acc)
                               << (2 * nb + c);
         }
     }
+    XKNN_PROF(const unsigned long long e1 = clock64(); if (pr) {
+        pr[4] += e1 - e0;
+        const bool hr = !(mx[0] < rc[0]) || !(mx[1] < rc[1]) || !(mx[2] < rc[2]) || !(mx[3] < rc[3]);
+        pr[6] += __ballot_sync(0xffffffffu, hr) != 0u;
+        pr[7] += __ballot_sync(0xffffffffu, (cmk[0] | cmk[1] | cmk[2] | cmk[3]) != 0u) != 0u;
+    })
 #pragma unroll
     for (int i = 0; i < 4; ++i)
         if (!(mx[i] < rc[i])) {
@@ -1028,6 +1054,7 @@ __device__ __forceinline__ void sym_epilogue_wg(const MmaParams &p, float (&acc)
         if (rm[i]) append_cands(p.cnt, p.cand, p.cap, p.n, p.exclude ? p.self_local0 + q : -1, q, ref0 + 2 * t, rm[i]);
         if (cmk[i]) append_cols(p.ccnt, p.ccand, p.cap, p.n, q, ref0 + 2 * t, cmk[i]);
     }
+    XKNN_PROF(if (pr) pr[5] += clock64() - e1;)
 }
 
 /* d[64] += A (64 x 8, descriptor) * B (8 x 128, descriptor), tf32 in, fp32 out */
@@ -1547,11 +1574,15 @@ __global__ __launch_bounds__(kWsThreads, 1) void wgmma_ws_kernel(const MmaParams
         int s = 0, kc = 0;
         unsigned round = 0;
         int64_t tile = t0;
+        XKNN_PROF(unsigned long long pw = 0, pl = 0;)
 #pragma unroll 1
         for (int64_t it = 0; it < total; ++it) {
+            XKNN_PROF(const unsigned long long a0 = clock64();)
             if (round > 0) mbar_wait(empty + s, (round - 1) & 1);
+            XKNN_PROF(const unsigned long long a1 = clock64(); pw += a1 - a0;)
             ws_load_chunk(Rs + s * kBN * KB, p, MODE == 3 && tile >= RT ? tile - RT : tile, kc, ptid);
             mbar_arrive_cp_async(full + s);
+            XKNN_PROF(pl += clock64() - a1;)
             if (++s == S) {
                 s = 0;
                 ++round;
@@ -1562,6 +1593,11 @@ __global__ __launch_bounds__(kWsThreads, 1) void wgmma_ws_kernel(const MmaParams
             }
         }
         cp_async_wait<0>();
+        XKNN_PROF(if ((tid & 31) == 0) {
+            atomicAdd(&g_ws_prof[MODE][10], pw);
+            atomicAdd(&g_ws_prof[MODE][11], pl);
+            atomicAdd(&g_ws_prof[MODE][12], 1ull);
+        })
         return;
     }
 
@@ -1616,10 +1652,13 @@ __global__ __launch_bounds__(kWsThreads, 1) void wgmma_ws_kernel(const MmaParams
     const uint64_t dA0 = gmma_desc_sw128(Am[0]), dA1 = gmma_desc_sw128(Am[1]), dB = gmma_desc_sw128(Rs);
     int s = 0; /* the stage of the next chunk and its round's parity */
     unsigned ph = 0;
+    XKNN_PROF(unsigned long long pr[10] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0};)
 #pragma unroll 1
     for (int64_t tile = t0; tile < t1; ++tile) {
         __syncwarp(); /* bar.sync counts whole warps: converge after the epilogue's branches */
+        XKNN_PROF(const unsigned long long c0 = clock64();)
         if (wg == 1 || tile != t0) named_sync(wg == 0 ? 1 : 2, 256); /* this consumer's turn */
+        XKNN_PROF(const unsigned long long c1 = clock64(); pr[0] += c1 - c0;)
         int prev = -1;
 #pragma unroll 1
         for (int kc = 0; kc < KC; ++kc) {
@@ -1651,6 +1690,7 @@ __global__ __launch_bounds__(kWsThreads, 1) void wgmma_ws_kernel(const MmaParams
             named_arrive(2, 256);
         else if (tile + 1 < t1)
             named_arrive(1, 256);
+        XKNN_PROF(const unsigned long long c2 = clock64(); pr[1] += c2 - c1; unsigned long long c3 = c2;)
         if constexpr (MODE == 2) {
             /* the tile's 128 (c_j, c'_x) pairs (1 KiB) copied by cp.async into the warp's
              * own area while the last wgmma run: no registers held across the wait (64
@@ -1666,8 +1706,9 @@ __global__ __launch_bounds__(kWsThreads, 1) void wgmma_ws_kernel(const MmaParams
             if (lane == 0) mbar_arrive(empty + prev);
             cp_async_wait<0>();
             __syncwarp();
+            XKNN_PROF(c3 = clock64();)
             sym_epilogue_wg(p, acc, SymTermsSmem{ts + 2 * t}, row_s, prow_s, wg * 128 + wi * 16 + g, q0, tile * kBN,
-                            t, p.rect || tile * kBN >= (int64_t)q0 + kBM);
+                            t, p.rect || tile * kBN >= (int64_t)q0 + kBM XKNN_PROF(, pr));
         } else if constexpr (MODE == 3) {
             const int64_t rt = tile >= RT ? tile - RT : tile;
             WgTerms<3> T;
@@ -1677,6 +1718,7 @@ __global__ __launch_bounds__(kWsThreads, 1) void wgmma_ws_kernel(const MmaParams
             asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
             __syncwarp();
             if (lane == 0) mbar_arrive(empty + prev);
+            XKNN_PROF(c3 = clock64();)
             band_epilogue_wg(p, acc, T, cx, row_s, prow_s, reinterpret_cast<float *>(terms_s) + wg * 4 * 2 * kBN, wg,
                              wi, g, t, lane, q0, rt * kBN, (int)(tile - q0 / kBN));
         } else {
@@ -1687,14 +1729,17 @@ __global__ __launch_bounds__(kWsThreads, 1) void wgmma_ws_kernel(const MmaParams
             asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
             __syncwarp();
             if (lane == 0) mbar_arrive(empty + prev);
+            XKNN_PROF(c3 = clock64();)
             wg_epilogue<MODE>(p, acc, tile, T, row_s, prow_s, wg, wi, g, t, q0);
         }
+        XKNN_PROF(pr[2] += c3 - c2; pr[3] += clock64() - c3; pr[9] += 1;)
         /* zeroed after the epilogue, so they are dead across the appenders' calls */
 #pragma unroll
         for (int mb = 0; mb < 2; ++mb)
 #pragma unroll
             for (int e = 0; e < 64; ++e) acc[mb][e] = 0.0f;
     }
+    XKNN_PROF(if (lane == 0) for (int i = 0; i < 10; ++i) atomicAdd(&g_ws_prof[MODE][i], pr[i]);)
 #else
     (void)p;
     (void)S;
@@ -1840,6 +1885,25 @@ int ws_stages(int64_t d, size_t optin)
     return S >= 3 ? S : 0;
 }
 
+#ifdef XKNN_CUDA_PROFILE
+/* XKNN_CUDA_PROFILE: the phases of the launch just made, per warp-tile, to stderr */
+void ws_profile_print(int mode)
+{
+    unsigned long long h[4][16];
+    static const unsigned long long zero[4][16] = {};
+    if (cudaDeviceSynchronize() != cudaSuccess || cudaMemcpyFromSymbol(h, g_ws_prof, sizeof h) != cudaSuccess) return;
+    const unsigned long long *v = h[mode];
+    const double wt = v[9] ? (double)v[9] : 1.0, pw = v[12] ? (double)v[12] : 1.0;
+    fprintf(stderr,
+            "xknn: cuda: profile of wgmma_ws_kernel mode %d: %llu warp-tiles; cycles a warp-tile: turn %.0f, issue "
+            "%.0f, drain %.0f, epilogue %.0f (mode 2: main loop %.0f, exact rows and appends %.0f; warp-tiles with "
+            "a hot row %.3f, with column bits %.3f); %llu producer warps, cycles a warp: waiting %.0f, loading %.0f\n",
+            mode, v[9], v[0] / wt, v[1] / wt, v[2] / wt, v[3] / wt, v[4] / wt, v[5] / wt, v[6] / wt, v[7] / wt, v[12],
+            v[10] / pw, v[11] / pw);
+    (void)cudaMemcpyToSymbol(g_ws_prof, zero, sizeof zero);
+}
+#endif
+
 template <int MODE, bool VEC>
 cudaError_t launch_one(const MmaParams &p, int sms, int wgmma, cudaStream_t st)
 {
@@ -1928,6 +1992,9 @@ cudaError_t launch_one(const MmaParams &p, int sms, int wgmma, cudaStream_t st)
             e = cudaFuncSetAttribute(wgmma_ws_kernel<MODE>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)wsm);
             if (e != cudaSuccess) return e;
             wgmma_ws_kernel<MODE><<<dim3((unsigned)qt, (unsigned)Z), kWsThreads, wsm, st>>>(q, S);
+#ifdef XKNN_CUDA_PROFILE
+            ws_profile_print(MODE);
+#endif
             return cudaGetLastError();
         }
     }
@@ -2040,6 +2107,9 @@ cudaError_t launch_mma_band(const MmaParams &p, int sms, int wgmma, cudaStream_t
     cudaError_t e = cudaFuncSetAttribute(wgmma_ws_kernel<3>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)wsm);
     if (e != cudaSuccess) return e;
     wgmma_ws_kernel<3><<<dim3((unsigned)qt, (unsigned)Z), kWsThreads, wsm, st>>>(q, S);
+#ifdef XKNN_CUDA_PROFILE
+    ws_profile_print(3);
+#endif
     return cudaGetLastError();
 }
 
