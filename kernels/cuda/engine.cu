@@ -1225,6 +1225,7 @@ struct HostBuffers {
     float *pinned[2] = {nullptr, nullptr};
     int64_t *dIds = nullptr;
     void *dWs = nullptr;
+    void *dSort = nullptr; /* the symmetric triangle's sorted rows (launch_mma_sym_sort) */
     /* device buffers come from the context's pool on its stream when it has one */
     cudaMemPool_t pool = nullptr;
     cudaStream_t s = nullptr;
@@ -1252,6 +1253,8 @@ struct HostBuffers {
     void release()
     {
         /* reverse order of allocation */
+        dfree(dSort);
+        dSort = nullptr;
         dfree(dWs);
         dfree(dDist);
         dfree(dIds);
@@ -2205,11 +2208,36 @@ xknn_status host_sym(const xknn__job *job, xknn_cuda_context *ctx, int staged, s
         if (prm->verbose) fprintf(stderr, "xknn: cuda: self-join: the symmetric state's allocation failed\n");
         return XKNN_SUCCESS;
     }
+    /* The triangle on rows sorted by threshold (mma.cu's sym_epilogue_sorted) where the
+     * warp-specialized kernel runs it (it runs the band) and its copy of the operand rows
+     * fits the budget beside the state; XKNN_CUDA_SYM_SORT=0 (a diagnostic: the same
+     * bytes) keeps the caller's order. A failed allocation keeps it too. */
+    const int64_t ldx = plan.kind == kCanonCosine || plan.center ? plan.dh : d;
+    /* the sorted pass's pool of candidate pairs: a quarter of the lists' slots (each
+     * entry fills one or two; an overflow runs the pass again in the caller's order) */
+    int64_t pool_cap = max64(n * (plan.cap / 4), 1 << 20);
+    {
+        /* XKNN_CUDA_SYM_POOL=N (a diagnostic for the tests: the overflow's path) */
+        const char *e_pool = getenv("XKNN_CUDA_SYM_POOL");
+        if (e_pool && *e_pool) pool_cap = max64(1, atoll(e_pool));
+    }
+    {
+        const char *e_sort = getenv("XKNN_CUDA_SYM_SORT");
+        const size_t sbytes = mma_sym_sort_bytes(n, ldx, pool_cap);
+        const size_t used = plan.bytes + (size_t)n * row_bytes +
+                            (pipe ? 2 : 1) * (size_t)block * (size_t)k * (sizeof(int64_t) + sizeof(float));
+        if (plan.band && ldx % 4 == 0 && n < (1 << 30) && !(e_sort && *e_sort == '0') && used + sbytes <= budget &&
+            hb.alloc(&hb.dSort, sbytes) != cudaSuccess) {
+            (void)cudaGetLastError();
+            hb.dSort = nullptr;
+        }
+    }
     *done = 1;
     h_alloc = wall_seconds();
     if (prm->verbose) {
         print_plan(ctx, plan, "symmetric self-join, resident references", budget, 0);
-        fprintf(stderr, "xknn: cuda: self-join: symmetric (triangle of tiles, pass B feeds rows and columns)\n");
+        fprintf(stderr, "xknn: cuda: self-join: symmetric (triangle of tiles, pass B feeds rows and columns%s)\n",
+                hb.dSort ? "; rows sorted by threshold" : "");
     }
     if (staged) {
         XKNN__CUDA_CHECK(stage_make(ctx));
@@ -2230,18 +2258,15 @@ xknn_status host_sym(const xknn__job *job, xknn_cuda_context *ctx, int staged, s
         /* the tensor cores' operand: the rows, or their unit-length (cosine, mma_bounds)
          * or centred (l2, plan_bounds) copies; rescue and resolve read the rows themselves */
         const float *X = hb.dR;
-        int64_t ldx = d;
         float *xh = (float *)((char *)run.stats + plan.off_rhat);
         if (plan.kind == kCanonCosine) {
             XKNN__CUDA_CHECK(launch_unit_rows(hb.dR, d, n, d, xh, plan.dh, sc));
             X = xh;
-            ldx = plan.dh;
         } else if (plan.center) {
             float *mu = (float *)((char *)run.stats + plan.off_mu);
             XKNN__CUDA_CHECK(launch_mean_rows(hb.dR, d, n, d, mu, sc));
             XKNN__CUDA_CHECK(launch_center_rows(hb.dR, d, n, d, mu, xh, plan.dh, run.rn, sc));
             X = xh;
-            ldx = plan.dh;
         }
         if (!plan.center) XKNN__CUDA_CHECK(launch_sqnorms(X, ldx, n, d, run.rn, sc));
         run.qn = run.rn; /* the queries are the references */
@@ -2263,7 +2288,23 @@ xknn_status host_sym(const xknn__job *job, xknn_cuda_context *ctx, int staged, s
     XKNN__CUDA_CHECK(launch_mma_select(mp, (int)plan.kk, ctx->sms, sc));
     if (ev[1]) XKNN__CUDA_CHECK(cudaEventRecord(ev[1], sc));
     mp.n = n;
-    XKNN__CUDA_CHECK(launch_mma_pass(mp, 2, ctx->sms, plan.wgmma ? (int)ctx->smem_optin : 0, sc));
+    if (hb.dSort) {
+        MmaParams ms;
+        int overflow = 0;
+        XKNN__CUDA_CHECK(launch_mma_sym_sort(mp, ldx, pool_cap, hb.dSort, ctx->sms, sc, &ms));
+        XKNN__CUDA_CHECK(launch_mma_pass(ms, 2, ctx->sms, plan.wgmma ? (int)ctx->smem_optin : 0, sc));
+        XKNN__CUDA_CHECK(launch_mma_sym_scatter(ms, ctx->sms, sc, &overflow));
+        hb.dfree(hb.dSort); /* (stream-ordered: after the scatter) */
+        hb.dSort = nullptr;
+        if (overflow) {
+            if (prm->verbose)
+                fprintf(stderr, "xknn: cuda: self-join: more candidate pairs than the pool's %lld: the triangle again "
+                        "in the caller's order\n", (long long)pool_cap);
+            XKNN__CUDA_CHECK(launch_mma_pass(mp, 2, ctx->sms, plan.wgmma ? (int)ctx->smem_optin : 0, sc));
+        }
+    } else {
+        XKNN__CUDA_CHECK(launch_mma_pass(mp, 2, ctx->sms, plan.wgmma ? (int)ctx->smem_optin : 0, sc));
+    }
     if (ev[2]) XKNN__CUDA_CHECK(cudaEventRecord(ev[2], sc));
     mp.Q = mp.R = hb.dR;
     mp.ldq = mp.ldr = d;

@@ -167,6 +167,15 @@ struct MmaParams {
      * tiles (2 I + j) mod RT, j < band, and feeds the witnesses of its rows and of the
      * band's columns (ga = 4 band slots a row) */
     int band;
+    /* Mode 2 on rows sorted by threshold (launch_mma_sym_sort; NULL: the caller's order):
+     * perm[i] the caller's id of sorted point i (lists and entries are the caller's ids),
+     * msuf the bound of sym_epilogue_sorted per tile (RT + 1 entries) */
+    const int *perm;
+    const float *msuf;
+    /* and its candidates as pair entries (pool_append), pool_cap of them, the next free
+     * one at *pool_next */
+    unsigned long long *pool, *pool_next;
+    int64_t pool_cap;
 };
 
 /* Generic path (generic.cu): canonical distances of any metric and dtype, tile by tile,
@@ -272,6 +281,17 @@ cudaError_t launch_mma_select(const MmaParams &p, int kk, int sms, cudaStream_t 
  * specialized Hopper kernel cannot run it (mma_band_supported is 0) */
 int mma_band_supported(int64_t d, int wgmma);
 cudaError_t launch_mma_band(const MmaParams &p, int sms, int wgmma, cudaStream_t st);
+/* The symmetric triangle on rows sorted by decreasing threshold (mma.cu's
+ * sym_epilogue_sorted): from p (mode 2 over Q = R, operand rows of stride ldx, 16-byte
+ * aligned, ldx % 4 == 0), the permutation, the gathered rows, norms and thresholds and
+ * the bounds in ws (mma_sym_sort_bytes), and in *out the parameters of the sorted pass
+ * (launch_mma_pass mode 2, the warp-specialized Hopper kernel only); n < 2^30. */
+size_t mma_sym_sort_bytes(int64_t n, int64_t ldx, int64_t pool_cap);
+cudaError_t launch_mma_sym_sort(const MmaParams &p, int64_t ldx, int64_t pool_cap, void *ws, int sms, cudaStream_t st,
+                                MmaParams *out);
+/* after the sorted pass: its pool of candidates into the lists, or *overflow = 1 (nothing
+ * moved; the pass must run again in the caller's order). Synchronizes st. */
+cudaError_t launch_mma_sym_scatter(const MmaParams &ps, int sms, cudaStream_t st, int *overflow);
 /* thr of queries with full running lists from their k-th values kth[0, p.qs) (l2) */
 cudaError_t launch_mma_list_thr(const MmaParams &p, const float *kth, int sms, cudaStream_t st);
 /* pass B's entries (l2 / euclidean, mma_kernel and ffma_kernel) cut to those whose lower

@@ -120,6 +120,9 @@
 #include <stdio.h>
 #endif
 
+#include <cub/device/device_radix_sort.cuh>
+#include <limits.h>
+
 #include "async_primitives.cuh"
 #include "block_primitives.cuh"
 #include "kernels.cuh"
@@ -406,6 +409,18 @@ __device__ __forceinline__ float max_nan(float a, float b)
     return r;
 #else
     return a > b || a != a ? a : b;
+#endif
+}
+
+/* min that returns NaN when either operand is NaN */
+__device__ __forceinline__ float min_nan(float a, float b)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    float r;
+    asm("min.NaN.f32 %0, %1, %2;\n" : "=f"(r) : "f"(a), "f"(b));
+    return r;
+#else
+    return a < b || a != a ? a : b;
 #endif
 }
 
@@ -979,6 +994,16 @@ struct SymTermsSmem {
         return v;
     }
     __device__ __forceinline__ float again(int nb, int c) const { return lds_again(&s[nb * 8 + c].x); }
+    /* quad(nb) read again: a volatile load, so that ptxas does not keep the first read's
+     * registers live across the main loop instead */
+    __device__ __forceinline__ float4 quad_again(int nb) const
+    {
+        float4 v;
+        asm volatile("ld.volatile.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+                     : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+                     : "r"(smem_addr(s + nb * 8)));
+        return v;
+    }
 };
 
 /* Mode 2 epilogue of the Hopper kernels (fragment: rows rbase + 64 mb + 8 hh, i = 2 mb + hh,
@@ -1054,6 +1079,126 @@ __device__ __forceinline__ void sym_epilogue_wg(const MmaParams &p, float (&acc)
         if (rm[i]) append_cands(p.cnt, p.cand, p.cap, p.n, p.exclude ? p.self_local0 + q : -1, q, ref0 + 2 * t, rm[i]);
         if (cmk[i]) append_cols(p.ccnt, p.ccand, p.cap, p.n, q, ref0 + 2 * t, cmk[i]);
     }
+    XKNN_PROF(if (pr) pr[5] += clock64() - e1;)
+}
+
+/* The sorted triangle's candidates (sym_epilogue_sorted) go to a pool of pair entries,
+ * not to the lists: sorted row i (bits 0..29), 1 << 30 when the pair is a candidate of
+ * row i, 1 << 31 when of column j, and sorted column j in the high 32 bits. Each warp
+ * writes into its own chunk of the pool (one atomic a chunk of at least kPoolChunk
+ * entries, not a round trip a row), so no store waits; launch_mma_sym_scatter then moves
+ * the entries into the lists (the caller's ids) with the appenders' slot atomics. An
+ * entry past pool_cap is not written: the host sees pool_next > pool_cap and runs the
+ * triangle again in the caller's order. Unused entries hold all ones (row past n). */
+constexpr int kPoolChunk = 1024;
+
+__device__ __forceinline__ void pool_append(const MmaParams &p, const unsigned (&rm)[4], const unsigned (&cmk)[4],
+                                            int qb, int64_t j0, unsigned long long &wcur, unsigned long long &wend)
+{
+    const int lane = (int)threadIdx.x & 31;
+    unsigned u[4];
+    int cntl = 0;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        u[i] = rm[i] | cmk[i];
+        cntl += __popc(u[i]);
+    }
+    int incl = cntl; /* the warp's inclusive prefix sum of entries */
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const int v = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += v;
+    }
+    const int total = __shfl_sync(0xffffffffu, incl, 31);
+    if (wcur + (unsigned long long)total > wend) { /* (warp-uniform) a new chunk */
+        const unsigned long long grab = total > kPoolChunk ? (unsigned long long)total : kPoolChunk;
+        unsigned long long b = 0;
+        if (lane == 0) b = atomicAdd(p.pool_next, grab);
+        b = __shfl_sync(0xffffffffu, b, 0);
+        wcur = b;
+        wend = b + grab;
+    }
+    unsigned long long pos = wcur + (unsigned long long)(incl - cntl);
+    wcur += (unsigned long long)total;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const unsigned q = (unsigned)(qb + (i >> 1) * 64 + 8 * (i & 1));
+        for (unsigned m = u[i]; m; m &= m - 1, ++pos) {
+            const int bit = __ffs(m) - 1;
+            const unsigned j = (unsigned)(j0 + (bit >> 1) * 8 + (bit & 1));
+            const unsigned lo = q | ((rm[i] >> bit) & 1u) << 30 | ((cmk[i] >> bit) & 1u) << 31;
+            if (pos < (unsigned long long)p.pool_cap) p.pool[pos] = (unsigned long long)j << 32 | lo;
+        }
+    }
+}
+
+/* Mode 2 epilogue on rows sorted by decreasing threshold (p.perm; engine.cu's host_sym,
+ * launch_mma_sym_sort). A column x of a later tile then has thr_x <= thr_i for every row
+ * i of the CTA, so the column test of a pair implies a slightly looser row test:
+ * fadd_ru(acc, -p_i) >= c'_x gives acc - p_i > pred(c'_x) (pred: the float below),
+ * so fadd_ru(acc, -c_x) >= acc - c_x > p_i + m_x with m_x = fsub_rd(pred(c'_x), c_x),
+ * and with msuf the smallest m_x of the CTA's later columns (p.msuf, NaN when one is),
+ * every pair of row i that is a candidate of either side has fadd_ru(acc, -c_x) >= rq_i =
+ * min(r_i, fadd_rd(p_i, msuf)). The main loop is then pass B's: the row maximum of
+ * fadd_ru(acc, -c_x) against rq_i decides for all 32 pairs of the row at once (NaN
+ * anywhere: the row is computed), and only a row that passes has both masks computed
+ * exactly, as sym_epilogue_wg computes them. Sorting makes rq_i equal r_i up to
+ * roundings, so the quick test passes about as often as the row test alone. */
+template <class Terms>
+__device__ __forceinline__ void sym_epilogue_sorted(const MmaParams &p, float (&acc)[2][64], const Terms &ts,
+                                                    const float *row_s, const float *prow_s, float msuf, int rbase,
+                                                    int q0, int64_t ref0, int t, bool offdiag,
+                                                    unsigned long long &wcur, unsigned long long &wend
+                                                    XKNN_PROF(, unsigned long long *pr = nullptr))
+{
+    XKNN_PROF(const unsigned long long e0 = clock64();)
+    float rq[4], mx[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const int r = rbase + (i >> 1) * 64 + 8 * (i & 1);
+        rq[i] = min_nan(row_s[r], __fadd_rd(prow_s[r], msuf));
+        mx[i] = -INFINITY;
+    }
+#pragma unroll
+    for (int nb = 0; nb < 16; ++nb) {
+        const float4 w = ts.quad(nb);
+#pragma unroll
+        for (int c = 0; c < 2; ++c)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) mx[i] = max_nan(mx[i], __fadd_ru(wg_acc(acc, i, nb, c), -(c ? w.z : w.x)));
+    }
+    XKNN_PROF(const unsigned long long e1 = clock64(); if (pr) {
+        pr[4] += e1 - e0;
+        const bool hr = !(mx[0] < rq[0]) || !(mx[1] < rq[1]) || !(mx[2] < rq[2]) || !(mx[3] < rq[3]);
+        pr[6] += __ballot_sync(0xffffffffu, hr) != 0u;
+    })
+    unsigned rm[4] = {0u, 0u, 0u, 0u}, cmk[4] = {0u, 0u, 0u, 0u};
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+        if (!(mx[i] < rq[i])) {
+            const int r = rbase + (i >> 1) * 64 + 8 * (i & 1);
+            const float rc = lds_again(row_s + r), pv = lds_again(prow_s + r);
+            unsigned a1 = 0u, a2 = 0u;
+#pragma unroll
+            for (int nb = 0; nb < 16; ++nb) {
+                const float4 w = ts.quad_again(nb);
+#pragma unroll
+                for (int c = 0; c < 2; ++c) {
+                    const float a = wg_acc(acc, i, nb, c);
+                    a1 |= (unsigned)!(__fadd_ru(a, -(c ? w.z : w.x)) < rc) << (2 * nb + c);
+                    a2 |= (unsigned)!(__fadd_ru(a, -pv) < (c ? w.w : w.y)) << (2 * nb + c);
+                }
+            }
+            rm[i] = a1;
+            cmk[i] = offdiag ? a2 : 0u; /* diagonal tiles: the row side sees both orders */
+        }
+    XKNN_PROF(if (pr) pr[7] += __ballot_sync(0xffffffffu, (cmk[0] | cmk[1] | cmk[2] | cmk[3]) != 0u) != 0u;)
+    /* (rows past qs: rq is +inf or NaN there, so their bits are 0 or dropped here) */
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+        if (q0 + rbase + (i >> 1) * 64 + 8 * (i & 1) >= p.qs) rm[i] = cmk[i] = 0u;
+    if (__any_sync(0xffffffffu, (rm[0] | rm[1] | rm[2] | rm[3] | cmk[0] | cmk[1] | cmk[2] | cmk[3]) != 0u))
+        pool_append(p, rm, cmk, q0 + rbase, ref0 + 2 * t, wcur, wend);
     XKNN_PROF(if (pr) pr[5] += clock64() - e1;)
 }
 
@@ -1531,7 +1676,7 @@ __device__ __forceinline__ void ws_load_chunk(float *stage, const MmaParams &p, 
 }
 #endif
 
-template <int MODE>
+template <int MODE, bool SORTED = false>
 __global__ __launch_bounds__(kWsThreads, 1) void wgmma_ws_kernel(const MmaParams p, int S)
 {
 #ifdef XKNN__HAVE_WGMMA
@@ -1650,6 +1795,13 @@ __global__ __launch_bounds__(kWsThreads, 1) void wgmma_ws_kernel(const MmaParams
      * a query block of 32 dimensions kBM * 128 bytes, a stage kBN * 128 bytes); adding to
      * the descriptor is exact, as every address stays below 2^18 */
     const uint64_t dA0 = gmma_desc_sw128(Am[0]), dA1 = gmma_desc_sw128(Am[1]), dB = gmma_desc_sw128(Rs);
+    /* the sorted triangle's bound on m_x over the CTA's later columns (sym_epilogue_sorted) */
+    float msuf = INFINITY;
+    unsigned long long wcur = 0, wend = 0; /* the warp's chunk of the pool (sorted: pool_append) */
+    if constexpr (SORTED) {
+        const int64_t f0 = (int64_t)(q0 + kBM) / kBN, f = f0 > t0 ? f0 : t0;
+        msuf = f < RT ? p.msuf[f] : INFINITY;
+    }
     int s = 0; /* the stage of the next chunk and its round's parity */
     unsigned ph = 0;
     XKNN_PROF(unsigned long long pr[10] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0};)
@@ -1707,8 +1859,12 @@ __global__ __launch_bounds__(kWsThreads, 1) void wgmma_ws_kernel(const MmaParams
             cp_async_wait<0>();
             __syncwarp();
             XKNN_PROF(c3 = clock64();)
-            sym_epilogue_wg(p, acc, SymTermsSmem{ts + 2 * t}, row_s, prow_s, wg * 128 + wi * 16 + g, q0, tile * kBN,
-                            t, p.rect || tile * kBN >= (int64_t)q0 + kBM XKNN_PROF(, pr));
+            if constexpr (SORTED)
+                sym_epilogue_sorted(p, acc, SymTermsSmem{ts + 2 * t}, row_s, prow_s, msuf, wg * 128 + wi * 16 + g, q0,
+                                    tile * kBN, t, tile * kBN >= (int64_t)q0 + kBM, wcur, wend XKNN_PROF(, pr));
+            else
+                sym_epilogue_wg(p, acc, SymTermsSmem{ts + 2 * t}, row_s, prow_s, wg * 128 + wi * 16 + g, q0,
+                                tile * kBN, t, p.rect || tile * kBN >= (int64_t)q0 + kBM XKNN_PROF(, pr));
         } else if constexpr (MODE == 3) {
             const int64_t rt = tile >= RT ? tile - RT : tile;
             WgTerms<3> T;
@@ -1989,15 +2145,19 @@ cudaError_t launch_one(const MmaParams &p, int sms, int wgmma, cudaStream_t st)
         const int S = ws_stages(p.d, (size_t)wgmma); /* wgmma: the device's opt-in bytes */
         if (S) {
             const size_t wsm = ws_smem_bytes((p.d + kBK - 1) / kBK * kBK, S);
-            e = cudaFuncSetAttribute(wgmma_ws_kernel<MODE>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)wsm);
+            /* mode 2 on rows sorted by threshold (launch_mma_sym_sort) */
+            void (*const kern)(const MmaParams, int) =
+                MODE == 2 && p.perm ? wgmma_ws_kernel<MODE, MODE == 2> : wgmma_ws_kernel<MODE, false>;
+            e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)wsm);
             if (e != cudaSuccess) return e;
-            wgmma_ws_kernel<MODE><<<dim3((unsigned)qt, (unsigned)Z), kWsThreads, wsm, st>>>(q, S);
+            kern<<<dim3((unsigned)qt, (unsigned)Z), kWsThreads, wsm, st>>>(q, S);
 #ifdef XKNN_CUDA_PROFILE
             ws_profile_print(MODE);
 #endif
             return cudaGetLastError();
         }
     }
+    if (p.perm) return cudaErrorNotSupported; /* sorted rows: the warp-specialized kernel only */
     if (wgmma && kb64)
         wgmma_kernel<MODE, VEC, KB2><<<dim3((unsigned)qt, (unsigned)Z), kThreads, smem, st>>>(q);
     else if (wgmma)
@@ -2111,6 +2271,198 @@ cudaError_t launch_mma_band(const MmaParams &p, int sms, int wgmma, cudaStream_t
     ws_profile_print(3);
 #endif
     return cudaGetLastError();
+}
+
+/* ---- the sorted triangle (sym_epilogue_sorted) --------------------------------------
+ * The points in decreasing order of thr (first those whose terms are NaN: huge norms,
+ * or a NaN threshold), then the operand rows, norms and thresholds gathered in that
+ * order, and msuf[T] = min over sorted columns x >= T kBN (x < n) of m_x =
+ * fsub_rd(pred(c'_x), c_x) with NaN kept (msuf[RT] = +inf). */
+namespace {
+
+struct SymSortLayout {
+    size_t xs, rn, thr, perm, msuf, tmin, kin, kout, iin, tmp, tmp_bytes, pool, next, total;
+};
+
+SymSortLayout sym_sort_layout(int64_t n, int64_t ldx, int64_t pool_cap)
+{
+    const int64_t QS = (n + kBN - 1) / kBN * kBN, RT = QS / kBN;
+    SymSortLayout L;
+    size_t off = 0;
+    auto take = [&](size_t bytes) {
+        const size_t at = off;
+        off += (bytes + 255) / 256 * 256;
+        return at;
+    };
+    L.xs = take((size_t)n * (size_t)ldx * sizeof(float));
+    L.rn = take((size_t)QS * sizeof(float));
+    L.thr = take((size_t)QS * sizeof(float));
+    L.perm = take((size_t)QS * sizeof(int));
+    L.msuf = take((size_t)(RT + 1) * sizeof(float));
+    L.tmin = take((size_t)RT * sizeof(float));
+    L.kin = take((size_t)n * sizeof(unsigned));
+    L.kout = take((size_t)n * sizeof(unsigned));
+    L.iin = take((size_t)n * sizeof(int));
+    L.tmp_bytes = 0;
+    cub::DeviceRadixSort::SortPairsDescending(nullptr, L.tmp_bytes, (const unsigned *)nullptr, (unsigned *)nullptr,
+                                              (const int *)nullptr, (int *)nullptr, (int)n);
+    L.tmp = take(L.tmp_bytes);
+    L.pool = take((size_t)pool_cap * sizeof(unsigned long long));
+    L.next = take(sizeof(unsigned long long));
+    L.total = off;
+    return L;
+}
+
+__global__ __launch_bounds__(kBlock) void sym_sort_keys_kernel(const MmaParams p, unsigned *key, int *idx)
+{
+    for (int64_t j = (int64_t)blockIdx.x * kBlock + threadIdx.x; j < p.n; j += (int64_t)gridDim.x * kBlock) {
+        const float x = p.rn[j], t = p.thr[j];
+        const float c = col_term<2>(p, j, x), cx = col_sym_term(p, j, x, t);
+        key[j] = c != c || cx != cx || t != t ? 0xffffffffu : order_enc(t);
+        idx[j] = (int)j;
+    }
+}
+
+/* one warp a row (ldx % 4 == 0, 16-byte aligned rows); then the norms and thresholds
+ * (zero past n, as host_sym leaves them) */
+__global__ __launch_bounds__(kBlock) void sym_sort_gather_kernel(const MmaParams p, int64_t ldx, const int *perm,
+                                                                 float *xs, float *rn_s, float *thr_s)
+{
+    const int64_t q4 = ldx / 4, QS = (p.n + kBN - 1) / kBN * kBN;
+    const int lane = (int)threadIdx.x & 31;
+    const int64_t w0 = ((int64_t)blockIdx.x * kBlock + threadIdx.x) >> 5, nw = ((int64_t)gridDim.x * kBlock) >> 5;
+    for (int64_t r = w0; r < p.n; r += nw) {
+        const float4 *src = reinterpret_cast<const float4 *>(p.R) + (int64_t)perm[r] * q4;
+        float4 *dst = reinterpret_cast<float4 *>(xs) + r * q4;
+        for (int64_t c = lane; c < q4; c += 32) dst[c] = __ldg(src + c);
+    }
+    for (int64_t r = (int64_t)blockIdx.x * kBlock + threadIdx.x; r < QS; r += (int64_t)gridDim.x * kBlock) {
+        rn_s[r] = r < p.n ? p.rn[perm[r]] : 0.0f;
+        thr_s[r] = r < p.n ? p.thr[perm[r]] : 0.0f;
+    }
+}
+
+/* tmin[T]: the smallest m_x of sorted tile T (p: the sorted rows' terms); blocks of kBN */
+__global__ __launch_bounds__(kBN) void sym_sort_tmin_kernel(const MmaParams p, float *tmin)
+{
+    __shared__ float part[kBN / 32];
+    const int64_t RT = (p.n + kBN - 1) / kBN;
+    for (int64_t T = blockIdx.x; T < RT; T += gridDim.x) {
+        const int64_t j = T * kBN + threadIdx.x;
+        float m = INFINITY;
+        if (j < p.n) {
+            const float x = p.rn[j];
+            const float c = col_term<2>(p, j, x), cx = col_sym_term(p, j, x, p.thr[j]);
+            m = __fsub_rd(nextafterf(cx, -INFINITY), c);
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) m = min_nan(m, __shfl_xor_sync(0xffffffffu, m, o));
+        if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = m;
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            float v = part[0];
+            for (int w = 1; w < kBN / 32; ++w) v = min_nan(v, part[w]);
+            tmin[T] = v;
+        }
+        __syncthreads();
+    }
+}
+
+/* msuf[T] = min_nan of tmin[T .. RT), msuf[RT] = +inf; one block of 1024 threads, each a
+ * chunk of tiles */
+__global__ __launch_bounds__(1024) void sym_sort_suffix_kernel(const float *tmin, int64_t RT, float *msuf)
+{
+    __shared__ float part[1024];
+    const int tid = (int)threadIdx.x;
+    const int64_t chunk = (RT + 1023) / 1024, i0 = tid * chunk, i1 = i0 + chunk < RT ? i0 + chunk : RT;
+    float m = INFINITY;
+    for (int64_t i = i1 - 1; i >= i0; --i) m = min_nan(m, tmin[i]);
+    part[tid] = m;
+    __syncthreads();
+    if (tid == 0) {
+        float run = INFINITY;
+        for (int w = 1023; w >= 0; --w) part[w] = run = min_nan(run, part[w]);
+        msuf[RT] = INFINITY;
+    }
+    __syncthreads();
+    m = tid + 1 < 1024 ? part[tid + 1] : INFINITY;
+    for (int64_t i = i1 - 1; i >= i0; --i) msuf[i] = m = min_nan(m, tmin[i]);
+}
+
+/* the pool's entries (pool_append) into the lists: row i's list perm[i] gets perm[j],
+ * column j's list perm[j] gets perm[i] (appenders' slots: a slot past cap only counts) */
+__global__ __launch_bounds__(kBlock) void sym_pool_scatter_kernel(const MmaParams p, unsigned long long total)
+{
+    for (unsigned long long e = (unsigned long long)blockIdx.x * kBlock + threadIdx.x; e < total;
+         e += (unsigned long long)gridDim.x * kBlock) {
+        const unsigned long long v = p.pool[e];
+        const unsigned lo = (unsigned)v, i = lo & 0x3fffffffu, j = (unsigned)(v >> 32);
+        if ((int64_t)i >= p.qs || (int64_t)j >= p.n) continue;
+        const int qi = __ldg(p.perm + i), qj = __ldg(p.perm + j);
+        if ((lo >> 30 & 1u) && !(p.exclude && i == j)) put_cand_at(p.cand, p.cap, qi, atomicAdd(p.cnt + qi, 1), qj);
+        if (lo >> 31) put_cand_at(p.ccand, p.cap, qj, atomicAdd(p.ccnt + qj, 1), qi);
+    }
+}
+
+} // namespace
+
+size_t mma_sym_sort_bytes(int64_t n, int64_t ldx, int64_t pool_cap) { return sym_sort_layout(n, ldx, pool_cap).total; }
+
+cudaError_t launch_mma_sym_scatter(const MmaParams &ps, int sms, cudaStream_t st, int *overflow)
+{
+    unsigned long long used = 0;
+    cudaError_t e = cudaMemcpyAsync(&used, ps.pool_next, sizeof used, cudaMemcpyDeviceToHost, st);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(st);
+    if (e != cudaSuccess) return e;
+    *overflow = used > (unsigned long long)ps.pool_cap;
+    if (*overflow || used == 0) return cudaSuccess;
+    const unsigned long long want = (used + kBlock - 1) / kBlock;
+    const int blocks = (int)(want < 16ull * (unsigned long long)sms ? want : 16ull * (unsigned long long)sms);
+    sym_pool_scatter_kernel<<<blocks, kBlock, 0, st>>>(ps, used);
+    return cudaGetLastError();
+}
+
+cudaError_t launch_mma_sym_sort(const MmaParams &p, int64_t ldx, int64_t pool_cap, void *ws, int sms, cudaStream_t st,
+                                MmaParams *out)
+{
+    if (p.n <= 0 || ldx % 4 != 0 || (uintptr_t)p.R % 16 != 0 || p.n >= (1 << 30) || pool_cap < 1)
+        return cudaErrorNotSupported;
+    const SymSortLayout L = sym_sort_layout(p.n, ldx, pool_cap);
+    char *b = (char *)ws;
+    unsigned *kin = (unsigned *)(b + L.kin), *kout = (unsigned *)(b + L.kout);
+    int *iin = (int *)(b + L.iin), *perm = (int *)(b + L.perm);
+    float *xs = (float *)(b + L.xs), *rn_s = (float *)(b + L.rn), *thr_s = (float *)(b + L.thr);
+    float *tmin = (float *)(b + L.tmin), *msuf = (float *)(b + L.msuf);
+    const int64_t RT = (p.n + kBN - 1) / kBN;
+    const int blocks = (int)(p.n / kBlock + 1 < 8 * (int64_t)sms ? p.n / kBlock + 1 : 8 * (int64_t)sms);
+    sym_sort_keys_kernel<<<blocks, kBlock, 0, st>>>(p, kin, iin);
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return e;
+    size_t tb = L.tmp_bytes;
+    e = cub::DeviceRadixSort::SortPairsDescending(b + L.tmp, tb, kin, kout, iin, perm, (int)p.n, 0, 32, st);
+    if (e != cudaSuccess) return e;
+    sym_sort_gather_kernel<<<8 * sms, kBlock, 0, st>>>(p, ldx, perm, xs, rn_s, thr_s);
+    if ((e = cudaGetLastError()) != cudaSuccess) return e;
+    MmaParams q = p;
+    q.Q = q.R = xs;
+    q.ldq = q.ldr = ldx;
+    q.qn = q.rn = rn_s;
+    q.thr = thr_s;
+    q.cthr = thr_s;
+    q.perm = perm;
+    q.msuf = msuf;
+    q.pool = (unsigned long long *)(b + L.pool);
+    q.pool_next = (unsigned long long *)(b + L.next);
+    q.pool_cap = pool_cap;
+    /* unused entries all ones (a row past n); no entry taken yet */
+    if ((e = cudaMemsetAsync(q.pool, 0xff, (size_t)pool_cap * sizeof(unsigned long long), st)) != cudaSuccess) return e;
+    if ((e = cudaMemsetAsync(q.pool_next, 0, sizeof(unsigned long long), st)) != cudaSuccess) return e;
+    sym_sort_tmin_kernel<<<(unsigned)(RT < 8 * (int64_t)sms ? RT : 8 * (int64_t)sms), kBN, 0, st>>>(q, tmin);
+    if ((e = cudaGetLastError()) != cudaSuccess) return e;
+    sym_sort_suffix_kernel<<<1, 1024, 0, st>>>(tmin, RT, msuf);
+    if ((e = cudaGetLastError()) != cudaSuccess) return e;
+    *out = q;
+    return cudaSuccess;
 }
 
 cudaError_t launch_mma_list_thr(const MmaParams &p, const float *kth, int sms, cudaStream_t st)
