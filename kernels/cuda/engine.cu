@@ -2071,7 +2071,10 @@ cleanup:
  * overflowed buffers, and the resolve + final of the plain path in blocks of queries.
  * Candidate sets, canonical values and so the output bits are those of the plain path.
  * With n states the slots per query are fewer than the plain plan's (1.25x the expected
- * count plus 512 instead of 2x plus 1024); an overflow is re-run exactly as there. */
+ * count plus 512 instead of 2x plus 1024); an overflow is re-run exactly as there.
+ * Where the band runs, the triangle runs on the points sorted by threshold (mma.cu's
+ * SORTED TRIANGLE), its candidates through a pool of pairs; without room for the sorted
+ * copy and the pool beside the state it runs in the caller's order. */
 static double wall_seconds(void)
 {
     return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
