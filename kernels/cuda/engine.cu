@@ -2159,7 +2159,7 @@ xknn_status host_sym(const xknn__job *job, xknn_cuda_context *ctx, int staged, s
     Run run;
     MmaParams mp;
     int64_t block = 0;
-    int piece = 0, ok;
+    int piece = 0, ok, unsorted;
     unsigned long long stats[kStatCount];
     cudaStream_t sc = ctx->stream;
     const char *why = plan_sym(ctx, job, budget, &plan, &block);
@@ -2291,23 +2291,26 @@ xknn_status host_sym(const xknn__job *job, xknn_cuda_context *ctx, int staged, s
     XKNN__CUDA_CHECK(launch_mma_select(mp, (int)plan.kk, ctx->sms, sc));
     if (ev[1]) XKNN__CUDA_CHECK(cudaEventRecord(ev[1], sc));
     mp.n = n;
+    unsorted = !hb.dSort;
     if (hb.dSort) {
         MmaParams ms;
-        int overflow = 0;
-        XKNN__CUDA_CHECK(launch_mma_sym_sort(mp, ldx, pool_cap, hb.dSort, ctx->sms, sc, &ms));
-        XKNN__CUDA_CHECK(launch_mma_pass(ms, 2, ctx->sms, plan.wgmma ? (int)ctx->smem_optin : 0, sc));
-        XKNN__CUDA_CHECK(launch_mma_sym_scatter(ms, ctx->sms, sc, &overflow));
+        /* (cudaErrorNotSupported: rows it cannot gather; the caller's order then) */
+        e = launch_mma_sym_sort(mp, ldx, pool_cap, hb.dSort, ctx->sms, sc, &ms);
+        if (e == cudaErrorNotSupported) {
+            (void)cudaGetLastError();
+            unsorted = 1;
+        } else {
+            XKNN__CUDA_CHECK(e);
+            XKNN__CUDA_CHECK(launch_mma_pass(ms, 2, ctx->sms, plan.wgmma ? (int)ctx->smem_optin : 0, sc));
+            XKNN__CUDA_CHECK(launch_mma_sym_scatter(ms, ctx->sms, sc, &unsorted));
+        }
         hb.dfree(hb.dSort); /* (stream-ordered: after the scatter) */
         hb.dSort = nullptr;
-        if (overflow) {
-            if (prm->verbose)
-                fprintf(stderr, "xknn: cuda: self-join: more candidate pairs than the pool's %lld: the triangle again "
-                        "in the caller's order\n", (long long)pool_cap);
-            XKNN__CUDA_CHECK(launch_mma_pass(mp, 2, ctx->sms, plan.wgmma ? (int)ctx->smem_optin : 0, sc));
-        }
-    } else {
-        XKNN__CUDA_CHECK(launch_mma_pass(mp, 2, ctx->sms, plan.wgmma ? (int)ctx->smem_optin : 0, sc));
+        if (unsorted && prm->verbose)
+            fprintf(stderr, "xknn: cuda: self-join: more candidate pairs than the pool's %lld: the triangle again in "
+                    "the caller's order\n", (long long)pool_cap);
     }
+    if (unsorted) XKNN__CUDA_CHECK(launch_mma_pass(mp, 2, ctx->sms, plan.wgmma ? (int)ctx->smem_optin : 0, sc));
     if (ev[2]) XKNN__CUDA_CHECK(cudaEventRecord(ev[2], sc));
     mp.Q = mp.R = hb.dR;
     mp.ldq = mp.ldr = d;

@@ -136,7 +136,6 @@
 #endif
 
 #include <cub/device/device_radix_sort.cuh>
-#include <limits.h>
 
 #include "async_primitives.cuh"
 #include "block_primitives.cuh"
