@@ -527,6 +527,16 @@ static xknn_status dsearch(xknn_cuda_context *ctx, const xknn_params *p, const f
     return st;
 }
 
+/* dsearch with the workspace xknn_cuda_workspace_size asks for (its status when that fails) */
+static xknn_status sized_dsearch(xknn_cuda_context *ctx, const xknn_params *p, const float *ref, int64_t n,
+                                 const float *qry, int64_t nq, int64_t d, int64_t k, int64_t *ids, float *dist,
+                                 unsigned long long *stats, xknn_error *err)
+{
+    size_t bytes = 0;
+    const xknn_status st = xknn_cuda_workspace_size(ctx, p, n, nq, d, k, &bytes, err);
+    return st == XKNN_SUCCESS ? dsearch(ctx, p, ref, n, qry, nq, d, k, ids, dist, bytes, 0, stats, err) : st;
+}
+
 static int cmp_first_float(const void *a, const void *b)
 {
     const float x = *(const float *)a, y = *(const float *)b;
@@ -578,8 +588,7 @@ static void run_device_api(void)
 
     /* self-join on the device, k = n - 1, ids only */
     p = xknn_params_default();
-    st = xknn_cuda_workspace_size(ctx, &p, ns, ns, d, ns - 1, &bytes, &err);
-    if (st == XKNN_SUCCESS) st = dsearch(ctx, &p, ref, ns, NULL, ns, d, ns - 1, ids, NULL, bytes, 0, NULL, &err);
+    st = sized_dsearch(ctx, &p, ref, ns, NULL, ns, d, ns - 1, ids, NULL, NULL, &err);
     ref_knn(REF_L2, ref, ns, d, NULL, ns, d, d, ns - 1, 1, 0, 0, wid, wd);
     if (st != XKNN_SUCCESS)
         ok(0, "device API self-join k=n-1, dist NULL: %s", err.message);
@@ -596,8 +605,7 @@ static void run_device_api(void)
         p.ref_block = 2048; /* one split per query: ~4000 ties per value reach one buffer */
         /* the cuBLAS tiles' filter (this shape's fp32 path is otherwise the CUDA-core passes) */
         setenv("XKNN_CUDA_FP32_CUBLAS", "1", 1);
-        st = xknn_cuda_workspace_size(ctx, &p, hn, hq, hd, hk, &bytes, &err);
-        if (st == XKNN_SUCCESS) st = dsearch(ctx, &p, href, hn, hqry, hq, hd, hk, ids, dist, bytes, 0, stats, &err);
+        st = sized_dsearch(ctx, &p, href, hn, hqry, hq, hd, hk, ids, dist, stats, &err);
         unsetenv("XKNN_CUDA_FP32_CUBLAS");
         ref_knn(REF_L2, href, hn, hd, hqry, hq, hd, hd, hk, 0, 5, 0, wid, wd);
         if (st != XKNN_SUCCESS)
@@ -608,8 +616,7 @@ static void run_device_api(void)
            "heavy ties forced exact compactions (%llu)", stats[XKNN_CUDA_STAT_EXACT_COMPACTIONS]);
         /* the fp32 CUDA-core passes: ~4000 ties overflow the candidate slots, so every
          * query is re-run exactly */
-        st = xknn_cuda_workspace_size(ctx, &p, hn, hq, hd, hk, &bytes, &err);
-        if (st == XKNN_SUCCESS) st = dsearch(ctx, &p, href, hn, hqry, hq, hd, hk, ids, dist, bytes, 0, stats, &err);
+        st = sized_dsearch(ctx, &p, href, hn, hqry, hq, hd, hk, ids, dist, stats, &err);
         if (st != XKNN_SUCCESS)
             ok(0, "device API, fp32 CUDA-core passes, 20000 rows of 5 distinct values: %s", err.message);
         else
@@ -620,8 +627,7 @@ static void run_device_api(void)
         /* the fused path: thousands of exact ties at the k-th distance cannot be certified
          * from a 32-key list, so every query must be re-run exactly */
         p.cuda_path = XKNN_CUDA_PATH_FUSED;
-        st = xknn_cuda_workspace_size(ctx, &p, hn, hq, hd, hk, &bytes, &err);
-        if (st == XKNN_SUCCESS) st = dsearch(ctx, &p, href, hn, hqry, hq, hd, hk, ids, dist, bytes, 0, stats, &err);
+        st = sized_dsearch(ctx, &p, href, hn, hqry, hq, hd, hk, ids, dist, stats, &err);
         if (st != XKNN_SUCCESS)
             ok(0, "device API, fused path, 20000 rows of 5 distinct values: %s", err.message);
         else
@@ -655,8 +661,7 @@ static void run_device_api(void)
             if (pass == 2) qsort(eref, (size_t)en, (size_t)ed * sizeof(float), cmp_first_float);
             if (pass == 1 || pass == 2) setenv("XKNN_CUDA_RESOLVE_RANGES", "64", 1);
             if (pass == 3) setenv("XKNN_CUDA_NO_ESTIMATE", "1", 1);
-            st = xknn_cuda_workspace_size(ctx, &p, en, eq, ed, ek, &bytes, &err);
-            if (st == XKNN_SUCCESS) st = dsearch(ctx, &p, eref, en, eqry, eq, ed, ek, ids, dist, bytes, 0, stats, &err);
+            st = sized_dsearch(ctx, &p, eref, en, eqry, eq, ed, ek, ids, dist, stats, &err);
             unsetenv("XKNN_CUDA_RESOLVE_RANGES");
             unsetenv("XKNN_CUDA_NO_ESTIMATE");
             if ((pass == 0 || pass == 2) && st == XKNN_SUCCESS) reruns[pass / 2] = stats[XKNN_CUDA_STAT_RERUNS];
@@ -686,8 +691,7 @@ static void run_device_api(void)
         p = xknn_params_default();
         p.cuda_path = XKNN_CUDA_PATH_MMA;
         setenv("XKNN_CUDA_CENTER", "1", 1);
-        st = xknn_cuda_workspace_size(ctx, &p, cn, cq, cd, ck, &bytes, &err);
-        if (st == XKNN_SUCCESS) st = dsearch(ctx, &p, cref, cn, cqry, cq, cd, ck, ids, dist, bytes, 0, stats, &err);
+        st = sized_dsearch(ctx, &p, cref, cn, cqry, cq, cd, ck, ids, dist, stats, &err);
         unsetenv("XKNN_CUDA_CENTER");
         ref_knn(REF_L2, cref, cn, cd, cqry, cq, cd, cd, ck, 0, 0, 0, wid, wd);
         if (st != XKNN_SUCCESS)
@@ -707,8 +711,7 @@ static void run_device_api(void)
     p.ref_id_offset = 100;
     p.query_id_offset = 150;
     p.exclude_self = 1;
-    st = xknn_cuda_workspace_size(ctx, &p, n, nq, d, k, &bytes, &err);
-    if (st == XKNN_SUCCESS) st = dsearch(ctx, &p, ref, n, ref + 50 * d, nq, d, k, ids, dist, bytes, 0, NULL, &err);
+    st = sized_dsearch(ctx, &p, ref, n, ref + 50 * d, nq, d, k, ids, dist, NULL, &err);
     ref_knn(REF_L2, ref, n, d, ref + 50 * d, nq, d, d, k, 1, 100, 150, wid, wd);
     if (st != XKNN_SUCCESS)
         ok(0, "device API, id offsets and exclude_self: %s", err.message);
@@ -725,8 +728,7 @@ static void run_device_api(void)
         p.metric = XKNN_METRIC_IP;
         p.ref_id_offset = 7;
         spec.metric = REF_IP;
-        st = xknn_cuda_workspace_size(ctx, &p, n, nq, d, k5, &bytes, &err);
-        if (st == XKNN_SUCCESS) st = dsearch(ctx, &p, ref, n, qry, nq, d, k5, ids, dist, bytes, 0, stats, &err);
+        st = sized_dsearch(ctx, &p, ref, n, qry, nq, d, k5, ids, dist, stats, &err);
         ref_knn_ex(&spec, ref, n, d, qry, nq, d, d, k5, 0, 7, 0, wid, wd);
         if (st != XKNN_SUCCESS)
             ok(0, "device API, ip: %s", err.message);
@@ -736,8 +738,7 @@ static void run_device_api(void)
         p.metric = XKNN_METRIC_COSINE;
         p.ref_id_offset = 0;
         spec.metric = REF_COSINE;
-        st = xknn_cuda_workspace_size(ctx, &p, n, n, d, k5, &bytes, &err);
-        if (st == XKNN_SUCCESS) st = dsearch(ctx, &p, ref, n, NULL, n, d, k5, ids, dist, bytes, 0, NULL, &err);
+        st = sized_dsearch(ctx, &p, ref, n, NULL, n, d, k5, ids, dist, NULL, &err);
         {
             int64_t *sid = (int64_t *)xmalloc((size_t)(n * k5) * sizeof(int64_t));
             float *sd = (float *)xmalloc((size_t)(n * k5) * sizeof(float));
