@@ -414,29 +414,23 @@ __device__ __forceinline__ void sym_epilogue_mma(const MmaParams &p, float (&acc
                        row_s, prow_s, rows, q0, ref0, t, offdiag);
 }
 
-/* max that returns NaN when either operand is NaN */
-__device__ __forceinline__ float max_nan(float a, float b)
+/* max (MAX) or min that returns NaN when either operand is NaN */
+template <bool MAX>
+__device__ __forceinline__ float extreme_nan(float a, float b)
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     float r;
-    asm("max.NaN.f32 %0, %1, %2;\n" : "=f"(r) : "f"(a), "f"(b));
+    if constexpr (MAX)
+        asm("max.NaN.f32 %0, %1, %2;\n" : "=f"(r) : "f"(a), "f"(b));
+    else
+        asm("min.NaN.f32 %0, %1, %2;\n" : "=f"(r) : "f"(a), "f"(b));
     return r;
 #else
-    return a > b || a != a ? a : b;
+    return (MAX ? a > b : a < b) || a != a ? a : b;
 #endif
 }
-
-/* min that returns NaN when either operand is NaN */
-__device__ __forceinline__ float min_nan(float a, float b)
-{
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    float r;
-    asm("min.NaN.f32 %0, %1, %2;\n" : "=f"(r) : "f"(a), "f"(b));
-    return r;
-#else
-    return a < b || a != a ? a : b;
-#endif
-}
+__device__ __forceinline__ float max_nan(float a, float b) { return extreme_nan<true>(a, b); }
+__device__ __forceinline__ float min_nan(float a, float b) { return extreme_nan<false>(a, b); }
 
 /* Passes A and B of mma_kernel's fragment for one tile: rows rbase + 16 mi + 8 hh
  * (accumulator acc[mi][ni][2 hh + c]), columns ref0 + 8 ni + 2 t + c. The column terms
