@@ -993,25 +993,25 @@ struct SymTermsReg {
 };
 struct SymTermsSmem {
     const float2 *s; /* shared, offset to the thread's first column */
-    __device__ __forceinline__ float4 quad(int nb) const
+    template <bool VOL>
+    __device__ __forceinline__ float4 load4(int nb) const
     {
         float4 v;
-        asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n"
-                     : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
-                     : "r"(smem_addr(s + nb * 8)));
+        if constexpr (VOL)
+            asm volatile("ld.volatile.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+                         : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+                         : "r"(smem_addr(s + nb * 8)));
+        else
+            asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+                         : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+                         : "r"(smem_addr(s + nb * 8)));
         return v;
     }
+    __device__ __forceinline__ float4 quad(int nb) const { return load4<false>(nb); }
     __device__ __forceinline__ float again(int nb, int c) const { return lds_again(&s[nb * 8 + c].x); }
     /* quad(nb) read again: a volatile load, so that ptxas does not keep the first read's
      * registers live across the main loop instead */
-    __device__ __forceinline__ float4 quad_again(int nb) const
-    {
-        float4 v;
-        asm volatile("ld.volatile.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n"
-                     : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
-                     : "r"(smem_addr(s + nb * 8)));
-        return v;
-    }
+    __device__ __forceinline__ float4 quad_again(int nb) const { return load4<true>(nb); }
 };
 
 /* Mode 2 epilogue of the Hopper kernels (fragment: rows rbase + 64 mb + 8 hh, i = 2 mb + hh,
