@@ -2105,7 +2105,7 @@ int64_t sym_band(const xknn_cuda_context *ctx, const Plan &p, int64_t n, int64_t
 static const char kSymNoFit[] = "the state of all n points does not fit the device memory budget";
 
 static const char *plan_sym(const xknn_cuda_context *ctx, const xknn__job *job, size_t budget, Plan *out,
-                            int64_t *out_block)
+                            int64_t *out_block, size_t *out_need)
 {
     const xknn_params *prm = &job->params;
     const int64_t n = job->n, d = job->d, k = job->k;
@@ -2139,6 +2139,7 @@ static const char *plan_sym(const xknn_cuda_context *ctx, const xknn__job *job, 
     plan_try_center(p, budget, need);
     *out = p;
     *out_block = block;
+    *out_need = need(p);
     return NULL;
 }
 
@@ -2159,10 +2160,11 @@ xknn_status host_sym(const xknn__job *job, xknn_cuda_context *ctx, int staged, s
     Run run;
     MmaParams mp;
     int64_t block = 0;
+    size_t need = 0; /* the device bytes of the plan, the rows and the outputs */
     int piece = 0, ok, unsorted;
     unsigned long long stats[kStatCount];
     cudaStream_t sc = ctx->stream;
-    const char *why = plan_sym(ctx, job, budget, &plan, &block);
+    const char *why = plan_sym(ctx, job, budget, &plan, &block, &need);
     cudaEvent_t ev[4] = {NULL, NULL, NULL, NULL}; /* -v: phase times */
     cudaEvent_t fin[2] = {NULL, NULL};            /* pipelined output: block b's results enqueued */
     const double h0 = wall_seconds();
@@ -2227,9 +2229,7 @@ xknn_status host_sym(const xknn__job *job, xknn_cuda_context *ctx, int staged, s
     {
         const char *e_sort = getenv("XKNN_CUDA_SYM_SORT");
         const size_t sbytes = mma_sym_sort_bytes(n, ldx, pool_cap);
-        const size_t used = plan.bytes + (size_t)n * row_bytes +
-                            (pipe ? 2 : 1) * (size_t)block * (size_t)k * (sizeof(int64_t) + sizeof(float));
-        if (plan.band && ldx % 4 == 0 && n < (1 << 30) && !(e_sort && *e_sort == '0') && used + sbytes <= budget &&
+        if (plan.band && ldx % 4 == 0 && n < (1 << 30) && !(e_sort && *e_sort == '0') && need + sbytes <= budget &&
             hb.alloc(&hb.dSort, sbytes) != cudaSuccess) {
             (void)cudaGetLastError();
             hb.dSort = nullptr;
@@ -2307,8 +2307,9 @@ xknn_status host_sym(const xknn__job *job, xknn_cuda_context *ctx, int staged, s
         hb.dfree(hb.dSort); /* (stream-ordered: after the scatter) */
         hb.dSort = nullptr;
         if (unsorted && prm->verbose)
-            fprintf(stderr, "xknn: cuda: self-join: more candidate pairs than the pool's %lld: the triangle again in "
-                    "the caller's order\n", (long long)pool_cap);
+            fprintf(stderr, "xknn: cuda: self-join: %s: the triangle in the caller's order\n",
+                    e == cudaErrorNotSupported ? "rows the sort cannot gather"
+                                               : "more candidate pairs than the pool holds");
     }
     if (unsorted) XKNN__CUDA_CHECK(launch_mma_pass(mp, 2, ctx->sms, plan.wgmma ? (int)ctx->smem_optin : 0, sc));
     if (ev[2]) XKNN__CUDA_CHECK(cudaEventRecord(ev[2], sc));

@@ -169,7 +169,7 @@ struct MmaParams {
     int band;
     /* Mode 2 on rows sorted by threshold (launch_mma_sym_sort; NULL: the caller's order):
      * perm[i] the caller's id of sorted point i (lists and entries are the caller's ids),
-     * msuf the bound of sym_epilogue_sorted per tile (RT + 1 entries) */
+     * msuf[x] the bound of sym_epilogue_sorted over sorted points x' >= x (n entries) */
     const int *perm;
     const float *msuf;
     /* and its candidates as pair entries (pool_append), pool_cap of them, the next free

@@ -136,6 +136,8 @@
 #endif
 
 #include <cub/device/device_radix_sort.cuh>
+#include <cub/device/device_scan.cuh>
+#include <thrust/iterator/reverse_iterator.h>
 
 #include "async_primitives.cuh"
 #include "block_primitives.cuh"
@@ -1807,8 +1809,8 @@ __global__ __launch_bounds__(kWsThreads, 1) void wgmma_ws_kernel(const MmaParams
     float msuf = INFINITY;
     unsigned long long wcur = 0, wend = 0; /* the warp's chunk of the pool (sorted: pool_append) */
     if constexpr (SORTED) {
-        const int64_t f0 = (int64_t)(q0 + kBM) / kBN, f = f0 > t0 ? f0 : t0;
-        msuf = f < RT ? p.msuf[f] : INFINITY;
+        const int64_t f0 = (int64_t)(q0 + kBM) / kBN, f = (f0 > t0 ? f0 : t0) * kBN; /* the first later column */
+        msuf = f < p.n ? p.msuf[f] : INFINITY;
     }
     int s = 0; /* the stage of the next chunk and its round's parity */
     unsigned ph = 0;
@@ -2284,17 +2286,21 @@ cudaError_t launch_mma_band(const MmaParams &p, int sms, int wgmma, cudaStream_t
 /* ---- the sorted triangle (sym_epilogue_sorted) --------------------------------------
  * The points in decreasing order of thr (first those whose terms are NaN: huge norms,
  * or a NaN threshold), then the operand rows, norms and thresholds gathered in that
- * order, and msuf[T] = min over sorted columns x >= T kBN (x < n) of m_x =
- * fsub_rd(pred(c'_x), c_x) with NaN kept (msuf[RT] = +inf). */
+ * order with m_x = fsub_rd(pred(c'_x), c_x) of each sorted point x, and msuf[x] = min
+ * over sorted points x' >= x of m_x' with NaN kept (CUB's scan of m read backwards). */
 namespace {
 
+struct MinNan {
+    __device__ __forceinline__ float operator()(float a, float b) const { return min_nan(a, b); }
+};
+
 struct SymSortLayout {
-    size_t xs, rn, thr, perm, msuf, tmin, kin, kout, iin, tmp, tmp_bytes, pool, next, total;
+    size_t xs, rn, thr, perm, m, msuf, kin, kout, iin, tmp, tmp_bytes, pool, next, total;
 };
 
 SymSortLayout sym_sort_layout(int64_t n, int64_t ldx, int64_t pool_cap)
 {
-    const int64_t QS = (n + kBN - 1) / kBN * kBN, RT = QS / kBN;
+    const int64_t QS = (n + kBN - 1) / kBN * kBN;
     SymSortLayout L;
     size_t off = 0;
     auto take = [&](size_t bytes) {
@@ -2306,14 +2312,17 @@ SymSortLayout sym_sort_layout(int64_t n, int64_t ldx, int64_t pool_cap)
     L.rn = take((size_t)QS * sizeof(float));
     L.thr = take((size_t)QS * sizeof(float));
     L.perm = take((size_t)QS * sizeof(int));
-    L.msuf = take((size_t)(RT + 1) * sizeof(float));
-    L.tmin = take((size_t)RT * sizeof(float));
+    L.m = take((size_t)n * sizeof(float));
+    L.msuf = take((size_t)n * sizeof(float));
     L.kin = take((size_t)n * sizeof(unsigned));
     L.kout = take((size_t)n * sizeof(unsigned));
     L.iin = take((size_t)n * sizeof(int));
-    L.tmp_bytes = 0;
-    cub::DeviceRadixSort::SortPairsDescending(nullptr, L.tmp_bytes, (const unsigned *)nullptr, (unsigned *)nullptr,
+    size_t sort_bytes = 0, scan_bytes = 0;
+    cub::DeviceRadixSort::SortPairsDescending(nullptr, sort_bytes, (const unsigned *)nullptr, (unsigned *)nullptr,
                                               (const int *)nullptr, (int *)nullptr, (int)n);
+    cub::DeviceScan::InclusiveScan(nullptr, scan_bytes, thrust::make_reverse_iterator((const float *)nullptr),
+                                   thrust::make_reverse_iterator((float *)nullptr), MinNan(), (int)n);
+    L.tmp_bytes = sort_bytes > scan_bytes ? sort_bytes : scan_bytes;
     L.tmp = take(L.tmp_bytes);
     L.pool = take((size_t)pool_cap * sizeof(unsigned long long));
     L.next = take(sizeof(unsigned long long));
@@ -2332,9 +2341,9 @@ __global__ __launch_bounds__(kBlock) void sym_sort_keys_kernel(const MmaParams p
 }
 
 /* one warp a row (ldx % 4 == 0, 16-byte aligned rows); then the norms and thresholds
- * (zero past n, as host_sym leaves them) */
+ * (zero past n, as host_sym leaves them) and m of each sorted point */
 __global__ __launch_bounds__(kBlock) void sym_sort_gather_kernel(const MmaParams p, int64_t ldx, const int *perm,
-                                                                 float *xs, float *rn_s, float *thr_s)
+                                                                 float *xs, float *rn_s, float *thr_s, float *m)
 {
     const int64_t q4 = ldx / 4, QS = (p.n + kBN - 1) / kBN * kBN;
     const int lane = (int)threadIdx.x & 31;
@@ -2345,56 +2354,11 @@ __global__ __launch_bounds__(kBlock) void sym_sort_gather_kernel(const MmaParams
         for (int64_t c = lane; c < q4; c += 32) dst[c] = __ldg(src + c);
     }
     for (int64_t r = (int64_t)blockIdx.x * kBlock + threadIdx.x; r < QS; r += (int64_t)gridDim.x * kBlock) {
-        rn_s[r] = r < p.n ? p.rn[perm[r]] : 0.0f;
-        thr_s[r] = r < p.n ? p.thr[perm[r]] : 0.0f;
+        const float x = r < p.n ? p.rn[perm[r]] : 0.0f, t = r < p.n ? p.thr[perm[r]] : 0.0f;
+        rn_s[r] = x;
+        thr_s[r] = t;
+        if (r < p.n) m[r] = __fsub_rd(nextafterf(col_sym_term(p, r, x, t), -INFINITY), col_term<2>(p, r, x));
     }
-}
-
-/* tmin[T]: the smallest m_x of sorted tile T (p: the sorted rows' terms); blocks of kBN */
-__global__ __launch_bounds__(kBN) void sym_sort_tmin_kernel(const MmaParams p, float *tmin)
-{
-    __shared__ float part[kBN / 32];
-    const int64_t RT = (p.n + kBN - 1) / kBN;
-    for (int64_t T = blockIdx.x; T < RT; T += gridDim.x) {
-        const int64_t j = T * kBN + threadIdx.x;
-        float m = INFINITY;
-        if (j < p.n) {
-            const float x = p.rn[j];
-            const float c = col_term<2>(p, j, x), cx = col_sym_term(p, j, x, p.thr[j]);
-            m = __fsub_rd(nextafterf(cx, -INFINITY), c);
-        }
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) m = min_nan(m, __shfl_xor_sync(0xffffffffu, m, o));
-        if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = m;
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            float v = part[0];
-            for (int w = 1; w < kBN / 32; ++w) v = min_nan(v, part[w]);
-            tmin[T] = v;
-        }
-        __syncthreads();
-    }
-}
-
-/* msuf[T] = min_nan of tmin[T .. RT), msuf[RT] = +inf; one block of 1024 threads, each a
- * chunk of tiles */
-__global__ __launch_bounds__(1024) void sym_sort_suffix_kernel(const float *tmin, int64_t RT, float *msuf)
-{
-    __shared__ float part[1024];
-    const int tid = (int)threadIdx.x;
-    const int64_t chunk = (RT + 1023) / 1024, i0 = tid * chunk, i1 = i0 + chunk < RT ? i0 + chunk : RT;
-    float m = INFINITY;
-    for (int64_t i = i1 - 1; i >= i0; --i) m = min_nan(m, tmin[i]);
-    part[tid] = m;
-    __syncthreads();
-    if (tid == 0) {
-        float run = INFINITY;
-        for (int w = 1023; w >= 0; --w) part[w] = run = min_nan(run, part[w]);
-        msuf[RT] = INFINITY;
-    }
-    __syncthreads();
-    m = tid + 1 < 1024 ? part[tid + 1] : INFINITY;
-    for (int64_t i = i1 - 1; i >= i0; --i) msuf[i] = m = min_nan(m, tmin[i]);
 }
 
 /* the pool's entries (pool_append) into the lists: row i's list perm[i] gets perm[j],
@@ -2440,8 +2404,7 @@ cudaError_t launch_mma_sym_sort(const MmaParams &p, int64_t ldx, int64_t pool_ca
     unsigned *kin = (unsigned *)(b + L.kin), *kout = (unsigned *)(b + L.kout);
     int *iin = (int *)(b + L.iin), *perm = (int *)(b + L.perm);
     float *xs = (float *)(b + L.xs), *rn_s = (float *)(b + L.rn), *thr_s = (float *)(b + L.thr);
-    float *tmin = (float *)(b + L.tmin), *msuf = (float *)(b + L.msuf);
-    const int64_t RT = (p.n + kBN - 1) / kBN;
+    float *m = (float *)(b + L.m), *msuf = (float *)(b + L.msuf);
     const int blocks = (int)(p.n / kBlock + 1 < 8 * (int64_t)sms ? p.n / kBlock + 1 : 8 * (int64_t)sms);
     sym_sort_keys_kernel<<<blocks, kBlock, 0, st>>>(p, kin, iin);
     cudaError_t e = cudaGetLastError();
@@ -2449,8 +2412,12 @@ cudaError_t launch_mma_sym_sort(const MmaParams &p, int64_t ldx, int64_t pool_ca
     size_t tb = L.tmp_bytes;
     e = cub::DeviceRadixSort::SortPairsDescending(b + L.tmp, tb, kin, kout, iin, perm, (int)p.n, 0, 32, st);
     if (e != cudaSuccess) return e;
-    sym_sort_gather_kernel<<<8 * sms, kBlock, 0, st>>>(p, ldx, perm, xs, rn_s, thr_s);
+    sym_sort_gather_kernel<<<8 * sms, kBlock, 0, st>>>(p, ldx, perm, xs, rn_s, thr_s, m);
     if ((e = cudaGetLastError()) != cudaSuccess) return e;
+    tb = L.tmp_bytes;
+    e = cub::DeviceScan::InclusiveScan(b + L.tmp, tb, thrust::make_reverse_iterator((const float *)m + p.n),
+                                       thrust::make_reverse_iterator(msuf + p.n), MinNan(), (int)p.n, st);
+    if (e != cudaSuccess) return e;
     MmaParams q = p;
     q.Q = q.R = xs;
     q.ldq = q.ldr = ldx;
@@ -2465,10 +2432,6 @@ cudaError_t launch_mma_sym_sort(const MmaParams &p, int64_t ldx, int64_t pool_ca
     /* unused entries all ones (a row past n); no entry taken yet */
     if ((e = cudaMemsetAsync(q.pool, 0xff, (size_t)pool_cap * sizeof(unsigned long long), st)) != cudaSuccess) return e;
     if ((e = cudaMemsetAsync(q.pool_next, 0, sizeof(unsigned long long), st)) != cudaSuccess) return e;
-    sym_sort_tmin_kernel<<<(unsigned)(RT < 8 * (int64_t)sms ? RT : 8 * (int64_t)sms), kBN, 0, st>>>(q, tmin);
-    if ((e = cudaGetLastError()) != cudaSuccess) return e;
-    sym_sort_suffix_kernel<<<1, 1024, 0, st>>>(tmin, RT, msuf);
-    if ((e = cudaGetLastError()) != cudaSuccess) return e;
     *out = q;
     return cudaSuccess;
 }
