@@ -359,8 +359,9 @@ XKNN_API const char *xknn_search_pair_why_not(const xknn_params *params, xknn_dt
  * against itself: the symmetric self-join's triangle) and merges into the lists on the
  * host; a pair whose state exceeds the device memory budget runs in parts (halves, each
  * merged as it is done), and a part too small for the kernel (fewer than 128 k rows on a
- * side) runs on the CPU. params also: device, cuda_context, cuda_path (auto or mma),
- * device_memory_budget.
+ * side) runs on the CPU. Rows that params.cuda_context keeps on the device
+ * (xknn_cuda_keep_rows, include/xknn/cuda.h) are read there instead of uploaded. params
+ * also: device, cuda_context, cuda_path (auto or mma), device_memory_budget.
  *   a, b         row-major blocks of the same dtype and d (b may be NULL: a against
  *                itself); global ids a_id0 + i and b_id0 + j, ranges not overlapping.
  *   a_ids/a_dist a->rows x k running lists of a's rows (ld = k), sorted by the result

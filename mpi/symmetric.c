@@ -81,7 +81,9 @@
  * Memory per rank, in list sets of (largest slice) x k x 12 bytes: own lists, one or
  * two held slices' (two when S >= 2: the one computing, the one in flight), and the
  * accumulator with its receive and merge buffers (one set when S = 1): 3 (P = 2, 3) or 6
- * (P >= 4); plus two slices of rows (and n floats with bounds).
+ * (P >= 4); plus two slices of rows (and n floats with bounds). With the CUDA backend the
+ * device keeps a copy of the own slice and of the held one (two while the next is in
+ * flight, S >= 2): each row crosses to the device once a step, not once a part.
  */
 #define _GNU_SOURCE /* sched_yield, clock_gettime */
 #include <limits.h>
@@ -362,6 +364,8 @@ xknn_status xknn__sym_ring(xknn_mpi_context *ctx, const xknn_params *params, con
     double *all = NULL; /* rank 0: every rank's busy seconds */
 #ifdef XKNN_MPI_HAVE_CUDA
     xknn_cuda_context *cuctx = NULL; /* the rank's own, for all its steps */
+    xknn_cuda_context *kctx = NULL;  /* where the rows are kept on the device */
+    const void *kept[3] = {NULL, NULL, NULL}; /* kept blocks: own rows, the slice buffers */
 #endif
     MPI_Datatype rowtype = MPI_DATATYPE_NULL, idtype = MPI_DATATYPE_NULL, dtype_k = MPI_DATATYPE_NULL;
     float *bnd = NULL; /* bounds: every row's k-th value after step 0, slices in rank order */
@@ -476,6 +480,22 @@ xknn_status xknn__sym_ring(xknn_mpi_context *ctx, const xknn_params *params, con
         (p.backend == XKNN_BACKEND_CUDA || p.backend == XKNN_BACKEND_AUTO)) {
         xknn_error ce;
         if (xknn_cuda_context_create(p.device, &cuctx, &ce) == XKNN_SUCCESS) p.cuda_context = pw.cuda_context = cuctx;
+    }
+    /* Rows kept on the device (xknn_cuda_keep_rows): the own slice, uploaded by the first
+     * part that reads it, and each held slice, uploaded by this thread as soon as it has
+     * arrived (while the step before computes), so that no part of a step uploads rows
+     * again (before, every pair uploaded both its sides). XKNN_CUDA_KEEP=0 (a diagnostic;
+     * the same results) keeps none. */
+    if (p.cuda_context && dtype == XKNN_DTYPE_F32 && nloc > 0 && xknn_search_pair_why_not(&p, dtype, d) == NULL) {
+        const char *env = getenv("XKNN_CUDA_KEEP");
+        if (!(env && env[0] == '0')) {
+            xknn_error ke;
+            kctx = (xknn_cuda_context *)p.cuda_context;
+            if (xknn_cuda_keep_rows(kctx, ref, 0, &ke) == XKNN_SUCCESS)
+                kept[0] = ref->data;
+            else if (ctx->config.verbose)
+                fprintf(stderr, "xknn_mpi: rank %d: own rows not kept on the device: %s\n", rank, ke.message);
+        }
     }
 #endif
     rc = MPI_Type_contiguous((int)row_bytes, MPI_BYTE, &rowtype);
@@ -620,6 +640,17 @@ xknn_status xknn__sym_ring(xknn_mpi_context *ctx, const xknn_params *params, con
         t0 = MPI_Wtime();
         tw = xknn__sym_now();
         rc = xknn__sym_wait(6, req, worker);
+#ifdef XKNN_MPI_HAVE_CUDA
+        if (rc == MPI_SUCCESS && kctx && s < S && rowss[jnext] > 0 && !*mpi_broken) {
+            /* the slice of step s + 1 is here: onto the device now (step s still computes) */
+            const xknn_matrix nm = XKNN_MATRIX_TYPED(nxt, rowss[jnext], d, dtype);
+            xknn_error ke;
+            if (xknn_cuda_keep_rows(kctx, &nm, 1, &ke) == XKNN_SUCCESS)
+                kept[1 + ((s + 1) & 1)] = nxt;
+            else if (ctx->config.verbose)
+                fprintf(stderr, "xknn_mpi: rank %d: slice %d not kept on the device: %s\n", rank, jnext, ke.message);
+        }
+#endif
         if (rc == MPI_SUCCESS && into) {
             /* fold the received lists into the accumulator (one thread: the worker has
              * the others) */
@@ -642,6 +673,13 @@ xknn_status xknn__sym_ring(xknn_mpi_context *ctx, const xknn_params *params, con
         }
         tc = xknn__sym_now();
         if (worker) pthread_join(th, NULL);
+#ifdef XKNN_MPI_HAVE_CUDA
+        if (s >= 1 && kept[1 + (s & 1)]) {
+            /* the held slice's buffer receives another slice later */
+            xknn_cuda_forget_rows(kctx, kept[1 + (s & 1)]);
+            kept[1 + (s & 1)] = NULL;
+        }
+#endif
         if (compute) {
             /* busy: the compute's own seconds; the moves count where they outlast it */
             tm->search += w.t1 - w.t0;
@@ -758,6 +796,8 @@ xknn_status xknn__sym_ring(xknn_mpi_context *ctx, const xknn_params *params, con
 
 done:
 #ifdef XKNN_MPI_HAVE_CUDA
+    for (j = 0; j < 3; j++)
+        if (kept[j]) xknn_cuda_forget_rows(kctx, kept[j]);
     xknn_cuda_context_destroy(cuctx);
 #endif
     if (dtype_k != MPI_DATATYPE_NULL) MPI_Type_free(&dtype_k);

@@ -60,6 +60,10 @@ static const scase cases[] = {
      * the pair kernel, every part on the device: SYM_REQUIRE) */
     {"200 MiB budget: blocked triangle", DATA_UNIFORM, 20000, 16, 8, 0, 0, 0, (size_t)200 << 20, 1, 0, 0},
     {"200 MiB budget: blocked triangle, ties", DATA_INTEGER, 20000, 16, 8, 0, 0, 0, (size_t)200 << 20, 1, 0, 0},
+    /* the same with a caller's context: every part reads the rows from one kept device
+     * copy (strided rows: the copy is packed) */
+    {"200 MiB budget: blocked triangle, caller's context, ld = d + 3", DATA_INTEGER, 20000, 16, 8, 0, 3, 0,
+     (size_t)200 << 20, 1, 1, 0},
     /* 1 MiB: halves down to parts too small for the kernels, which run on the CPU */
     {"1 MiB budget: blocked, small parts on the CPU", DATA_UNIFORM, 4000, 32, 5, 0, 0, 0, (size_t)1 << 20, 0, 0, 0},
     /* more points than a state block (32768) with a caller's context: the results of
@@ -89,37 +93,46 @@ typedef struct {
     int64_t cut[5];
     int ctx;           /* 1: a caller's context (pinned staging of rows and results) */
     int bounded;       /* 1: the lists start with the oracle's k-th distances as bounds */
+    int keep;          /* with ctx: each slice kept on the device (xknn_cuda_keep_rows),
+                        * 1: uploaded by the first pair that reads it, 2: at once */
 } pcase;
 
 static const pcase pcases[] = {
-    {"pair: uniform, slices not tile multiples", DATA_UNIFORM, 7001, 32, 8, 0, 0, 0, 1, 3, {0, 2100, 4501, 7001}, 0, 0},
-    {"pair: ties, integer data d=8 (rescues)", DATA_INTEGER, 6000, 8, 10, 0, 0, 0, 1, 2, {0, 2999, 6000}, 0, 0},
-    {"pair: duplicates, id offset", DATA_DUPLICATES, 5200, 16, 9, 0, 1000000, 0, 1, 2, {0, 2600, 5200}, 0, 0},
-    {"pair: euclidean clustered d=128 k=16", DATA_CLUSTERED, 9000, 128, 16, 1, 0, 0, 1, 3, {0, 3000, 6100, 9000}, 0, 0},
-    {"pair: ip gaussian d=100", DATA_GAUSSIAN, 5000, 100, 16, XKNN_METRIC_IP, 0, 0, 1, 2, {0, 2300, 5000}, 0, 0},
+    {"pair: uniform, slices not tile multiples", DATA_UNIFORM, 7001, 32, 8, 0, 0, 0, 1, 3, {0, 2100, 4501, 7001}, 0, 0, 0},
+    {"pair: ties, integer data d=8 (rescues)", DATA_INTEGER, 6000, 8, 10, 0, 0, 0, 1, 2, {0, 2999, 6000}, 0, 0, 0},
+    {"pair: duplicates, id offset", DATA_DUPLICATES, 5200, 16, 9, 0, 1000000, 0, 1, 2, {0, 2600, 5200}, 0, 0, 0},
+    {"pair: euclidean clustered d=128 k=16", DATA_CLUSTERED, 9000, 128, 16, 1, 0, 0, 1, 3, {0, 3000, 6100, 9000}, 0, 0, 0},
+    {"pair: ip gaussian d=100", DATA_GAUSSIAN, 5000, 100, 16, XKNN_METRIC_IP, 0, 0, 1, 2, {0, 2300, 5000}, 0, 0, 0},
     {"pair: cosine, ties and zero rows d=3", DATA_INTEGER, 5000, 3, 8, XKNN_METRIC_COSINE, 0, 0, 1, 2, {0, 2500, 5000}, 0,
-     0},
+     0, 0},
     {"pair: unequal slices, d=17 (4-byte loads)", DATA_UNIFORM, 6177, 17, 4, 0, 0, 0, 1, 4, {0, 600, 1700, 4000, 6177}, 0,
-     0},
+     0, 0},
     /* a 96 MiB budget: the larger pairs run in parts (halves of the larger side) */
-    {"pair: 96 MiB budget, in parts", DATA_UNIFORM, 16000, 16, 8, 0, 0, (size_t)96 << 20, 1, 2, {0, 7000, 16000}, 0, 0},
+    {"pair: 96 MiB budget, in parts", DATA_UNIFORM, 16000, 16, 8, 0, 0, (size_t)96 << 20, 1, 2, {0, 7000, 16000}, 0, 0, 0},
     /* slices too small for the kernels: the CPU pair (no REQUIRE) */
-    {"pair: small slices on the CPU", DATA_INTEGER, 900, 8, 6, 0, 0, 0, 0, 3, {0, 250, 600, 900}, 0, 0},
-    {"pair: caller's context, ties", DATA_INTEGER, 6000, 16, 8, 0, 0, 0, 1, 3, {0, 1900, 4000, 6000}, 1, 0},
+    {"pair: small slices on the CPU", DATA_INTEGER, 900, 8, 6, 0, 0, 0, 0, 3, {0, 250, 600, 900}, 0, 0, 0},
+    {"pair: caller's context, ties", DATA_INTEGER, 6000, 16, 8, 0, 0, 0, 1, 3, {0, 1900, 4000, 6000}, 1, 0, 0},
     /* later pairs find full running lists on a side (l2): its thresholds come from them,
      * with duplicates whose copies tie the lists' k-th values across slices */
     {"pair: duplicates, 3 slices (thresholds from full lists)", DATA_DUPLICATES, 7200, 16, 9, 0, 1000000, 0, 1, 3,
-     {0, 2350, 4700, 7200}, 0, 0},
+     {0, 2350, 4700, 7200}, 0, 0, 0},
     {"pair: l2 clustered d=128 k=16, 3 slices", DATA_CLUSTERED, 9000, 128, 16, 0, 0, 0, 1, 3, {0, 3000, 6100, 9000}, 0,
-     0},
+     0, 0},
     /* padding that carries a bound (the true k-th distance: ties at it must stay) */
     {"pair: bounds, duplicates, 3 slices", DATA_DUPLICATES, 7200, 16, 9, 0, 1000000, 0, 1, 3, {0, 2350, 4700, 7200}, 0,
-     1},
-    {"pair: bounds, uniform d=32, 2 slices", DATA_UNIFORM, 6000, 32, 8, 0, 0, 0, 1, 2, {0, 2900, 6000}, 0, 1},
+     1, 0},
+    {"pair: bounds, uniform d=32, 2 slices", DATA_UNIFORM, 6000, 32, 8, 0, 0, 0, 1, 2, {0, 2900, 6000}, 0, 1, 0},
     /* bounds and a pair in parts: the side that is not halved meets its bounds again in
      * the second part, after the first part's merge */
     {"pair: bounds, 96 MiB budget, in parts", DATA_DUPLICATES, 16000, 16, 8, 0, 0, (size_t)96 << 20, 1, 2,
-     {0, 7000, 16000}, 0, 1},
+     {0, 7000, 16000}, 0, 1, 0},
+    /* rows kept on the device: every pair reads them there (no upload of its own) */
+    {"pair: kept rows (uploaded on first use), ties", DATA_INTEGER, 6000, 16, 8, 0, 0, 0, 1, 3, {0, 1900, 4000, 6000},
+     1, 0, 1},
+    {"pair: kept rows (uploaded at once), ip", DATA_GAUSSIAN, 5000, 100, 16, XKNN_METRIC_IP, 0, 0, 1, 2,
+     {0, 2300, 5000}, 1, 0, 2},
+    {"pair: kept rows, bounds, 96 MiB budget, in parts", DATA_DUPLICATES, 16000, 16, 8, 0, 0, (size_t)96 << 20, 1,
+     2, {0, 7000, 16000}, 1, 1, 1},
 };
 #define NPCASES (int)(sizeof pcases / sizeof pcases[0])
 
@@ -263,6 +276,13 @@ static void run_pair_case(const pcase *c)
         bad = 1;
     }
     p.cuda_context = cx;
+    for (i = 0; cx && c->keep && i < c->ns && !bad; i++) {
+        const xknn_matrix m = XKNN_MATRIX_F32(x + c->cut[i] * d, c->cut[i + 1] - c->cut[i], d);
+        if (xknn_cuda_keep_rows(cx, &m, c->keep == 2, &e) != XKNN_SUCCESS) {
+            diag("xknn_cuda_keep_rows (slice %d): %s", i, e.message);
+            bad = 1;
+        }
+    }
     if (c->require) setenv("XKNN_CUDA_SYM_REQUIRE", "1", 1);
     for (j = c->ns - 1; j >= 0 && !bad; j--)
         for (i = 0; i <= j && !bad; i++) {
@@ -276,6 +296,7 @@ static void run_pair_case(const pcase *c)
             }
         }
     unsetenv("XKNN_CUDA_SYM_REQUIRE");
+    if (cx && c->keep) xknn_cuda_forget_rows(cx, x); /* (the rest: freed with the context) */
     xknn_cuda_context_destroy(cx);
     if (bad)
         ok(0, "%s: pairs vs oracle (a pair failed)", name);
@@ -300,13 +321,40 @@ static void run_pair_case(const pcase *c)
     free(wd);
 }
 
+/* xknn_cuda_keep_rows' refusals and its limit: three TAP lines. */
+static void run_keep_errors(void)
+{
+    static float rows[9][4];
+    xknn_cuda_context *cx = NULL;
+    xknn_error e;
+    xknn_matrix m = XKNN_MATRIX_F32(rows[0], 1, 4);
+    int i, kept = 0;
+    if (xknn_cuda_context_create(0, &cx, &e) != XKNN_SUCCESS) bail("xknn_cuda_context_create: %s", e.message);
+    ok(xknn_cuda_keep_rows(NULL, &m, 0, &e) == XKNN_ERROR_INVALID_ARGUMENT && e.message[0],
+       "keep_rows: no context is INVALID_ARGUMENT (%s)", e.message);
+    m.dtype = XKNN_DTYPE_F16;
+    ok(xknn_cuda_keep_rows(cx, &m, 0, &e) == XKNN_ERROR_INVALID_ARGUMENT && e.message[0],
+       "keep_rows: f16 rows are INVALID_ARGUMENT (%s)", e.message);
+    m.dtype = XKNN_DTYPE_F32;
+    for (i = 0; i < 9; i++) {
+        m.data = rows[i];
+        if (xknn_cuda_keep_rows(cx, &m, i & 1, &e) == XKNN_SUCCESS) kept++;
+    }
+    xknn_cuda_forget_rows(cx, rows[3]);
+    m.data = rows[8];
+    ok(kept == 8 && xknn_cuda_keep_rows(cx, &m, 1, &e) == XKNN_SUCCESS,
+       "keep_rows: 8 blocks a context, a ninth once one is forgotten (%d kept)", kept);
+    xknn_cuda_context_destroy(cx);
+}
+
 int main(void)
 {
     int i;
     if (!xknn_backend_built(XKNN_BACKEND_CUDA) || xknn_cuda_device_count() == 0) skip_all("no CUDA device");
     const char *only = getenv("XKNN_CUDA_TEST_ONLY");
     quick = getenv("XKNN_CUDA_TEST_QUICK") ? atoi(getenv("XKNN_CUDA_TEST_QUICK")) : 0;
-    plan(3 * NCASES + 2 * NPCASES);
+    plan(3 * NCASES + 2 * NPCASES + 3);
+    run_keep_errors();
     for (i = 0; i < NCASES; i++) {
         if (only && *only && !strstr(cases[i].what, only))
             skip(3, "%s: not selected by XKNN_CUDA_TEST_ONLY", cases[i].what);

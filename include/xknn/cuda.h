@@ -143,8 +143,10 @@ struct CUstream_st; /* = cudaStream_t's pointee; NULL means the legacy default s
  * memory of its largest call in that pool until the context is destroyed, so repeated
  * calls allocate nothing), a pinned staging ring (two 4 MiB host buffers and a copy
  * stream, made by the first host-array search: every path's results, and the inputs
- * of the tensor-core and fused paths, go through it), and a cuBLAS handle created by
- * the first GEMM-path search. */
+ * of the tensor-core and fused paths, go through it), a pinned buffer for the results
+ * of xknn_search_pair (made by its first call, kept until the context is destroyed),
+ * the blocks of rows it keeps on the device (xknn_cuda_keep_rows), and a cuBLAS handle
+ * created by the first GEMM-path search. */
 typedef struct xknn_cuda_context xknn_cuda_context;
 
 /*
@@ -159,6 +161,26 @@ XKNN_API void xknn_cuda_context_destroy(xknn_cuda_context *ctx);
 
 /* Device ordinal of a context (-1 for NULL). */
 XKNN_API int xknn_cuda_context_device(const xknn_cuda_context *ctx);
+
+/*
+ * Keeps a device copy of host rows (f32, rows->rows x rows->cols, stride ld) for the
+ * host-array calls on this context: a later xknn_search_pair or self-join whose rows lie
+ * inside them (the same stride) reads the copy instead of uploading, so a caller that
+ * runs many pairs over the same blocks (a distributed self-join) moves each row to the
+ * device once. The copy is allocated now (it counts against later calls' device memory
+ * budget); upload_now = 0 uploads each 32 MiB chunk when a call first reads it,
+ * upload_now = 1 uploads all now, on a stream of the context's own (another thread may
+ * run a call on the context meanwhile). The caller must not change the rows while they
+ * are kept, nor forget them during a call that reads them. At most 8 blocks a context.
+ * Not collective. Errors: INVALID_ARGUMENT, OUT_OF_MEMORY (host or device), DEVICE,
+ * NOT_BUILT.
+ */
+XKNN_API xknn_status xknn_cuda_keep_rows(xknn_cuda_context *ctx, const xknn_matrix *rows, int upload_now,
+                                         xknn_error *err);
+
+/* Ends xknn_cuda_keep_rows for the block whose first row is data (frees its device
+ * copy; nothing for rows not kept). xknn_cuda_context_destroy frees what is still kept. */
+XKNN_API void xknn_cuda_forget_rows(xknn_cuda_context *ctx, const void *data);
 
 /* The candidate path (XKNN_CUDA_PATH_FP32, _TF32 or _FUSED) that params->cuda_path selects
  * for these sizes (params NULL: defaults). Touches no device; a fused choice still falls

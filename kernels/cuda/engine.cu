@@ -85,6 +85,7 @@
 #include <float.h>
 #include <limits.h>
 #include <math.h>
+#include <pthread.h>
 #include <chrono>
 #include <stdarg.h>
 #include <stdio.h>
@@ -122,6 +123,25 @@ struct xknn_cuda_context {
     size_t smem_optin;
     size_t global_mem;
     char name[256];
+    /* kept rows (xknn_cuda_keep_rows): device copies of host rows that outlive a call;
+     * the table is guarded by kept_lock (a caller may keep rows from one thread while
+     * another runs a call on the context) */
+    pthread_mutex_t kept_lock;
+    struct xknn_cuda_kept *kept[8];
+    cudaStream_t keep_stream; /* the eager uploads' own stream */
+    /* the pair's results on the host: pinned, kept between calls (grown as needed) */
+    void *pair_out;
+    size_t pair_out_bytes;
+};
+
+/* One kept block of host rows: rows x row_bytes packed on the device, uploaded a chunk of
+ * `chunk` rows at a time when a call first reads it (valid[c]), or at once. */
+struct xknn_cuda_kept {
+    const char *host;
+    int64_t rows, chunk;
+    size_t row_bytes, ld_bytes;
+    char *dev;
+    unsigned char *valid;
 };
 
 namespace {
@@ -1434,6 +1454,86 @@ xknn_status stage_rows(xknn_cuda_context *ctx, float *dev, const float *host, in
                        (size_t)ld * sizeof(float), threads, piece, er);
 }
 
+/* A kept block's memory (NULL is fine); its device memory is freed once the device is
+ * done with it (cudaFree waits). */
+void kept_free(xknn_cuda_kept *kp)
+{
+    if (!kp) return;
+    if (kp->dev) cudaFree(kp->dev);
+    free(kp->valid);
+    free(kp);
+}
+
+/* Rows [host, host + rows) (row_bytes each, stride ld_bytes) on the device from a kept
+ * copy (xknn_cuda_keep_rows) holding them, its chunks not uploaded yet staged first (the
+ * copies ordered before later work on s); NULL where no kept copy holds them (or *st set
+ * on a device error). The caller must not forget the copy during the call. */
+const char *kept_rows(xknn_cuda_context *ctx, const void *host, int64_t rows, size_t row_bytes, size_t ld_bytes,
+                      cudaStream_t s, int threads, int *piece, Err er, xknn_status *st)
+{
+    const char *h = (const char *)host;
+    xknn_cuda_kept *kp = NULL;
+    int64_t r0 = 0;
+    int staged = 0;
+    *st = XKNN_SUCCESS;
+    if (!ctx || rows <= 0) return NULL;
+    pthread_mutex_lock(&ctx->kept_lock);
+    for (int i = 0; i < 8 && !kp; ++i) {
+        xknn_cuda_kept *c = ctx->kept[i];
+        if (!c || c->row_bytes != row_bytes || c->ld_bytes != ld_bytes || h < c->host) continue;
+        const size_t off = (size_t)(h - c->host);
+        if (off % ld_bytes || (int64_t)(off / ld_bytes) + rows > c->rows) continue;
+        kp = c;
+        r0 = (int64_t)(off / ld_bytes);
+    }
+    pthread_mutex_unlock(&ctx->kept_lock);
+    if (!kp) return NULL;
+    {
+        /* (the staging ring: for the chunks not uploaded yet, and for the caller's
+         * results, which skip its own upload) */
+        const cudaError_t e = stage_make(ctx);
+        if (e != cudaSuccess) {
+            *st = failf(er, XKNN_ERROR_DEVICE, "cuda backend: %s (staging for kept rows)", cudaGetErrorString(e));
+            return NULL;
+        }
+    }
+    for (int64_t c = r0 / kp->chunk; c <= (r0 + rows - 1) / kp->chunk; ++c) {
+        if (kp->valid[c]) continue;
+        const int64_t c0 = c * kp->chunk, nr = min64(kp->chunk, kp->rows - c0);
+        *st = stage_bytes(ctx, kp->dev + c0 * (int64_t)row_bytes, kp->host + c0 * (int64_t)ld_bytes, nr, row_bytes,
+                          ld_bytes, threads, piece, er);
+        if (*st != XKNN_SUCCESS) return NULL;
+        kp->valid[c] = 1;
+        staged = 1;
+    }
+    if (staged) {
+        const cudaError_t e = cudaStreamWaitEvent(s, ctx->stage_done[(*piece - 1) & 1], 0);
+        if (e != cudaSuccess) {
+            *st = failf(er, XKNN_ERROR_DEVICE, "cuda backend: %s (kept rows)", cudaGetErrorString(e));
+            return NULL;
+        }
+    }
+    return kp->dev + r0 * (int64_t)row_bytes;
+}
+
+/* The context's pinned host buffer of at least `bytes` for a pair's results (grown,
+ * never shrunk, freed with the context); NULL where pinned memory cannot be had (the
+ * caller falls back to pageable memory). */
+void *pair_out_buffer(xknn_cuda_context *ctx, size_t bytes)
+{
+    if (ctx->pair_out_bytes >= bytes) return ctx->pair_out;
+    if (ctx->pair_out) cudaFreeHost(ctx->pair_out);
+    ctx->pair_out = NULL;
+    ctx->pair_out_bytes = 0;
+    if (cudaHostAlloc(&ctx->pair_out, bytes, cudaHostAllocDefault) != cudaSuccess) {
+        (void)cudaGetLastError();
+        ctx->pair_out = NULL;
+        return NULL;
+    }
+    ctx->pair_out_bytes = bytes;
+    return ctx->pair_out;
+}
+
 /* Results out: ids (and dist when dist_host is not NULL) from the device to the host
  * once the work enqueued on s before the call is done; returns when the host has every
  * byte. staged (a caller's context, stage_make done): pieces move by DMA into the
@@ -2201,7 +2301,12 @@ xknn_status host_sym(const xknn__job *job, xknn_cuda_context *ctx, int staged, s
     /* two output buffers where the blocks' results go out on the copy stream while the
      * next block is re-ranked (staged, more than one block) */
     const int pipe = staged && n > block;
-    e = hb.alloc((void **)&hb.dR, (size_t)n * row_bytes);
+    /* rows the caller keeps on the device (xknn_cuda_keep_rows) are read there */
+    const float *dR = staged ? (const float *)kept_rows(ctx, job->ref, n, row_bytes, (size_t)job->ldr * sizeof(float),
+                                                        sc, prm->num_threads, &piece, er, &st)
+                             : NULL;
+    if (st != XKNN_SUCCESS) return st;
+    e = dR ? cudaSuccess : hb.alloc((void **)&hb.dR, (size_t)n * row_bytes);
     if (e == cudaSuccess) e = hb.alloc(&hb.dWs, plan.bytes);
     if (e == cudaSuccess) e = hb.alloc((void **)&hb.dIds, (pipe ? 2 : 1) * (size_t)block * k * sizeof(int64_t));
     if (e == cudaSuccess && job->dist)
@@ -2242,7 +2347,9 @@ xknn_status host_sym(const xknn__job *job, xknn_cuda_context *ctx, int staged, s
         fprintf(stderr, "xknn: cuda: self-join: symmetric (triangle of tiles, pass B feeds rows and columns%s)\n",
                 hb.dSort ? "; rows sorted by threshold" : "");
     }
-    if (staged) {
+    if (dR) {
+        /* (kept rows: on the device already) */
+    } else if (staged) {
         XKNN__CUDA_CHECK(stage_make(ctx));
         XKNN__TRY(stage_rows(ctx, hb.dR, job->ref, n, d, job->ldr, prm->num_threads, &piece, er));
         XKNN__CUDA_CHECK(cudaStreamWaitEvent(sc, ctx->stage_done[(piece - 1) & 1], 0));
@@ -2250,6 +2357,7 @@ xknn_status host_sym(const xknn__job *job, xknn_cuda_context *ctx, int staged, s
         XKNN__CUDA_CHECK(cudaMemcpy2DAsync(hb.dR, row_bytes, job->ref, (size_t)job->ldr * sizeof(float), row_bytes,
                                            (size_t)n, cudaMemcpyHostToDevice, sc));
     }
+    if (!dR) dR = hb.dR;
     if (prm->verbose) { /* upload time on its own (verbose runs only) */
         XKNN__CUDA_CHECK(cudaStreamSynchronize(sc));
         h_up = wall_seconds();
@@ -2260,15 +2368,15 @@ xknn_status host_sym(const xknn__job *job, xknn_cuda_context *ctx, int staged, s
     {
         /* the tensor cores' operand: the rows, or their unit-length (cosine, mma_bounds)
          * or centred (l2, plan_bounds) copies; rescue and resolve read the rows themselves */
-        const float *X = hb.dR;
+        const float *X = dR;
         float *xh = (float *)((char *)run.stats + plan.off_rhat);
         if (plan.kind == kCanonCosine) {
-            XKNN__CUDA_CHECK(launch_unit_rows(hb.dR, d, n, d, xh, plan.dh, sc));
+            XKNN__CUDA_CHECK(launch_unit_rows(dR, d, n, d, xh, plan.dh, sc));
             X = xh;
         } else if (plan.center) {
             float *mu = (float *)((char *)run.stats + plan.off_mu);
-            XKNN__CUDA_CHECK(launch_mean_rows(hb.dR, d, n, d, mu, sc));
-            XKNN__CUDA_CHECK(launch_center_rows(hb.dR, d, n, d, mu, xh, plan.dh, run.rn, sc));
+            XKNN__CUDA_CHECK(launch_mean_rows(dR, d, n, d, mu, sc));
+            XKNN__CUDA_CHECK(launch_center_rows(dR, d, n, d, mu, xh, plan.dh, run.rn, sc));
             X = xh;
         }
         if (!plan.center) XKNN__CUDA_CHECK(launch_sqnorms(X, ldx, n, d, run.rn, sc));
@@ -2313,7 +2421,7 @@ xknn_status host_sym(const xknn__job *job, xknn_cuda_context *ctx, int staged, s
     }
     if (unsorted) XKNN__CUDA_CHECK(launch_mma_pass(mp, 2, ctx->sms, plan.wgmma ? (int)ctx->smem_optin : 0, sc));
     if (ev[2]) XKNN__CUDA_CHECK(cudaEventRecord(ev[2], sc));
-    mp.Q = mp.R = hb.dR;
+    mp.Q = mp.R = dR;
     mp.ldq = mp.ldr = d;
     XKNN__CUDA_CHECK(launch_mma_rescue(mp, (int)plan.kk, plan.kind, ctx->sms, sc));
     if (pipe)
@@ -2325,7 +2433,7 @@ xknn_status host_sym(const xknn__job *job, xknn_cuda_context *ctx, int staged, s
         rb.tau = run.tau + q0;
         rb.cnt = run.cnt + q0;
         rb.cand = run.cand + q0 * plan.cap;
-        XKNN__CUDA_CHECK(launch_resolve(resolve_params(rb, hb.dR + q0 * d, d, hb.dR, d, 0), (int)qs, sc));
+        XKNN__CUDA_CHECK(launch_resolve(resolve_params(rb, dR + q0 * d, d, dR, d, 0), (int)qs, sc));
         XKNN__TRY(block_finish(rb, qs, hb.dIds + o, hb.dDist ? hb.dDist + o : NULL, prm->ref_id_offset, er));
         if (!pipe) {
             XKNN__TRY(results_out(ctx, staged, job->ids + q0 * k, hb.dIds, job->dist ? job->dist + q0 * k : NULL,
@@ -2598,7 +2706,8 @@ xknn_status host_pair(const xknn__job *job, xknn_cuda_context *ctx, int staged, 
     int64_t *tids = NULL;
     float *tdist = NULL;
     float *kth = NULL; /* the sides' k-th list values (A's, then B's), where full */
-    int full_a = 0, full_b = 0;
+    int full_a = 0, full_b = 0, pinned_out = 0;
+    const float *dA = NULL, *dB = NULL; /* A's and B's rows on the device: kept copies, or hb.dR, hb.dQ */
     cudaStream_t sc = ctx->stream;
     const char *why = plan_pair(ctx, job, na, nb, budget, &plan, &wa, &wb, &block);
     cudaEvent_t ev[4] = {NULL, NULL, NULL, NULL}; /* -v: phase times */
@@ -2616,15 +2725,37 @@ xknn_status host_pair(const xknn__job *job, xknn_cuda_context *ctx, int staged, 
                          (long long)nb, why);
         return XKNN_SUCCESS;
     }
-    XKNN__TRY(host_lists(2 * block, k, &tids, &tdist, er)); /* two blocks: pair_out's double buffer */
+    /* two blocks: pair_out's double buffer; with a caller's context its pinned buffer,
+     * which the device fills by DMA and which outlives the call (no staging copy, no
+     * fresh pages a pair) */
+    {
+        const size_t tb = (size_t)(2 * block * k) * (sizeof(int64_t) + sizeof(float));
+        char *pin = staged ? (char *)pair_out_buffer(ctx, tb) : NULL;
+        if (pin) {
+            tids = (int64_t *)pin;
+            tdist = (float *)(pin + (size_t)(2 * block * k) * sizeof(int64_t));
+            pinned_out = 1;
+        } else {
+            XKNN__TRY(host_lists(2 * block, k, &tids, &tdist, er));
+        }
+    }
     kth = (float *)malloc((size_t)(na + nb) * sizeof(float) + 1); /* (none: both sides run pass A) */
     full_a = lists_kth(prm, a, k, kth);
     full_b = lists_kth(prm, b, k, kth ? kth + na : NULL);
     hb.pool = ctx->pool;
     hb.s = sc;
+    if (staged) {
+        /* rows the caller keeps on the device (xknn_cuda_keep_rows) are read there */
+        dA = (const float *)kept_rows(ctx, a->data, na, row_bytes, (size_t)a->ld * sizeof(float), sc,
+                                      prm->num_threads, &piece, er, &st);
+        if (st == XKNN_SUCCESS)
+            dB = (const float *)kept_rows(ctx, b->data, nb, row_bytes, (size_t)b->ld * sizeof(float), sc,
+                                          prm->num_threads, &piece, er, &st);
+        if (st != XKNN_SUCCESS) goto cleanup;
+    }
     {
-        cudaError_t e = hb.alloc((void **)&hb.dR, (size_t)na * row_bytes);
-        if (e == cudaSuccess) e = hb.alloc((void **)&hb.dQ, (size_t)nb * row_bytes);
+        cudaError_t e = dA ? cudaSuccess : hb.alloc((void **)&hb.dR, (size_t)na * row_bytes);
+        if (e == cudaSuccess && !dB) e = hb.alloc((void **)&hb.dQ, (size_t)nb * row_bytes);
         if (e == cudaSuccess) e = hb.alloc(&hb.dWs, plan.bytes);
         if (e == cudaSuccess) e = hb.alloc((void **)&hb.dIds, (size_t)(2 * block) * k * sizeof(int64_t));
         if (e == cudaSuccess) e = hb.alloc((void **)&hb.dDist, (size_t)(2 * block) * k * sizeof(float));
@@ -2649,17 +2780,19 @@ xknn_status host_pair(const xknn__job *job, xknn_cuda_context *ctx, int staged, 
             fprintf(stderr, "xknn: cuda: pair %lld x %lld: witnesses: %lld of B, %lld of A\n", (long long)na,
                     (long long)nb, full_a ? 0LL : (long long)wa, full_b ? 0LL : (long long)wb);
     }
-    if (staged) {
+    if (staged && (!dA || !dB)) {
         XKNN__CUDA_CHECK(stage_make(ctx));
-        XKNN__TRY(stage_rows(ctx, hb.dR, (const float *)a->data, na, d, a->ld, prm->num_threads, &piece, er));
-        XKNN__TRY(stage_rows(ctx, hb.dQ, (const float *)b->data, nb, d, b->ld, prm->num_threads, &piece, er));
+        if (!dA) XKNN__TRY(stage_rows(ctx, hb.dR, (const float *)a->data, na, d, a->ld, prm->num_threads, &piece, er));
+        if (!dB) XKNN__TRY(stage_rows(ctx, hb.dQ, (const float *)b->data, nb, d, b->ld, prm->num_threads, &piece, er));
         XKNN__CUDA_CHECK(cudaStreamWaitEvent(sc, ctx->stage_done[(piece - 1) & 1], 0));
-    } else {
+    } else if (!staged) {
         XKNN__CUDA_CHECK(cudaMemcpy2DAsync(hb.dR, row_bytes, a->data, (size_t)a->ld * sizeof(float), row_bytes,
                                            (size_t)na, cudaMemcpyHostToDevice, sc));
         XKNN__CUDA_CHECK(cudaMemcpy2DAsync(hb.dQ, row_bytes, b->data, (size_t)b->ld * sizeof(float), row_bytes,
                                            (size_t)nb, cudaMemcpyHostToDevice, sc));
     }
+    if (!dA) dA = hb.dR;
+    if (!dB) dB = hb.dQ;
     if (prm->verbose) { /* upload time on its own (verbose runs only) */
         XKNN__CUDA_CHECK(cudaStreamSynchronize(sc));
         h_up = wall_seconds();
@@ -2674,21 +2807,21 @@ xknn_status host_pair(const xknn__job *job, xknn_cuda_context *ctx, int staged, 
     {
         /* the tensor cores' operands (cosine: unit rows, A's then B's) and their norms:
          * A's at qn[0, na), B's at qn[b0, b0 + nb) */
-        const float *XA = hb.dR, *XB = hb.dQ;
+        const float *XA = dA, *XB = dB;
         int64_t ldx = d;
         const int sms = ctx->sms, wg = plan.wgmma ? (int)ctx->smem_optin : 0;
         if (plan.kind == kCanonCosine) {
             float *xh = hb.dChunk[0];
-            XKNN__CUDA_CHECK(launch_unit_rows(hb.dR, d, na, d, xh, plan.dh, sc));
-            XKNN__CUDA_CHECK(launch_unit_rows(hb.dQ, d, nb, d, xh + na * plan.dh, plan.dh, sc));
+            XKNN__CUDA_CHECK(launch_unit_rows(dA, d, na, d, xh, plan.dh, sc));
+            XKNN__CUDA_CHECK(launch_unit_rows(dB, d, nb, d, xh + na * plan.dh, plan.dh, sc));
             XA = xh;
             XB = xh + na * plan.dh;
             ldx = plan.dh;
         } else if (plan.center) { /* both sets on one mu (any mu serves, the same for both) */
             float *xh = hb.dChunk[0], *mu = (float *)((char *)run.stats + plan.off_mu);
-            XKNN__CUDA_CHECK(launch_mean_rows(hb.dR, d, na, d, mu, sc));
-            XKNN__CUDA_CHECK(launch_center_rows(hb.dR, d, na, d, mu, xh, plan.dh, run.qn, sc));
-            XKNN__CUDA_CHECK(launch_center_rows(hb.dQ, d, nb, d, mu, xh + na * plan.dh, plan.dh, run.qn + b0, sc));
+            XKNN__CUDA_CHECK(launch_mean_rows(dA, d, na, d, mu, sc));
+            XKNN__CUDA_CHECK(launch_center_rows(dA, d, na, d, mu, xh, plan.dh, run.qn, sc));
+            XKNN__CUDA_CHECK(launch_center_rows(dB, d, nb, d, mu, xh + na * plan.dh, plan.dh, run.qn + b0, sc));
             XA = xh;
             XB = xh + na * plan.dh;
             ldx = plan.dh;
@@ -2739,8 +2872,8 @@ xknn_status host_pair(const xknn__job *job, xknn_cuda_context *ctx, int staged, 
         if (ev[2]) XKNN__CUDA_CHECK(cudaEventRecord(ev[2], sc));
         /* overflowed buffers re-run exactly, per side, on the rows themselves (ma.n is
          * nb already) */
-        ma.Q = mb.R = hb.dR;
-        ma.R = mb.Q = hb.dQ;
+        ma.Q = mb.R = dA;
+        ma.R = mb.Q = dB;
         ma.ldq = ma.ldr = mb.ldq = mb.ldr = d;
         mb.n = na;
         XKNN__CUDA_CHECK(launch_mma_rescue(ma, (int)plan.kk, plan.kind, sms, sc));
@@ -2752,12 +2885,13 @@ xknn_status host_pair(const xknn__job *job, xknn_cuda_context *ctx, int staged, 
         }
     }
     {
-        const PairSide sides[2] = {{0, na, b->id0, hb.dR, hb.dQ, a}, {b0, nb, a->id0, hb.dQ, hb.dR, b}};
+        const PairSide sides[2] = {{0, na, b->id0, dA, dB, a}, {b0, nb, a->id0, dB, dA, b}};
         int64_t *const di[2] = {hb.dIds, hb.dIds + block * k};
         float *const dd[2] = {hb.dDist, hb.dDist + block * k};
         int64_t *const ti[2] = {tids, tids + block * k};
         float *const td[2] = {tdist, tdist + block * k};
-        XKNN__TRY(pair_out(ctx, run, sides, 2, block, di, dd, ti, td, staged, prm->num_threads, &piece, er));
+        XKNN__TRY(pair_out(ctx, run, sides, 2, block, di, dd, ti, td, staged && !pinned_out, prm->num_threads, &piece,
+                           er));
     }
     h_a = wall_seconds();
     XKNN__CUDA_CHECK(cudaMemcpyAsync(stats, run.stats, sizeof stats, cudaMemcpyDeviceToHost, sc));
@@ -2783,8 +2917,10 @@ cleanup:
     hb.release();
     (void)cudaStreamSynchronize(sc);
     free(kth);
-    free(tdist);
-    free(tids);
+    if (!pinned_out) {
+        free(tdist);
+        free(tids);
+    }
     return st;
 }
 
@@ -2908,15 +3044,34 @@ xknn_status host_sym_blocked(const xknn__job *job, xknn_cuda_context *ctx, int s
     const int ip = job->params.metric == XKNN_METRIC_IP;
     xknn_status st = XKNN_SUCCESS;
     float *dist = job->dist ? job->dist : (float *)malloc((size_t)(n * k) * sizeof(float));
+    const void *kept = NULL;
     xknn__sym_side a;
     if (!dist)
         return failf(er, XKNN_ERROR_OUT_OF_MEMORY, "cuda backend: out of host memory for %lld x %lld distances",
                      (long long)n, (long long)k);
     xknn__lists_pad(job->ids, dist, n * k, ip);
     a = xknn__job_side(job, dist);
+    {
+        /* Every part reads its rows from one device copy of the set (each row uploaded
+         * once, by the first part that reads it), where it takes at most an eighth of the
+         * budget (a caller's context; XKNN_CUDA_KEEP=0, a diagnostic, uploads each part's
+         * rows as it runs) */
+        const char *env = getenv("XKNN_CUDA_KEEP");
+        const size_t bytes = (size_t)n * (size_t)job->d * sizeof(float);
+        if (staged && !(env && *env == '0') && bytes <= budget / 8) {
+            const xknn_matrix m = {job->ref, n, job->d, job->ldr, XKNN_DTYPE_F32};
+            xknn_error ke;
+            if (xknn_cuda_keep_rows(ctx, &m, 0, &ke) == XKNN_SUCCESS) {
+                kept = job->ref;
+                budget -= bytes;
+            }
+        }
+    }
     if (job->params.verbose)
-        fprintf(stderr, "xknn: cuda: self-join: symmetric in blocks (triangles and rectangles of halves)\n");
+        fprintf(stderr, "xknn: cuda: self-join: symmetric in blocks (triangles and rectangles of halves%s)\n",
+                kept ? "; the rows kept on the device" : "");
     st = pair_split(job, ctx, staged, budget, &a, NULL, er);
+    if (kept) xknn_cuda_forget_rows(ctx, kept);
     if (dist != job->dist) free(dist);
     return st;
 }
@@ -3292,6 +3447,7 @@ xknn_status xknn_cuda_context_create(int device, xknn_cuda_context **out, xknn_e
         goto cleanup;
     }
     c->device = device;
+    pthread_mutex_init(&c->kept_lock, NULL);
     XKNN__CUDA_CHECK(scope.enter(device));
     XKNN__CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
     XKNN__CUDA_CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, device));
@@ -3324,6 +3480,7 @@ cleanup:
     if (c) {
         if (c->pool) cudaMemPoolDestroy(c->pool);
         if (c->stream) cudaStreamDestroy(c->stream);
+        pthread_mutex_destroy(&c->kept_lock);
         free(c);
     }
     return finish_err(err, st);
@@ -3334,6 +3491,9 @@ void xknn_cuda_context_destroy(xknn_cuda_context *ctx)
     if (!ctx) return;
     DeviceScope scope;
     if (scope.enter(ctx->device) == cudaSuccess) {
+        for (int i = 0; i < 8; ++i) kept_free(ctx->kept[i]);
+        if (ctx->keep_stream) cudaStreamDestroy(ctx->keep_stream);
+        if (ctx->pair_out) cudaFreeHost(ctx->pair_out);
         for (int b = 1; b >= 0; --b) {
             if (ctx->stage_done[b]) cudaEventDestroy(ctx->stage_done[b]);
             if (ctx->stage[b]) cudaFreeHost(ctx->stage[b]);
@@ -3343,10 +3503,98 @@ void xknn_cuda_context_destroy(xknn_cuda_context *ctx)
         if (ctx->pool) cudaMemPoolDestroy(ctx->pool);
         if (ctx->stream) cudaStreamDestroy(ctx->stream);
     }
+    pthread_mutex_destroy(&ctx->kept_lock);
     free(ctx);
 }
 
 int xknn_cuda_context_device(const xknn_cuda_context *ctx) { return ctx ? ctx->device : -1; }
+
+xknn_status xknn_cuda_keep_rows(xknn_cuda_context *ctx, const xknn_matrix *rows, int upload_now, xknn_error *err)
+{
+    Err er = err_of(err);
+    xknn_status st = XKNN_SUCCESS;
+    xknn_cuda_kept *kp = NULL;
+    DeviceScope scope;
+    int slot = -1;
+    if (!ctx || !rows || !rows->data || rows->rows <= 0 || rows->cols <= 0)
+        return finish_err(err, failf(er, XKNN_ERROR_INVALID_ARGUMENT,
+                                     "xknn_cuda_keep_rows: a context and a matrix of at least one row are needed"));
+    if (rows->dtype != XKNN_DTYPE_F32)
+        return finish_err(err, failf(er, XKNN_ERROR_INVALID_ARGUMENT, "xknn_cuda_keep_rows: f32 rows only"));
+    const size_t row_bytes = (size_t)rows->cols * sizeof(float);
+    const size_t ld_bytes = (size_t)(rows->ld ? rows->ld : rows->cols) * sizeof(float);
+    if (ld_bytes < row_bytes)
+        return finish_err(err, failf(er, XKNN_ERROR_INVALID_ARGUMENT, "xknn_cuda_keep_rows: ld %lld < cols %lld",
+                                     (long long)rows->ld, (long long)rows->cols));
+    XKNN__CUDA_CHECK(scope.enter(ctx->device));
+    kp = (xknn_cuda_kept *)calloc(1, sizeof *kp);
+    if (kp) {
+        kp->host = (const char *)rows->data;
+        kp->rows = rows->rows;
+        kp->row_bytes = row_bytes;
+        kp->ld_bytes = ld_bytes;
+        /* chunks of about 32 MiB: a call uploads the ones it reads */
+        kp->chunk = max64(1, ((int64_t)32 << 20) / (int64_t)row_bytes);
+        kp->valid = (unsigned char *)calloc((size_t)ceil_div(kp->rows, kp->chunk), 1);
+    }
+    if (!kp || !kp->valid) {
+        st = failf(er, XKNN_ERROR_OUT_OF_MEMORY, "xknn_cuda_keep_rows: out of host memory");
+        goto cleanup;
+    }
+    {
+        const cudaError_t e = cudaMalloc((void **)&kp->dev, (size_t)kp->rows * row_bytes);
+        if (e != cudaSuccess) {
+            (void)cudaGetLastError();
+            kp->dev = NULL;
+            st = failf(er, e == cudaErrorMemoryAllocation ? XKNN_ERROR_OUT_OF_MEMORY : XKNN_ERROR_DEVICE,
+                       "xknn_cuda_keep_rows: %lld rows (%.1f MiB) on device %d: %s", (long long)kp->rows,
+                       (double)kp->rows * (double)row_bytes / 1048576.0, ctx->device, cudaGetErrorString(e));
+            goto cleanup;
+        }
+    }
+    if (upload_now) {
+        /* on a stream of its own: another thread may run a call on the context meanwhile */
+        pthread_mutex_lock(&ctx->kept_lock);
+        cudaError_t e = ctx->keep_stream ? cudaSuccess : cudaStreamCreateWithFlags(&ctx->keep_stream, cudaStreamNonBlocking);
+        const cudaStream_t ks = ctx->keep_stream;
+        pthread_mutex_unlock(&ctx->kept_lock);
+        if (e == cudaSuccess)
+            e = cudaMemcpy2DAsync(kp->dev, row_bytes, kp->host, ld_bytes, row_bytes, (size_t)kp->rows,
+                                  cudaMemcpyHostToDevice, ks);
+        if (e == cudaSuccess) e = cudaStreamSynchronize(ks);
+        XKNN__CUDA_CHECK(e);
+        memset(kp->valid, 1, (size_t)ceil_div(kp->rows, kp->chunk));
+    }
+    pthread_mutex_lock(&ctx->kept_lock);
+    for (int i = 0; i < 8 && slot < 0; ++i)
+        if (!ctx->kept[i]) slot = i;
+    if (slot >= 0) ctx->kept[slot] = kp;
+    pthread_mutex_unlock(&ctx->kept_lock);
+    if (slot < 0) {
+        st = failf(er, XKNN_ERROR_INVALID_ARGUMENT, "xknn_cuda_keep_rows: the context keeps 8 blocks of rows already");
+        goto cleanup;
+    }
+    kp = NULL;
+cleanup:
+    kept_free(kp);
+    return finish_err(err, st);
+}
+
+void xknn_cuda_forget_rows(xknn_cuda_context *ctx, const void *data)
+{
+    xknn_cuda_kept *kp = NULL;
+    if (!ctx || !data) return;
+    pthread_mutex_lock(&ctx->kept_lock);
+    for (int i = 0; i < 8 && !kp; ++i)
+        if (ctx->kept[i] && ctx->kept[i]->host == (const char *)data) {
+            kp = ctx->kept[i];
+            ctx->kept[i] = NULL;
+        }
+    pthread_mutex_unlock(&ctx->kept_lock);
+    if (!kp) return;
+    DeviceScope scope;
+    if (scope.enter(ctx->device) == cudaSuccess) kept_free(kp);
+}
 
 int xknn_cuda_path_for(const xknn_params *params, int64_t n, int64_t nq, int64_t d, int64_t k)
 {

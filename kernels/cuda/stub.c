@@ -50,6 +50,20 @@ int xknn_cuda_context_device(const xknn_cuda_context *ctx)
     return -1;
 }
 
+xknn_status xknn_cuda_keep_rows(xknn_cuda_context *ctx, const xknn_matrix *rows, int upload_now, xknn_error *err)
+{
+    (void)ctx;
+    (void)rows;
+    (void)upload_now;
+    return xknn__cuda_not_built(err);
+}
+
+void xknn_cuda_forget_rows(xknn_cuda_context *ctx, const void *data)
+{
+    (void)ctx;
+    (void)data;
+}
+
 int xknn_cuda_path_for(const xknn_params *params, int64_t n, int64_t nq, int64_t d, int64_t k)
 {
     (void)params;
