@@ -64,6 +64,10 @@ static const scase cases[] = {
      * copy (strided rows: the copy is packed) */
     {"200 MiB budget: blocked triangle, caller's context, ld = d + 3", DATA_INTEGER, 20000, 16, 8, 0, 3, 0,
      (size_t)200 << 20, 1, 1, 0},
+    /* 2 MiB with a caller's context: the lists on the device, the CPU parts' lists to the
+     * host and back */
+    {"2 MiB budget: blocked, small parts on the CPU, caller's context", DATA_UNIFORM, 4000, 32, 5, 0, 0, 0,
+     (size_t)2 << 20, 0, 1, 0},
     /* 1 MiB: halves down to parts too small for the kernels, which run on the CPU */
     {"1 MiB budget: blocked, small parts on the CPU", DATA_UNIFORM, 4000, 32, 5, 0, 0, 0, (size_t)1 << 20, 0, 0, 0},
     /* more points than a state block (32768) with a caller's context: the results of
@@ -112,6 +116,10 @@ static const pcase pcases[] = {
     /* slices too small for the kernels: the CPU pair (no REQUIRE) */
     {"pair: small slices on the CPU", DATA_INTEGER, 900, 8, 6, 0, 0, 0, 0, 3, {0, 250, 600, 900}, 0, 0, 0},
     {"pair: caller's context, ties", DATA_INTEGER, 6000, 16, 8, 0, 0, 0, 1, 3, {0, 1900, 4000, 6000}, 1, 0, 0},
+    /* with a caller's context the lists stay on the device between the parts of a call;
+     * a part on the CPU takes its rows' lists to the host and back */
+    {"pair: small slices on the CPU, caller's context", DATA_INTEGER, 900, 8, 6, 0, 0, 0, 0, 3, {0, 250, 600, 900}, 1, 0,
+     0},
     /* later pairs find full running lists on a side (l2): its thresholds come from them,
      * with duplicates whose copies tie the lists' k-th values across slices */
     {"pair: duplicates, 3 slices (thresholds from full lists)", DATA_DUPLICATES, 7200, 16, 9, 0, 1000000, 0, 1, 3,

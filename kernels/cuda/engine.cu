@@ -132,6 +132,14 @@ struct xknn_cuda_context {
     /* the pair's results on the host: pinned, kept between calls (grown as needed) */
     void *pair_out;
     size_t pair_out_bytes;
+    /* running lists on the device for the parts of one host call (mirror_begin) */
+    struct xknn_cuda_mirror {
+        int64_t *host_ids;
+        float *host_dist;
+        int64_t rows, k;
+        int64_t *ids;
+        float *dist;
+    } mirror[2];
 };
 
 /* One kept block of host rows: rows x row_bytes packed on the device, uploaded a chunk of
@@ -1246,6 +1254,7 @@ struct HostBuffers {
     int64_t *dIds = nullptr;
     void *dWs = nullptr;
     void *dSort = nullptr; /* the symmetric triangle's sorted rows (launch_mma_sym_sort) */
+    int *dFlag = nullptr;  /* a pair's two flags: a side's list thresholds are not all finite */
     /* device buffers come from the context's pool on its stream when it has one */
     cudaMemPool_t pool = nullptr;
     cudaStream_t s = nullptr;
@@ -1275,6 +1284,7 @@ struct HostBuffers {
         /* reverse order of allocation */
         dfree(dSort);
         dSort = nullptr;
+        dfree(dFlag);
         dfree(dWs);
         dfree(dDist);
         dfree(dIds);
@@ -1532,6 +1542,95 @@ void *pair_out_buffer(xknn_cuda_context *ctx, size_t bytes)
     }
     ctx->pair_out_bytes = bytes;
     return ctx->pair_out;
+}
+
+/* ---- running lists on the device for a host call's parts (list mirrors) -------------
+ * xknn_search_pair and the blocked self-join run many parts over the same rows; each part
+ * used to bring its results to the host and merge them into the running lists there, so
+ * the host merged a pair's two sides once a part. A mirror holds a side's lists on the
+ * device for the whole call: the parts merge into it on the device (launch_lists_merge,
+ * the host merge's rules), read their thresholds from it (launch_lists_kth), and the
+ * lists cross to the host once, at the end. A part that runs on the CPU takes its rows'
+ * lists to the host and back (cpu_pair). */
+typedef xknn_cuda_context::xknn_cuda_mirror ListMirror;
+
+xknn_status results_out(xknn_cuda_context *ctx, int staged, int64_t *ids_host, const int64_t *ids_dev,
+                        float *dist_host, const float *dist_dev, size_t count, int threads, cudaStream_t s,
+                        int *piece, Err er);
+
+/* The device lists of rows [ids, ids + rows * k) where a mirror holds them. */
+bool mirror_of(const xknn_cuda_context *ctx, const int64_t *ids, int64_t rows, int64_t k, int64_t **dids,
+               float **ddist)
+{
+    for (int i = 0; i < 2; ++i) {
+        const ListMirror &m = ctx->mirror[i];
+        if (!m.ids || m.k != k || !ids || ids < m.host_ids || rows < 0) continue;
+        const int64_t off = (int64_t)(ids - m.host_ids);
+        if (off % k || off / k + rows > m.rows) continue;
+        *dids = m.ids + off;
+        *ddist = m.dist + off;
+        return true;
+    }
+    return false;
+}
+
+/* Mirrors side s's lists in slot i: uploaded from the host (or, pad = 1, padding made on
+ * the device), where they take at most an eighth of *budget (which then loses them) and
+ * XKNN_CUDA_DEVICE_LISTS is not 0 (a diagnostic: the host merges, the same bytes).
+ * Nothing where the allocation fails: the parts then merge on the host. */
+xknn_status mirror_begin(xknn_cuda_context *ctx, int i, const xknn__sym_side *s, int64_t k, int pad, int ip,
+                         size_t *budget, int threads, Err er)
+{
+    xknn_status st = XKNN_SUCCESS;
+    const char *env = getenv("XKNN_CUDA_DEVICE_LISTS");
+    const size_t cnt = (size_t)(s->rows * k), bytes = cnt * (sizeof(int64_t) + sizeof(float));
+    ListMirror m = {s->ids, s->dist, s->rows, k, NULL, NULL};
+    int piece = 0;
+    if ((env && *env == '0') || s->rows <= 0 || !s->ids || !s->dist || bytes > *budget / 8) return st;
+    if (cudaMalloc((void **)&m.ids, cnt * sizeof(int64_t)) != cudaSuccess ||
+        cudaMalloc((void **)&m.dist, cnt * sizeof(float)) != cudaSuccess) {
+        (void)cudaGetLastError(); /* (the host merges) */
+        goto cleanup;
+    }
+    if (pad) {
+        XKNN__CUDA_CHECK(launch_lists_pad(m.ids, m.dist, (int64_t)cnt, ip, ctx->sms, ctx->stream));
+    } else {
+        XKNN__CUDA_CHECK(stage_make(ctx));
+        XKNN__TRY(stage_bytes(ctx, (char *)m.ids, (const char *)s->ids, s->rows, (size_t)k * sizeof(int64_t),
+                              (size_t)k * sizeof(int64_t), threads, &piece, er));
+        XKNN__TRY(stage_bytes(ctx, (char *)m.dist, (const char *)s->dist, s->rows, (size_t)k * sizeof(float),
+                              (size_t)k * sizeof(float), threads, &piece, er));
+        XKNN__CUDA_CHECK(cudaStreamWaitEvent(ctx->stream, ctx->stage_done[(piece - 1) & 1], 0));
+    }
+    ctx->mirror[i] = m;
+    *budget -= bytes;
+    m.ids = NULL;
+    m.dist = NULL;
+cleanup:
+    if (m.ids || m.dist) (void)cudaStreamSynchronize(ctx->stream);
+    if (m.ids) cudaFree(m.ids);
+    if (m.dist) cudaFree(m.dist);
+    return st;
+}
+
+/* Ends the mirror of slot i (if any): its lists to the host (download) and freed. */
+xknn_status mirror_end(xknn_cuda_context *ctx, int i, int download, int threads, Err er)
+{
+    xknn_status st = XKNN_SUCCESS;
+    const ListMirror m = ctx->mirror[i];
+    int piece = 0;
+    if (!m.ids) return st;
+    memset(&ctx->mirror[i], 0, sizeof ctx->mirror[i]);
+    if (download) {
+        const cudaError_t e = stage_make(ctx);
+        st = e != cudaSuccess ? failf(er, XKNN_ERROR_DEVICE, "cuda backend: %s (lists out)", cudaGetErrorString(e))
+                              : results_out(ctx, 1, m.host_ids, m.ids, m.host_dist, m.dist, (size_t)(m.rows * m.k),
+                                            threads, ctx->stream, &piece, er);
+    }
+    (void)cudaStreamSynchronize(ctx->stream);
+    cudaFree(m.ids);
+    cudaFree(m.dist);
+    return st;
 }
 
 /* Results out: ids (and dist when dist_host is not NULL) from the device to the host
@@ -2249,7 +2348,7 @@ static const char *plan_sym(const xknn_cuda_context *ctx, const xknn__job *job, 
  * staging). XKNN_CUDA_SYM_REQUIRE=1 (diagnostic, for the tests) makes a shape that does
  * not apply an error instead. */
 xknn_status host_sym(const xknn__job *job, xknn_cuda_context *ctx, int staged, size_t budget, int *done,
-                     int *too_big, Err er)
+                     int *too_big, Err er, int64_t *mir_ids, float *mir_dist)
 {
     const xknn_params *prm = &job->params;
     const int64_t n = job->n, d = job->d, k = job->k;
@@ -2300,7 +2399,11 @@ xknn_status host_sym(const xknn__job *job, xknn_cuda_context *ctx, int staged, s
     hb.s = sc;
     /* two output buffers where the blocks' results go out on the copy stream while the
      * next block is re-ranked (staged, more than one block) */
-    const int pipe = staged && n > block;
+    /* mir_ids / mir_dist: running lists on the device (a list mirror): each block's results
+     * merge into them there (the second half of the output buffers is the merge's
+     * scratch), nothing goes to the host */
+    const int dev_out = mir_ids != nullptr;
+    const int pipe = staged && n > block && !dev_out;
     /* rows the caller keeps on the device (xknn_cuda_keep_rows) are read there */
     const float *dR = staged ? (const float *)kept_rows(ctx, job->ref, n, row_bytes, (size_t)job->ldr * sizeof(float),
                                                         sc, prm->num_threads, &piece, er, &st)
@@ -2308,9 +2411,10 @@ xknn_status host_sym(const xknn__job *job, xknn_cuda_context *ctx, int staged, s
     if (st != XKNN_SUCCESS) return st;
     e = dR ? cudaSuccess : hb.alloc((void **)&hb.dR, (size_t)n * row_bytes);
     if (e == cudaSuccess) e = hb.alloc(&hb.dWs, plan.bytes);
-    if (e == cudaSuccess) e = hb.alloc((void **)&hb.dIds, (pipe ? 2 : 1) * (size_t)block * k * sizeof(int64_t));
-    if (e == cudaSuccess && job->dist)
-        e = hb.alloc((void **)&hb.dDist, (pipe ? 2 : 1) * (size_t)block * k * sizeof(float));
+    if (e == cudaSuccess)
+        e = hb.alloc((void **)&hb.dIds, (pipe || dev_out ? 2 : 1) * (size_t)block * k * sizeof(int64_t));
+    if (e == cudaSuccess && (job->dist || dev_out))
+        e = hb.alloc((void **)&hb.dDist, (pipe || dev_out ? 2 : 1) * (size_t)block * k * sizeof(float));
     ok = alloc_outcome(hb, e, er, &st);
     if (ok < 0) return st;
     if (ok == 0) {
@@ -2435,6 +2539,12 @@ xknn_status host_sym(const xknn__job *job, xknn_cuda_context *ctx, int staged, s
         rb.cand = run.cand + q0 * plan.cap;
         XKNN__CUDA_CHECK(launch_resolve(resolve_params(rb, dR + q0 * d, d, dR, d, 0), (int)qs, sc));
         XKNN__TRY(block_finish(rb, qs, hb.dIds + o, hb.dDist ? hb.dDist + o : NULL, prm->ref_id_offset, er));
+        if (dev_out) {
+            XKNN__CUDA_CHECK(launch_lists_merge(mir_ids + q0 * k, mir_dist + q0 * k, hb.dIds, hb.dDist, qs, k,
+                                                prm->metric == XKNN_METRIC_IP, hb.dIds + block * k,
+                                                hb.dDist + block * k, ctx->sms, sc));
+            continue;
+        }
         if (!pipe) {
             XKNN__TRY(results_out(ctx, staged, job->ids + q0 * k, hb.dIds, job->dist ? job->dist + q0 * k : NULL,
                                   hb.dDist, (size_t)(qs * k), prm->num_threads, sc, &piece, er));
@@ -2708,6 +2818,13 @@ xknn_status host_pair(const xknn__job *job, xknn_cuda_context *ctx, int staged, 
     float *kth = NULL; /* the sides' k-th list values (A's, then B's), where full */
     int full_a = 0, full_b = 0, pinned_out = 0;
     const float *dA = NULL, *dB = NULL; /* A's and B's rows on the device: kept copies, or hb.dR, hb.dQ */
+    /* the sides' lists on the device where a list mirror holds them (mirror_begin): the
+     * results merge there, and full lists give their thresholds there */
+    int64_t *mi[2] = {NULL, NULL};
+    float *md[2] = {NULL, NULL};
+    const int mir_a = mirror_of(ctx, a->ids, na, k, &mi[0], &md[0]);
+    const int mir_b = mirror_of(ctx, b->ids, nb, k, &mi[1], &md[1]);
+    const int ip = prm->metric == XKNN_METRIC_IP;
     cudaStream_t sc = ctx->stream;
     const char *why = plan_pair(ctx, job, na, nb, budget, &plan, &wa, &wb, &block);
     cudaEvent_t ev[4] = {NULL, NULL, NULL, NULL}; /* -v: phase times */
@@ -2728,7 +2845,7 @@ xknn_status host_pair(const xknn__job *job, xknn_cuda_context *ctx, int staged, 
     /* two blocks: pair_out's double buffer; with a caller's context its pinned buffer,
      * which the device fills by DMA and which outlives the call (no staging copy, no
      * fresh pages a pair) */
-    {
+    if (!mir_a || !mir_b) {
         const size_t tb = (size_t)(2 * block * k) * (sizeof(int64_t) + sizeof(float));
         char *pin = staged ? (char *)pair_out_buffer(ctx, tb) : NULL;
         if (pin) {
@@ -2740,8 +2857,9 @@ xknn_status host_pair(const xknn__job *job, xknn_cuda_context *ctx, int staged, 
         }
     }
     kth = (float *)malloc((size_t)(na + nb) * sizeof(float) + 1); /* (none: both sides run pass A) */
-    full_a = lists_kth(prm, a, k, kth);
-    full_b = lists_kth(prm, b, k, kth ? kth + na : NULL);
+    /* (a mirrored side's lists are read on the device, below) */
+    full_a = mir_a ? 0 : lists_kth(prm, a, k, kth);
+    full_b = mir_b ? 0 : lists_kth(prm, b, k, kth ? kth + na : NULL);
     hb.pool = ctx->pool;
     hb.s = sc;
     if (staged) {
@@ -2761,6 +2879,7 @@ xknn_status host_pair(const xknn__job *job, xknn_cuda_context *ctx, int staged, 
         if (e == cudaSuccess) e = hb.alloc((void **)&hb.dDist, (size_t)(2 * block) * k * sizeof(float));
         if (e == cudaSuccess && (plan.kind == kCanonCosine || plan.center))
             e = hb.alloc((void **)&hb.dChunk[0], (size_t)(na + nb) * (size_t)plan.dh * sizeof(float));
+        if (e == cudaSuccess && (mir_a || mir_b)) e = hb.alloc((void **)&hb.dFlag, 2 * sizeof(int));
         ok = alloc_outcome(hb, e, er, &st);
     }
     if (ok < 0) goto cleanup;
@@ -2770,16 +2889,7 @@ xknn_status host_pair(const xknn__job *job, xknn_cuda_context *ctx, int staged, 
         goto cleanup;
     }
     *done = 1;
-    if (prm->verbose) {
-        print_plan(ctx, plan, "pair of sets, resident", budget, 0);
-        fprintf(stderr,
-                "xknn: cuda: pair %lld x %lld: each tile feeds both sides (thresholds: A's from %s, B's from %s)\n",
-                (long long)na, (long long)nb, full_a ? "its running lists" : "witnesses",
-                full_b ? "its running lists" : "witnesses");
-        if (!full_a || !full_b)
-            fprintf(stderr, "xknn: cuda: pair %lld x %lld: witnesses: %lld of B, %lld of A\n", (long long)na,
-                    (long long)nb, full_a ? 0LL : (long long)wa, full_b ? 0LL : (long long)wb);
-    }
+    if (prm->verbose) print_plan(ctx, plan, "pair of sets, resident", budget, 0);
     if (staged && (!dA || !dB)) {
         XKNN__CUDA_CHECK(stage_make(ctx));
         if (!dA) XKNN__TRY(stage_rows(ctx, hb.dR, (const float *)a->data, na, d, a->ld, prm->num_threads, &piece, er));
@@ -2850,17 +2960,45 @@ xknn_status host_pair(const xknn__job *job, xknn_cuda_context *ctx, int staged, 
         /* a side's thresholds: pass A and select, or, where its running lists are full,
          * their k-th values (side_kth), through its own rows of gmin, which its pass A
          * would have used */
-        auto side_thr = [&](const MmaParams &m, const float *side_kth, int64_t rows) {
+        if (hb.dFlag) {
+            /* a mirrored side's k-th list values into its rows of gmin on the device; its
+             * lists are full (or bounded) where every one is finite (lists_kth's rule) */
+            const char *w = getenv("XKNN_CUDA_PAIR_WITNESSES"); /* diagnostic: 1 = always witnesses */
+            int bad[2] = {1, 1};
+            if (prm->metric == XKNN_METRIC_L2 && !(w && *w == '1')) {
+                XKNN__CUDA_CHECK(cudaMemsetAsync(hb.dFlag, 0, 2 * sizeof(int), sc));
+                if (mir_a) XKNN__CUDA_CHECK(launch_lists_kth(md[0], na, k, ma.gmin, hb.dFlag, sms, sc));
+                if (mir_b) XKNN__CUDA_CHECK(launch_lists_kth(md[1], nb, k, mb.gmin, hb.dFlag + 1, sms, sc));
+                XKNN__CUDA_CHECK(cudaMemcpyAsync(bad, hb.dFlag, sizeof bad, cudaMemcpyDeviceToHost, sc));
+                XKNN__CUDA_CHECK(cudaStreamSynchronize(sc));
+            }
+            if (mir_a) full_a = !bad[0];
+            if (mir_b) full_b = !bad[1];
+        }
+        if (prm->verbose) {
+            fprintf(stderr,
+                    "xknn: cuda: pair %lld x %lld: each tile feeds both sides (thresholds: A's from %s, B's from %s%s)\n",
+                    (long long)na, (long long)nb, full_a ? "its running lists" : "witnesses",
+                    full_b ? "its running lists" : "witnesses",
+                    mir_a && mir_b ? "; the lists on the device" : mir_a || mir_b ? "; one side's lists on the device" : "");
+            if (!full_a || !full_b)
+                fprintf(stderr, "xknn: cuda: pair %lld x %lld: witnesses: %lld of B, %lld of A\n", (long long)na,
+                        (long long)nb, full_a ? 0LL : (long long)wa, full_b ? 0LL : (long long)wb);
+        }
+        /* a side's thresholds: pass A and select, or from its full lists' k-th values (on
+         * the host: copied into gmin; mirrored: in gmin already) */
+        auto side_thr = [&](const MmaParams &m, int full, int mirrored, const float *side_kth, int64_t rows) {
             cudaError_t e;
-            if (!side_kth) {
+            if (!full) {
                 e = launch_mma_pass(m, 0, sms, wg, sc);
                 return e == cudaSuccess ? launch_mma_select(m, (int)plan.kk, sms, sc) : e;
             }
-            e = cudaMemcpyAsync(m.gmin, side_kth, (size_t)rows * sizeof(float), cudaMemcpyHostToDevice, sc);
+            e = mirrored ? cudaSuccess
+                         : cudaMemcpyAsync(m.gmin, side_kth, (size_t)rows * sizeof(float), cudaMemcpyHostToDevice, sc);
             return e == cudaSuccess ? launch_mma_list_thr(m, m.gmin, sms, sc) : e;
         };
-        XKNN__CUDA_CHECK(side_thr(ma, full_a ? kth : NULL, na));
-        XKNN__CUDA_CHECK(side_thr(mb, full_b ? kth + na : NULL, nb));
+        XKNN__CUDA_CHECK(side_thr(ma, full_a, mir_a, kth, na));
+        XKNN__CUDA_CHECK(side_thr(mb, full_b, mir_b, kth ? kth + na : NULL, nb));
         if (ev[1]) XKNN__CUDA_CHECK(cudaEventRecord(ev[1], sc));
         /* pass B: A's row tiles against every tile of B, candidates for both sides */
         ma.n = nb;
@@ -2888,10 +3026,25 @@ xknn_status host_pair(const xknn__job *job, xknn_cuda_context *ctx, int staged, 
         const PairSide sides[2] = {{0, na, b->id0, dA, dB, a}, {b0, nb, a->id0, dB, dA, b}};
         int64_t *const di[2] = {hb.dIds, hb.dIds + block * k};
         float *const dd[2] = {hb.dDist, hb.dDist + block * k};
-        int64_t *const ti[2] = {tids, tids + block * k};
-        float *const td[2] = {tdist, tdist + block * k};
-        XKNN__TRY(pair_out(ctx, run, sides, 2, block, di, dd, ti, td, staged && !pinned_out, prm->num_threads, &piece,
-                           er));
+        if (!mir_a || !mir_b) {
+            /* the sides whose lists are on the host: out and merged there */
+            const PairSide host_sides[2] = {mir_a ? sides[1] : sides[0], sides[1]};
+            int64_t *const ti[2] = {tids, tids + block * k};
+            float *const td[2] = {tdist, tdist + block * k};
+            XKNN__TRY(pair_out(ctx, run, host_sides, !mir_a && !mir_b ? 2 : 1, block, di, dd, ti, td,
+                               staged && !pinned_out, prm->num_threads, &piece, er));
+        }
+        for (int si = 0; si < 2; ++si) {
+            /* a mirrored side: block by block, re-ranked into di[0] and merged on the
+             * device (di[1]: the merge's scratch) */
+            if (!mi[si]) continue;
+            for (int64_t q0 = 0; q0 < sides[si].rows; q0 += block) {
+                const int64_t qs = min64(block, sides[si].rows - q0);
+                XKNN__TRY(pair_block_enqueue(run, sides[si], q0, qs, di[0], dd[0], er));
+                XKNN__CUDA_CHECK(launch_lists_merge(mi[si] + q0 * k, md[si] + q0 * k, di[0], dd[0], qs, k, ip, di[1],
+                                                    dd[1], ctx->sms, sc));
+            }
+        }
     }
     h_a = wall_seconds();
     XKNN__CUDA_CHECK(cudaMemcpyAsync(stats, run.stats, sizeof stats, cudaMemcpyDeviceToHost, sc));
@@ -2933,12 +3086,28 @@ xknn_status host_pair_self(const xknn__job *job, xknn_cuda_context *ctx, int sta
     const int64_t n = a->rows, k = job->k;
     xknn_status st = XKNN_SUCCESS;
     xknn__job j = *job;
-    int64_t *tids = NULL;
-    float *tdist = NULL;
+    int64_t *tids = NULL, *mi = NULL;
+    float *tdist = NULL, *md = NULL;
     int fresh = 1; /* every running list is padding: the results go there directly */
     *done = 0;
     *too_big = 0;
     if (n <= k) return XKNN_SUCCESS; /* (fewer than k others: the CPU pair pads) */
+    j.ref = j.query = (const float *)a->data;
+    j.ref_data = j.query_data = a->data;
+    j.n = j.nq = n;
+    j.ldr = j.ldq = a->ld;
+    j.params.exclude_self = 1;
+    j.params.ref_id_offset = j.params.query_id_offset = a->id0;
+    j.params.self_join = XKNN_SELF_JOIN_AUTO;
+    /* the triangle is the tensor-core path's: auto must not pick a plain path's shape rule */
+    if (j.params.cuda_path == XKNN_CUDA_PATH_AUTO) j.params.cuda_path = XKNN_CUDA_PATH_MMA;
+    j.symmetric = 1;
+    if (mirror_of(ctx, a->ids, n, k, &mi, &md)) {
+        /* the lists are on the device (a list mirror): the triangle merges into them there */
+        j.ids = a->ids;
+        j.dist = a->dist;
+        return host_sym(&j, ctx, staged, budget, done, too_big, er, mi, md);
+    }
     /* (a list is sorted with its padding last: padding first means padding only; with
      * n > k every row of the self-join has k real neighbours, so writing them over the
      * padding is the merge) */
@@ -2949,19 +3118,9 @@ xknn_status host_pair_self(const xknn__job *job, xknn_cuda_context *ctx, int sta
     } else {
         XKNN__TRY(host_lists(n, k, &tids, &tdist, er));
     }
-    j.ref = j.query = (const float *)a->data;
-    j.ref_data = j.query_data = a->data;
-    j.n = j.nq = n;
-    j.ldr = j.ldq = a->ld;
     j.ids = tids;
     j.dist = tdist;
-    j.params.exclude_self = 1;
-    j.params.ref_id_offset = j.params.query_id_offset = a->id0;
-    j.params.self_join = XKNN_SELF_JOIN_AUTO;
-    /* the triangle is the tensor-core path's: auto must not pick a plain path's shape rule */
-    if (j.params.cuda_path == XKNN_CUDA_PATH_AUTO) j.params.cuda_path = XKNN_CUDA_PATH_MMA;
-    j.symmetric = 1;
-    XKNN__TRY(host_sym(&j, ctx, staged, budget, done, too_big, er));
+    XKNN__TRY(host_sym(&j, ctx, staged, budget, done, too_big, er, nullptr, nullptr));
     if (*done && !fresh)
         XKNN__TRY(merge_lists(a->ids, a->dist, tids, tdist, n, k, job->params.metric == XKNN_METRIC_IP,
                               job->params.num_threads, er));
@@ -2988,6 +3147,38 @@ xknn__sym_side side_rows(const xknn__sym_side *s, int64_t r0, int64_t rows, int6
 xknn_status pair_rec(const xknn__job *job, xknn_cuda_context *ctx, int staged, size_t budget, const xknn__sym_side *a,
                      const xknn__sym_side *b, Err er);
 
+/* The CPU pair (xknn__cpu_sym_pair) of a part; where a list mirror holds a side's lists,
+ * they come to the host for it and go back after. */
+xknn_status cpu_pair(const xknn__job *job, xknn_cuda_context *ctx, const xknn__sym_side *a, const xknn__sym_side *b,
+                     Err er)
+{
+    const xknn__sym_side *sd[2] = {a, b};
+    int64_t *di[2] = {NULL, NULL};
+    float *dd[2] = {NULL, NULL};
+    const int64_t k = job->k;
+    xknn_status st = XKNN_SUCCESS;
+    int any = 0;
+    for (int i = 0; i < 2; ++i) any |= sd[i] && mirror_of(ctx, sd[i]->ids, sd[i]->rows, k, &di[i], &dd[i]);
+    if (any) XKNN__CUDA_CHECK(cudaStreamSynchronize(ctx->stream));
+    for (int i = 0; i < 2; ++i)
+        if (di[i]) {
+            XKNN__CUDA_CHECK(cudaMemcpy(sd[i]->ids, di[i], (size_t)(sd[i]->rows * k) * sizeof(int64_t),
+                                        cudaMemcpyDeviceToHost));
+            XKNN__CUDA_CHECK(cudaMemcpy(sd[i]->dist, dd[i], (size_t)(sd[i]->rows * k) * sizeof(float),
+                                        cudaMemcpyDeviceToHost));
+        }
+    st = xknn__cpu_sym_pair(job, a, b);
+    for (int i = 0; i < 2 && st == XKNN_SUCCESS; ++i)
+        if (di[i]) {
+            XKNN__CUDA_CHECK(cudaMemcpy(di[i], sd[i]->ids, (size_t)(sd[i]->rows * k) * sizeof(int64_t),
+                                        cudaMemcpyHostToDevice));
+            XKNN__CUDA_CHECK(cudaMemcpy(dd[i], sd[i]->dist, (size_t)(sd[i]->rows * k) * sizeof(float),
+                                        cudaMemcpyHostToDevice));
+        }
+cleanup:
+    return st;
+}
+
 /* The pair (a, b) (b NULL: a against itself) as halves of its larger side (a set against
  * itself: two triangles and their rectangle), each through pair_rec; a single row on the
  * CPU pair. */
@@ -2997,12 +3188,28 @@ xknn_status pair_split(const xknn__job *job, xknn_cuda_context *ctx, int staged,
     const xknn__sym_side *s = b && b->rows > a->rows ? b : a; /* the side to halve */
     const int64_t h = s->rows / 2, k = job->k;
     const xknn__sym_side h0 = side_rows(s, 0, h, k), h1 = side_rows(s, h, s->rows - h, k);
-    xknn_status st;
-    if (s->rows < 2) return xknn__cpu_sym_pair(job, a, b);
+    xknn_status st = XKNN_SUCCESS;
+    int mine[2] = {0, 0}; /* the list mirrors this call began */
+    if (s->rows < 2) return cpu_pair(job, ctx, a, b, er);
     if (job->params.verbose)
         fprintf(stderr, "xknn: cuda: pair %lld x %lld: in parts (%lld rows halved)\n", (long long)a->rows,
                 (long long)(b ? b->rows : a->rows), (long long)s->rows);
-    if (!b) {
+    if (staged) {
+        /* parts: the sides' lists on the device until the last part is done (where no
+         * mirror holds them yet), so that no part merges on the host */
+        const xknn__sym_side *sd[2] = {a, b};
+        const int ip = job->params.metric == XKNN_METRIC_IP;
+        int64_t *di;
+        float *dd;
+        for (int i = 0; i < 2 && st == XKNN_SUCCESS; ++i) {
+            if (!sd[i] || ctx->mirror[i].ids || mirror_of(ctx, sd[i]->ids, sd[i]->rows, k, &di, &dd)) continue;
+            st = mirror_begin(ctx, i, sd[i], k, 0, ip, &budget, job->params.num_threads, er);
+            mine[i] = ctx->mirror[i].ids != NULL;
+        }
+    }
+    if (st != XKNN_SUCCESS) {
+        /* reported below */
+    } else if (!b) {
         st = pair_rec(job, ctx, staged, budget, &h0, NULL, er);
         if (st == XKNN_SUCCESS) st = pair_rec(job, ctx, staged, budget, &h1, NULL, er);
         if (st == XKNN_SUCCESS) st = pair_rec(job, ctx, staged, budget, &h0, &h1, er);
@@ -3013,6 +3220,11 @@ xknn_status pair_split(const xknn__job *job, xknn_cuda_context *ctx, int staged,
         st = pair_rec(job, ctx, staged, budget, a, &h0, er);
         if (st == XKNN_SUCCESS) st = pair_rec(job, ctx, staged, budget, a, &h1, er);
     }
+    for (int i = 0; i < 2; ++i)
+        if (mine[i]) {
+            const xknn_status se = mirror_end(ctx, i, st == XKNN_SUCCESS, job->params.num_threads, er);
+            if (st == XKNN_SUCCESS) st = se;
+        }
     return st;
 }
 
@@ -3032,7 +3244,7 @@ xknn_status pair_rec(const xknn__job *job, xknn_cuda_context *ctx, int staged, s
     if (job->params.verbose)
         fprintf(stderr, "xknn: cuda: pair %lld x %lld: on the CPU\n", (long long)a->rows,
                 (long long)(b ? b->rows : a->rows));
-    return xknn__cpu_sym_pair(job, a, b);
+    return cpu_pair(job, ctx, a, b, er);
 }
 
 /* The self-join whose state does not fit the device at once (host_sym's *too_big): the
@@ -3046,11 +3258,18 @@ xknn_status host_sym_blocked(const xknn__job *job, xknn_cuda_context *ctx, int s
     float *dist = job->dist ? job->dist : (float *)malloc((size_t)(n * k) * sizeof(float));
     const void *kept = NULL;
     xknn__sym_side a;
+    xknn_status st2;
     if (!dist)
         return failf(er, XKNN_ERROR_OUT_OF_MEMORY, "cuda backend: out of host memory for %lld x %lld distances",
                      (long long)n, (long long)k);
-    xknn__lists_pad(job->ids, dist, n * k, ip);
     a = xknn__job_side(job, dist);
+    /* the lists on the device for all the parts (padding made there), or on the host */
+    st = staged ? mirror_begin(ctx, 0, &a, k, 1, ip, &budget, job->params.num_threads, er) : XKNN_SUCCESS;
+    if (st != XKNN_SUCCESS) {
+        if (dist != job->dist) free(dist);
+        return st;
+    }
+    if (!ctx->mirror[0].ids) xknn__lists_pad(job->ids, dist, n * k, ip);
     {
         /* Every part reads its rows from one device copy of the set (each row uploaded
          * once, by the first part that reads it), where it takes at most an eighth of the
@@ -3068,9 +3287,11 @@ xknn_status host_sym_blocked(const xknn__job *job, xknn_cuda_context *ctx, int s
         }
     }
     if (job->params.verbose)
-        fprintf(stderr, "xknn: cuda: self-join: symmetric in blocks (triangles and rectangles of halves%s)\n",
-                kept ? "; the rows kept on the device" : "");
+        fprintf(stderr, "xknn: cuda: self-join: symmetric in blocks (triangles and rectangles of halves%s%s)\n",
+                kept ? "; the rows kept on the device" : "", ctx->mirror[0].ids ? "; the lists on the device" : "");
     st = pair_split(job, ctx, staged, budget, &a, NULL, er);
+    st2 = mirror_end(ctx, 0, st == XKNN_SUCCESS, job->params.num_threads, er);
+    if (st == XKNN_SUCCESS) st = st2;
     if (kept) xknn_cuda_forget_rows(ctx, kept);
     if (dist != job->dist) free(dist);
     return st;
@@ -3105,7 +3326,7 @@ xknn_status host_search(const xknn__job *job, Err er)
     /* The symmetric self-join where it applies (else the plain search, -v says why). */
     if (job->symmetric) {
         int done = 0, big = 0;
-        st = host_sym(job, ctx, own_ctx == NULL, budget, &done, &big, er);
+        st = host_sym(job, ctx, own_ctx == NULL, budget, &done, &big, er, nullptr, nullptr);
         if (st == XKNN_SUCCESS && !done && big) {
             st = host_sym_blocked(job, ctx, own_ctx == NULL, budget, er);
             done = 1;
@@ -3558,9 +3779,13 @@ xknn_status xknn_cuda_keep_rows(xknn_cuda_context *ctx, const xknn_matrix *rows,
         cudaError_t e = ctx->keep_stream ? cudaSuccess : cudaStreamCreateWithFlags(&ctx->keep_stream, cudaStreamNonBlocking);
         const cudaStream_t ks = ctx->keep_stream;
         pthread_mutex_unlock(&ctx->kept_lock);
-        if (e == cudaSuccess)
-            e = cudaMemcpy2DAsync(kp->dev, row_bytes, kp->host, ld_bytes, row_bytes, (size_t)kp->rows,
-                                  cudaMemcpyHostToDevice, ks);
+        /* a chunk a copy: from pageable memory each copy holds the calling thread while
+         * the driver stages it, and a call on the context in another thread gets its
+         * turn between them */
+        for (int64_t r0 = 0; r0 < kp->rows && e == cudaSuccess; r0 += kp->chunk)
+            e = cudaMemcpy2DAsync(kp->dev + r0 * (int64_t)row_bytes, row_bytes, kp->host + r0 * (int64_t)ld_bytes,
+                                  ld_bytes, row_bytes, (size_t)min64(kp->chunk, kp->rows - r0), cudaMemcpyHostToDevice,
+                                  ks);
         if (e == cudaSuccess) e = cudaStreamSynchronize(ks);
         XKNN__CUDA_CHECK(e);
         memset(kp->valid, 1, (size_t)ceil_div(kp->rows, kp->chunk));

@@ -305,4 +305,97 @@ cudaError_t launch_final(const FinalParams &p, int qs, cudaStream_t st)
     return cudaGetLastError();
 }
 
+/* ---- running lists on the device (engine.cu's list mirrors) ------------------------
+ * A list is k entries (id, distance) sorted by the result order -- (distance, id), by
+ * -distance for ip -- with its padding (id -1) last, as on the host (engine.cu's
+ * merge_row, whose rules these kernels follow bit for bit). One thread a row: the rows
+ * of a pair's block are a few million at most, and the merge reads each entry once. */
+
+__device__ __forceinline__ bool list_less(float da, long long ia, float db, long long ib)
+{
+    return da < db || (da == db && ia < ib);
+}
+
+/* Rows of a (ids ai, distances ad) merged with rows of b: the k first of both, back into
+ * a (through the scratch rows si / sd). A row that ends in padding keeps the smaller of
+ * the bounds its inputs' last entries carried (l2 family; ip: none). */
+__global__ __launch_bounds__(kBlock) void lists_merge_kernel(int64_t *ai, float *ad, const int64_t *bi,
+                                                              const float *bd, int64_t rows, int64_t k, int ip,
+                                                              int64_t *si, float *sd)
+{
+    for (int64_t r = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; r < rows; r += (int64_t)gridDim.x * blockDim.x) {
+        int64_t *ri = ai + r * k, *ti = si + r * k;
+        float *rd = ad + r * k, *td = sd + r * k;
+        const int64_t *ni = bi + r * k;
+        const float *nd = bd + r * k;
+        const float bound =
+            ip ? 0.0f : fminf(ri[k - 1] < 0 ? rd[k - 1] : INFINITY, ni[k - 1] < 0 ? nd[k - 1] : INFINITY);
+        int64_t a = 0, b = 0;
+        for (int64_t j = 0; j < k; ++j) {
+            /* a + b == j < k: neither index runs past its row */
+            const int64_t ia = ri[a], ib = ni[b];
+            const float da = rd[a], db = nd[b];
+            const bool take_a =
+                ib < 0 || (ia >= 0 && (ip ? list_less(-da, ia, -db, ib) : list_less(da, ia, db, ib)));
+            ti[j] = take_a ? ia : ib;
+            td[j] = take_a ? da : db;
+            a += take_a;
+            b += !take_a;
+        }
+        if (!ip && ti[k - 1] < 0 && bound < td[k - 1]) td[k - 1] = bound;
+        for (int64_t j = 0; j < k; ++j) {
+            ri[j] = ti[j];
+            rd[j] = td[j];
+        }
+    }
+}
+
+__global__ __launch_bounds__(kBlock) void lists_pad_kernel(int64_t *ids, float *dist, int64_t count, float pad)
+{
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < count; i += (int64_t)gridDim.x * blockDim.x) {
+        ids[i] = -1;
+        dist[i] = pad;
+    }
+}
+
+/* kth[r] = the last distance of row r; *bad = 1 where one is not finite (NaN or +inf:
+ * the row neither holds k references nor carries a bound) */
+__global__ __launch_bounds__(kBlock) void lists_kth_kernel(const float *dist, int64_t rows, int64_t k, float *kth,
+                                                            int *bad)
+{
+    for (int64_t r = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; r < rows; r += (int64_t)gridDim.x * blockDim.x) {
+        const float v = dist[r * k + k - 1];
+        kth[r] = v;
+        if (!(v <= FLT_MAX)) atomicOr(bad, 1);
+    }
+}
+
+static unsigned lists_grid(int64_t n, int sms)
+{
+    const int64_t need = (n + kBlock - 1) / kBlock, cap = 16 * (int64_t)sms;
+    return (unsigned)(need < cap ? (need > 0 ? need : 1) : cap);
+}
+
+cudaError_t launch_lists_merge(int64_t *ids, float *dist, const int64_t *nids, const float *ndist, int64_t rows,
+                               int64_t k, int ip, int64_t *sids, float *sdist, int sms, cudaStream_t st)
+{
+    if (rows <= 0) return cudaSuccess;
+    lists_merge_kernel<<<lists_grid(rows, sms), kBlock, 0, st>>>(ids, dist, nids, ndist, rows, k, ip, sids, sdist);
+    return cudaGetLastError();
+}
+
+cudaError_t launch_lists_pad(int64_t *ids, float *dist, int64_t count, int ip, int sms, cudaStream_t st)
+{
+    if (count <= 0) return cudaSuccess;
+    lists_pad_kernel<<<lists_grid(count, sms), kBlock, 0, st>>>(ids, dist, count, ip ? -INFINITY : INFINITY);
+    return cudaGetLastError();
+}
+
+cudaError_t launch_lists_kth(const float *dist, int64_t rows, int64_t k, float *kth, int *bad, int sms, cudaStream_t st)
+{
+    if (rows <= 0) return cudaSuccess;
+    lists_kth_kernel<<<lists_grid(rows, sms), kBlock, 0, st>>>(dist, rows, k, kth, bad);
+    return cudaGetLastError();
+}
+
 } // namespace xknn_cuda

@@ -313,6 +313,14 @@ cudaError_t launch_filter(const FilterParams &p, int qb, cudaStream_t st);
 cudaError_t launch_resolve(const ResolveParams &p, int qs, cudaStream_t st);
 cudaError_t launch_resolve_ranges(const ResolveParams &p, int qs, int smem_optin, cudaStream_t st);
 cudaError_t launch_final(const FinalParams &p, int qs, cudaStream_t st);
+/* running lists on the device (final.cu): rows x k (id, distance) sorted by the result
+ * order, padding (id -1) last. merge: the new lists' rows into the running ones (the host
+ * merge's rules; sids / sdist: rows x k of scratch); pad: count entries of padding
+ * (-inf for ip); kth: the rows' last distances, *bad = 1 where one is not finite */
+cudaError_t launch_lists_merge(int64_t *ids, float *dist, const int64_t *nids, const float *ndist, int64_t rows,
+                               int64_t k, int ip, int64_t *sids, float *sdist, int sms, cudaStream_t st);
+cudaError_t launch_lists_pad(int64_t *ids, float *dist, int64_t count, int ip, int sms, cudaStream_t st);
+cudaError_t launch_lists_kth(const float *dist, int64_t rows, int64_t k, float *kth, int *bad, int sms, cudaStream_t st);
 /* kp: keys kept per (slice, query), one of 32, 64, 128, 256 (kFusedMaxKeep). The fused
  * kernel over slices [z0, z0 + nz); then, once every slice is done, finish + rescue. */
 cudaError_t launch_fused_slices(const FusedParams &p, int kp, int z0, int nz, cudaStream_t st);
