@@ -1587,6 +1587,17 @@ xknn_status mirror_begin(xknn_cuda_context *ctx, int i, const xknn__sym_side *s,
     ListMirror m = {s->ids, s->dist, s->rows, k, NULL, NULL};
     int piece = 0;
     if ((env && *env == '0') || s->rows <= 0 || !s->ids || !s->dist || bytes > *budget / 8) return st;
+    if (!pad) {
+        /* lists that are padding only (each row's first id -1, its last distance the
+         * padding's, no bound) are made on the device rather than uploaded */
+        const float pv = ip ? -INFINITY : INFINITY;
+        int64_t other = 0;
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) reduction(+ : other) num_threads(threads > 0 ? threads : omp_get_max_threads())
+#endif
+        for (int64_t r = 0; r < s->rows; ++r) other += !(s->ids[r * k] < 0 && s->dist[r * k + k - 1] == pv);
+        pad = other == 0;
+    }
     if (cudaMalloc((void **)&m.ids, cnt * sizeof(int64_t)) != cudaSuccess ||
         cudaMalloc((void **)&m.dist, cnt * sizeof(float)) != cudaSuccess) {
         (void)cudaGetLastError(); /* (the host merges) */
