@@ -96,7 +96,9 @@
  *     each off-diagonal tile's bounds feed both its rows' and its columns'
  *     candidates. When the state of all n points exceeds the device memory budget, the
  *     set is halved (recursively) into triangles and rectangles (the pair kernel of
- *     xknn_search_pair), each merged into the lists as it is done. Other cases run
+ *     xknn_search_pair), each merged into the lists as it is done (with a caller's
+ *     cuda_context, the rows and the lists stay on the device between the parts: each
+ *     row is uploaded once, the parts merge there). Other cases run
  *     the plain search; xknn_self_join_why_plain() says which, and params.verbose
  *     prints it. (f32 l2/euclidean whose values are small integers take the symmetric
  *     sgemm path, not the integer one, in a self-join.)
@@ -358,8 +360,9 @@ XKNN_API const char *xknn_search_pair_why_not(const xknn_params *params, xknn_dt
  * backend runs the tensor-core pair kernel (each tile of a x b feeds both sides; a
  * against itself: the symmetric self-join's triangle) and merges into the lists on the
  * host; a pair whose state exceeds the device memory budget runs in parts (halves, each
- * merged as it is done), and a part too small for the kernel (fewer than 128 k rows on a
- * side) runs on the CPU. Rows that params.cuda_context keeps on the device
+ * merged as it is done; with a caller's cuda_context both sides' lists stay on the
+ * device until the last part, and the parts merge there), and a part too small for the
+ * kernel (fewer than 128 k rows on a side) runs on the CPU. Rows that params.cuda_context keeps on the device
  * (xknn_cuda_keep_rows, include/xknn/cuda.h) are read there instead of uploaded. params
  * also: device, cuda_context, cuda_path (auto or mma), device_memory_budget.
  *   a, b         row-major blocks of the same dtype and d (b may be NULL: a against
