@@ -99,48 +99,64 @@ typedef struct {
     int bounded;       /* 1: the lists start with the oracle's k-th distances as bounds */
     int keep;          /* with ctx: each slice kept on the device (xknn_cuda_keep_rows),
                         * 1: uploaded by the first pair that reads it, 2: at once */
+    int lists;         /* with ctx: running lists kept on the device (xknn_cuda_keep_lists),
+                        * 1: a pair's slices for that pair (uploaded), 2: every slice for
+                        * all the pairs (padding, and bounds, made there) */
 } pcase;
 
 static const pcase pcases[] = {
-    {"pair: uniform, slices not tile multiples", DATA_UNIFORM, 7001, 32, 8, 0, 0, 0, 1, 3, {0, 2100, 4501, 7001}, 0, 0, 0},
-    {"pair: ties, integer data d=8 (rescues)", DATA_INTEGER, 6000, 8, 10, 0, 0, 0, 1, 2, {0, 2999, 6000}, 0, 0, 0},
-    {"pair: duplicates, id offset", DATA_DUPLICATES, 5200, 16, 9, 0, 1000000, 0, 1, 2, {0, 2600, 5200}, 0, 0, 0},
-    {"pair: euclidean clustered d=128 k=16", DATA_CLUSTERED, 9000, 128, 16, 1, 0, 0, 1, 3, {0, 3000, 6100, 9000}, 0, 0, 0},
-    {"pair: ip gaussian d=100", DATA_GAUSSIAN, 5000, 100, 16, XKNN_METRIC_IP, 0, 0, 1, 2, {0, 2300, 5000}, 0, 0, 0},
+    {"pair: uniform, slices not tile multiples", DATA_UNIFORM, 7001, 32, 8, 0, 0, 0, 1, 3, {0, 2100, 4501, 7001}, 0, 0, 0, 0},
+    {"pair: ties, integer data d=8 (rescues)", DATA_INTEGER, 6000, 8, 10, 0, 0, 0, 1, 2, {0, 2999, 6000}, 0, 0, 0, 0},
+    {"pair: duplicates, id offset", DATA_DUPLICATES, 5200, 16, 9, 0, 1000000, 0, 1, 2, {0, 2600, 5200}, 0, 0, 0, 0},
+    {"pair: euclidean clustered d=128 k=16", DATA_CLUSTERED, 9000, 128, 16, 1, 0, 0, 1, 3, {0, 3000, 6100, 9000}, 0, 0, 0, 0},
+    {"pair: ip gaussian d=100", DATA_GAUSSIAN, 5000, 100, 16, XKNN_METRIC_IP, 0, 0, 1, 2, {0, 2300, 5000}, 0, 0, 0, 0},
     {"pair: cosine, ties and zero rows d=3", DATA_INTEGER, 5000, 3, 8, XKNN_METRIC_COSINE, 0, 0, 1, 2, {0, 2500, 5000}, 0,
-     0, 0},
+     0, 0, 0},
     {"pair: unequal slices, d=17 (4-byte loads)", DATA_UNIFORM, 6177, 17, 4, 0, 0, 0, 1, 4, {0, 600, 1700, 4000, 6177}, 0,
-     0, 0},
+     0, 0, 0},
     /* a 96 MiB budget: the larger pairs run in parts (halves of the larger side) */
-    {"pair: 96 MiB budget, in parts", DATA_UNIFORM, 16000, 16, 8, 0, 0, (size_t)96 << 20, 1, 2, {0, 7000, 16000}, 0, 0, 0},
+    {"pair: 96 MiB budget, in parts", DATA_UNIFORM, 16000, 16, 8, 0, 0, (size_t)96 << 20, 1, 2, {0, 7000, 16000}, 0, 0, 0, 0},
     /* slices too small for the kernels: the CPU pair (no REQUIRE) */
-    {"pair: small slices on the CPU", DATA_INTEGER, 900, 8, 6, 0, 0, 0, 0, 3, {0, 250, 600, 900}, 0, 0, 0},
-    {"pair: caller's context, ties", DATA_INTEGER, 6000, 16, 8, 0, 0, 0, 1, 3, {0, 1900, 4000, 6000}, 1, 0, 0},
+    {"pair: small slices on the CPU", DATA_INTEGER, 900, 8, 6, 0, 0, 0, 0, 3, {0, 250, 600, 900}, 0, 0, 0, 0},
+    {"pair: caller's context, ties", DATA_INTEGER, 6000, 16, 8, 0, 0, 0, 1, 3, {0, 1900, 4000, 6000}, 1, 0, 0, 0},
     /* with a caller's context the lists stay on the device between the parts of a call;
      * a part on the CPU takes its rows' lists to the host and back */
     {"pair: small slices on the CPU, caller's context", DATA_INTEGER, 900, 8, 6, 0, 0, 0, 0, 3, {0, 250, 600, 900}, 1, 0,
-     0},
+     0, 0},
     /* later pairs find full running lists on a side (l2): its thresholds come from them,
      * with duplicates whose copies tie the lists' k-th values across slices */
     {"pair: duplicates, 3 slices (thresholds from full lists)", DATA_DUPLICATES, 7200, 16, 9, 0, 1000000, 0, 1, 3,
-     {0, 2350, 4700, 7200}, 0, 0, 0},
+     {0, 2350, 4700, 7200}, 0, 0, 0, 0},
     {"pair: l2 clustered d=128 k=16, 3 slices", DATA_CLUSTERED, 9000, 128, 16, 0, 0, 0, 1, 3, {0, 3000, 6100, 9000}, 0,
-     0, 0},
+     0, 0, 0},
     /* padding that carries a bound (the true k-th distance: ties at it must stay) */
     {"pair: bounds, duplicates, 3 slices", DATA_DUPLICATES, 7200, 16, 9, 0, 1000000, 0, 1, 3, {0, 2350, 4700, 7200}, 0,
-     1, 0},
-    {"pair: bounds, uniform d=32, 2 slices", DATA_UNIFORM, 6000, 32, 8, 0, 0, 0, 1, 2, {0, 2900, 6000}, 0, 1, 0},
+     1, 0, 0},
+    {"pair: bounds, uniform d=32, 2 slices", DATA_UNIFORM, 6000, 32, 8, 0, 0, 0, 1, 2, {0, 2900, 6000}, 0, 1, 0, 0},
     /* bounds and a pair in parts: the side that is not halved meets its bounds again in
      * the second part, after the first part's merge */
     {"pair: bounds, 96 MiB budget, in parts", DATA_DUPLICATES, 16000, 16, 8, 0, 0, (size_t)96 << 20, 1, 2,
-     {0, 7000, 16000}, 0, 1, 0},
+     {0, 7000, 16000}, 0, 1, 0, 0},
     /* rows kept on the device: every pair reads them there (no upload of its own) */
-    {"pair: kept rows (uploaded on first use), ties", DATA_INTEGER, 6000, 16, 8, 0, 0, 0, 1, 3, {0, 1900, 4000, 6000},
-     1, 0, 1},
+    {"pair: kept rows (uploaded on first use), ties", DATA_INTEGER, 6000, 16, 8, 0, 0, 0, 1, 3, {0, 1900, 4000, 6000, 0},
+     1, 0, 1, 0},
     {"pair: kept rows (uploaded at once), ip", DATA_GAUSSIAN, 5000, 100, 16, XKNN_METRIC_IP, 0, 0, 1, 2,
-     {0, 2300, 5000}, 1, 0, 2},
+     {0, 2300, 5000}, 1, 0, 2, 0},
     {"pair: kept rows, bounds, 96 MiB budget, in parts", DATA_DUPLICATES, 16000, 16, 8, 0, 0, (size_t)96 << 20, 1,
-     2, {0, 7000, 16000}, 1, 1, 1},
+     2, {0, 7000, 16000}, 1, 1, 1, 0},
+    /* running lists kept on the device between the pairs: a pair merges into them there */
+    {"pair: kept lists (a pair's, uploaded), ties", DATA_INTEGER, 6000, 16, 8, 0, 0, 0, 1, 3, {0, 1900, 4000, 6000}, 1,
+     0, 0, 1},
+    {"pair: kept lists (all pairs), duplicates, id offset", DATA_DUPLICATES, 5200, 16, 9, 0, 1000000, 0, 1, 3,
+     {0, 1700, 3500, 5200}, 1, 0, 0, 2},
+    {"pair: kept lists, ip gaussian d=100", DATA_GAUSSIAN, 5000, 100, 16, XKNN_METRIC_IP, 0, 0, 1, 2, {0, 2300, 5000},
+     1, 0, 0, 2},
+    {"pair: kept lists, bounds, kept rows, 96 MiB budget, in parts", DATA_DUPLICATES, 16000, 16, 8, 0, 0,
+     (size_t)96 << 20, 1, 2, {0, 7000, 16000}, 1, 1, 1, 2},
+    {"pair: kept lists, bounds, uniform d=32, 4 slices", DATA_UNIFORM, 6000, 32, 8, 0, 0, 0, 1, 4,
+     {0, 1400, 2900, 4500, 6000}, 1, 1, 0, 2},
+    {"pair: kept lists, small slices on the CPU", DATA_INTEGER, 900, 8, 6, 0, 0, 0, 0, 3, {0, 250, 600, 900}, 1, 0, 0,
+     2},
 };
 #define NPCASES (int)(sizeof pcases / sizeof pcases[0])
 
@@ -291,19 +307,66 @@ static void run_pair_case(const pcase *c)
             bad = 1;
         }
     }
+    for (i = 0; cx && c->lists == 2 && i < c->ns && !bad; i++) {
+        /* every slice's lists on the device: padding made there, and the bounds */
+        const int64_t ci = c->cut[i], ri = c->cut[i + 1] - ci;
+        float *bnd = (float *)xmalloc((size_t)ri * sizeof(float) + 1);
+        for (t = 0; t < ri; t++) bnd[t] = dist[(ci + t) * k + k - 1];
+        for (t = 0; t < ri * k; t++) ids[ci * k + t] = 7; /* (unread: padding is made on the device) */
+        if (xknn_cuda_keep_lists(cx, (xknn_metric)c->metric, ids + ci * k, dist + ci * k, ri, k,
+                                 XKNN_CUDA_LISTS_PADDING, c->bounded ? bnd : NULL, &e) != XKNN_SUCCESS) {
+            diag("xknn_cuda_keep_lists (slice %d): %s", i, e.message);
+            bad = 1;
+        }
+        free(bnd);
+    }
     if (c->require) setenv("XKNN_CUDA_SYM_REQUIRE", "1", 1);
     for (j = c->ns - 1; j >= 0 && !bad; j--)
         for (i = 0; i <= j && !bad; i++) {
             const int64_t ci = c->cut[i], cj = c->cut[j];
             xknn_matrix a = XKNN_MATRIX_F32(x + ci * d, c->cut[i + 1] - ci, d);
             xknn_matrix b = XKNN_MATRIX_F32(x + cj * d, c->cut[j + 1] - cj, d);
-            if (xknn_search_pair(&p, &a, c->off + ci, i == j ? NULL : &b, c->off + cj, k, ids + ci * k, dist + ci * k,
-                                 ids + cj * k, dist + cj * k, &e) != XKNN_SUCCESS) {
+            if (cx && c->lists == 1) {
+                /* this pair's slices' lists on the device, uploaded from the host */
+                if (xknn_cuda_keep_lists(cx, (xknn_metric)c->metric, ids + ci * k, dist + ci * k, a.rows, k,
+                                         XKNN_CUDA_LISTS_HOST, NULL, &e) != XKNN_SUCCESS ||
+                    (i != j && xknn_cuda_keep_lists(cx, (xknn_metric)c->metric, ids + cj * k, dist + cj * k, b.rows,
+                                                    k, XKNN_CUDA_LISTS_HOST, NULL, &e) != XKNN_SUCCESS)) {
+                    diag("xknn_cuda_keep_lists (slices %d, %d): %s", i, j, e.message);
+                    bad = 1;
+                }
+            }
+            if (!bad && xknn_search_pair(&p, &a, c->off + ci, i == j ? NULL : &b, c->off + cj, k, ids + ci * k,
+                                         dist + ci * k, ids + cj * k, dist + cj * k, &e) != XKNN_SUCCESS) {
                 diag("xknn_search_pair (slices %d, %d): %s", i, j, e.message);
+                bad = 1;
+            }
+            if (cx && c->lists == 1 && !bad &&
+                (xknn_cuda_fetch_lists(cx, ids + ci * k, 1, &e) != XKNN_SUCCESS ||
+                 (i != j && xknn_cuda_fetch_lists(cx, ids + cj * k, 1, &e) != XKNN_SUCCESS))) {
+                diag("xknn_cuda_fetch_lists (slices %d, %d): %s", i, j, e.message);
                 bad = 1;
             }
         }
     unsetenv("XKNN_CUDA_SYM_REQUIRE");
+    for (i = 0; cx && c->lists == 2 && i < c->ns && !bad; i++) {
+        /* each row's k-th value from the device, then the lists; the two must agree */
+        const int64_t ci = c->cut[i], ri = c->cut[i + 1] - ci;
+        float *kth = (float *)xmalloc((size_t)ri * sizeof(float) + 1);
+        if (xknn_cuda_lists_kth(cx, ids + ci * k, kth, &e) != XKNN_SUCCESS ||
+            xknn_cuda_fetch_lists(cx, ids + ci * k, 1, &e) != XKNN_SUCCESS) {
+            diag("xknn_cuda_lists_kth / fetch_lists (slice %d): %s", i, e.message);
+            bad = 1;
+        }
+        for (t = 0; t < ri && !bad; t++) {
+            const float want = ids[(ci + t) * k + k - 1] >= 0 ? dist[(ci + t) * k + k - 1] : INFINITY;
+            if (memcmp(&want, &kth[t], sizeof want)) {
+                diag("slice %d row %lld: lists_kth %.9g, the fetched lists' %.9g", i, (long long)t, kth[t], want);
+                bad = 1;
+            }
+        }
+        free(kth);
+    }
     if (cx && c->keep) xknn_cuda_forget_rows(cx, x); /* (the rest: freed with the context) */
     xknn_cuda_context_destroy(cx);
     if (bad)
@@ -327,6 +390,45 @@ static void run_pair_case(const pcase *c)
     free(dist);
     free(sd);
     free(wd);
+}
+
+/* xknn_cuda_keep_lists' refusals and its limit: three TAP lines. */
+static void run_lists_errors(void)
+{
+    static int64_t ids[6][4 * 2];
+    static float dist[6][4 * 2];
+    xknn_cuda_context *cx = NULL;
+    xknn_error e;
+    const float bnd[4] = {1.0f, 2.0f, 3.0f, 4.0f};
+    int i, kept = 0, refused = 0;
+    if (xknn_cuda_context_create(0, &cx, &e) != XKNN_SUCCESS) bail("xknn_cuda_context_create: %s", e.message);
+    refused += xknn_cuda_keep_lists(NULL, XKNN_METRIC_L2, ids[0], dist[0], 4, 2, XKNN_CUDA_LISTS_PADDING, NULL, &e) ==
+               XKNN_ERROR_INVALID_ARGUMENT;
+    refused += xknn_cuda_keep_lists(cx, XKNN_METRIC_L2, ids[0], dist[0], 4, 2, 7, NULL, &e) ==
+               XKNN_ERROR_INVALID_ARGUMENT;
+    refused += xknn_cuda_keep_lists(cx, XKNN_METRIC_IP, ids[0], dist[0], 4, 2, XKNN_CUDA_LISTS_PADDING, bnd, &e) ==
+               XKNN_ERROR_INVALID_ARGUMENT;
+    refused += xknn_cuda_keep_lists(cx, XKNN_METRIC_L2, ids[0], dist[0], 4, 2, XKNN_CUDA_LISTS_HOST, bnd, &e) ==
+               XKNN_ERROR_INVALID_ARGUMENT;
+    refused += xknn_cuda_fetch_lists(cx, ids[0], 1, &e) == XKNN_ERROR_INVALID_ARGUMENT;
+    ok(refused == 5 && e.message[0], "keep_lists: no context, a bad init, bounds with ip or uploaded lists, and a "
+                                     "fetch of lists not kept are INVALID_ARGUMENT (%d of 5; %s)", refused, e.message);
+    ok(xknn_cuda_keep_lists(cx, XKNN_METRIC_L2, ids[0], dist[0], 4, 2, XKNN_CUDA_LISTS_PADDING, bnd, &e) ==
+               XKNN_SUCCESS &&
+           xknn_cuda_keep_lists(cx, XKNN_METRIC_L2, ids[0] + 4, dist[0] + 4, 2, 2, XKNN_CUDA_LISTS_HOST, NULL, &e) ==
+               XKNN_ERROR_INVALID_ARGUMENT &&
+           xknn_cuda_fetch_lists(cx, ids[0], 1, &e) == XKNN_SUCCESS && ids[0][1] == -1 && dist[0][1] == 1.0f &&
+           dist[0][3] == 2.0f && dist[0][0] == INFINITY,
+       "keep_lists: overlapping lists are refused; padding with bounds comes back as such");
+    for (i = 0; i < 5; i++)
+        if (xknn_cuda_keep_lists(cx, XKNN_METRIC_L2, ids[i], dist[i], 4, 2, XKNN_CUDA_LISTS_PADDING, NULL, &e) ==
+            XKNN_SUCCESS)
+            kept++;
+    ok(kept == 4 && xknn_cuda_fetch_lists(cx, ids[2], 0, &e) == XKNN_SUCCESS &&
+           xknn_cuda_keep_lists(cx, XKNN_METRIC_L2, ids[5], dist[5], 4, 2, XKNN_CUDA_LISTS_PADDING, NULL, &e) ==
+               XKNN_SUCCESS,
+       "keep_lists: 4 sets a context, a fifth once one is fetched (%d kept)", kept);
+    xknn_cuda_context_destroy(cx); /* (frees the sets still kept) */
 }
 
 /* xknn_cuda_keep_rows' refusals and its limit: three TAP lines. */
@@ -361,8 +463,9 @@ int main(void)
     if (!xknn_backend_built(XKNN_BACKEND_CUDA) || xknn_cuda_device_count() == 0) skip_all("no CUDA device");
     const char *only = getenv("XKNN_CUDA_TEST_ONLY");
     quick = getenv("XKNN_CUDA_TEST_QUICK") ? atoi(getenv("XKNN_CUDA_TEST_QUICK")) : 0;
-    plan(3 * NCASES + 2 * NPCASES + 3);
+    plan(3 * NCASES + 2 * NPCASES + 6);
     run_keep_errors();
+    run_lists_errors();
     for (i = 0; i < NCASES; i++) {
         if (only && *only && !strstr(cases[i].what, only))
             skip(3, "%s: not selected by XKNN_CUDA_TEST_ONLY", cases[i].what);

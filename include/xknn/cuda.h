@@ -145,7 +145,8 @@ struct CUstream_st; /* = cudaStream_t's pointee; NULL means the legacy default s
  * stream, made by the first host-array search: every path's results, and the inputs
  * of the tensor-core and fused paths, go through it), a pinned buffer for the results
  * of xknn_search_pair (made by its first call, kept until the context is destroyed),
- * the blocks of rows it keeps on the device (xknn_cuda_keep_rows), and a cuBLAS handle
+ * the blocks of rows and the running lists it keeps on the device (xknn_cuda_keep_rows,
+ * xknn_cuda_keep_lists), and a cuBLAS handle
  * created by the first GEMM-path search. */
 typedef struct xknn_cuda_context xknn_cuda_context;
 
@@ -181,6 +182,38 @@ XKNN_API xknn_status xknn_cuda_keep_rows(xknn_cuda_context *ctx, const xknn_matr
 /* Ends xknn_cuda_keep_rows for the block whose first row is data (frees its device
  * copy; nothing for rows not kept). xknn_cuda_context_destroy frees what is still kept. */
 XKNN_API void xknn_cuda_forget_rows(xknn_cuda_context *ctx, const void *data);
+
+/*
+ * Keeps running k-best lists on the device between calls: ids and dist are rows x k host
+ * arrays in xknn_search_pair's layout (each row sorted, padding last). A later
+ * xknn_search_pair on this context (the CUDA backend) whose lists lie inside them merges
+ * into the device copy instead, so a caller that runs many pairs over the same rows (a
+ * distributed self-join) moves their lists once. The host arrays are not current, and
+ * must not be read or written, until xknn_cuda_fetch_lists; a call that runs on the CPU
+ * backend does not see the device copy. init: XKNN_CUDA_LISTS_HOST copies the host
+ * arrays now; XKNN_CUDA_LISTS_PADDING makes padding on the device (id -1, distance +inf,
+ * -inf for ip), the host arrays unread. bounds (PADDING, l2 family only; NULL: none):
+ * rows floats, each row's padding carrying bounds[i] in its last entry, as a caller's
+ * bounded padding for xknn_search_pair. The device copy counts against later calls'
+ * device memory budget. At most 4 sets a context, none overlapping another. Not
+ * collective. Errors: INVALID_ARGUMENT, OUT_OF_MEMORY, DEVICE, NOT_BUILT.
+ */
+#define XKNN_CUDA_LISTS_HOST 0
+#define XKNN_CUDA_LISTS_PADDING 1
+XKNN_API xknn_status xknn_cuda_keep_lists(xknn_cuda_context *ctx, xknn_metric metric, int64_t *ids, float *dist,
+                                          int64_t rows, int64_t k, int init, const float *bounds, xknn_error *err);
+
+/* Ends xknn_cuda_keep_lists for the set whose first list is at ids: download = 1 copies
+ * the device lists into the host arrays first (returns once they are there), 0 drops them.
+ * The device copy is freed either way. INVALID_ARGUMENT where no set begins at ids.
+ * The host copies of keep_lists and fetch_lists run on as many threads as the context's
+ * last host-array call had (params.num_threads; all before the first). */
+XKNN_API xknn_status xknn_cuda_fetch_lists(xknn_cuda_context *ctx, int64_t *ids, int download, xknn_error *err);
+
+/* Each row's k-th distance in the kept set that begins at ids, into kth (rows floats, host
+ * memory): the last entry's distance where the row holds k references, +inf where it does
+ * not (the host arrays stay untouched). INVALID_ARGUMENT where no set begins at ids. */
+XKNN_API xknn_status xknn_cuda_lists_kth(xknn_cuda_context *ctx, const int64_t *ids, float *kth, xknn_error *err);
 
 /* The candidate path (XKNN_CUDA_PATH_FP32, _TF32 or _FUSED) that params->cuda_path selects
  * for these sizes (params NULL: defaults). Touches no device; a fused choice still falls

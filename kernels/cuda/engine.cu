@@ -140,6 +140,12 @@ struct xknn_cuda_context {
         int64_t *ids;
         float *dist;
     } mirror[2];
+    /* running lists a caller keeps on the device between calls (xknn_cuda_keep_lists;
+     * the table guarded by kept_lock, like the kept rows) */
+    struct xknn_cuda_mirror lists[4];
+    /* the host threads of the last host-array call (params.num_threads; 0: OpenMP's
+     * default), which keep_lists and fetch_lists copy with */
+    int threads;
 };
 
 /* One kept block of host rows: rows x row_bytes packed on the device, uploaded a chunk of
@@ -1347,9 +1353,12 @@ size_t budget_of(const xknn_params *prm, cudaMemPool_t pool, Err er, xknn_status
     return (size_t)((double)free_b * 0.9);
 }
 
+cudaError_t stage_make(xknn_cuda_context *ctx);
+
 /* The start of every host-array search: sizes checked, the caller's context or a
  * temporary one (*own_ctx, which the caller destroys), its device made current for the
- * call (scope), and the device memory budget. */
+ * call (scope), the device memory budget, and on a caller's context its pinned staging
+ * ring (every staged copy of the call goes through it). */
 xknn_status host_begin(const xknn__job *job, DeviceScope &scope, xknn_cuda_context **ctx,
                        xknn_cuda_context **own_ctx, size_t *budget, Err er)
 {
@@ -1365,6 +1374,10 @@ xknn_status host_begin(const xknn__job *job, DeviceScope &scope, xknn_cuda_conte
     }
     XKNN__CUDA_CHECK(scope.enter((*ctx)->device));
     *budget = budget_of(prm, (*ctx)->pool, er, &st);
+    if (!*own_ctx) {
+        XKNN__CUDA_CHECK(stage_make(*ctx));
+        (*ctx)->threads = prm->num_threads;
+    }
 cleanup:
     return st;
 }
@@ -1432,10 +1445,10 @@ void host_rows_copy(char *dst, const char *src, int64_t rows, size_t row_bytes, 
  * the staging ring; the copies are ordered on ctx->copy_stream; returns after the last
  * piece is enqueued. */
 xknn_status stage_bytes(xknn_cuda_context *ctx, char *dev, const char *host, int64_t rows, size_t row_bytes,
-                        size_t ld_bytes, int threads, int *piece, Err er)
+                        size_t ld_bytes, int threads, int *piece, Err er, size_t grain = 0)
 {
     xknn_status st = XKNN_SUCCESS;
-    const size_t grain = stage_piece();
+    if (!grain) grain = stage_piece();
     const int64_t per = max64(1, (int64_t)(grain / row_bytes));
     for (int64_t r0 = 0; r0 < rows; r0 += per) {
         const int64_t nr = min64(per, rows - r0);
@@ -1498,15 +1511,6 @@ const char *kept_rows(xknn_cuda_context *ctx, const void *host, int64_t rows, si
     }
     pthread_mutex_unlock(&ctx->kept_lock);
     if (!kp) return NULL;
-    {
-        /* (the staging ring: for the chunks not uploaded yet, and for the caller's
-         * results, which skip its own upload) */
-        const cudaError_t e = stage_make(ctx);
-        if (e != cudaSuccess) {
-            *st = failf(er, XKNN_ERROR_DEVICE, "cuda backend: %s (staging for kept rows)", cudaGetErrorString(e));
-            return NULL;
-        }
-    }
     for (int64_t c = r0 / kp->chunk; c <= (r0 + rows - 1) / kp->chunk; ++c) {
         if (kp->valid[c]) continue;
         const int64_t c0 = c * kp->chunk, nr = min64(kp->chunk, kp->rows - c0);
@@ -1554,24 +1558,37 @@ void *pair_out_buffer(xknn_cuda_context *ctx, size_t bytes)
  * lists to the host and back (cpu_pair). */
 typedef xknn_cuda_context::xknn_cuda_mirror ListMirror;
 
+/* (grain: bytes a piece; 0: stage_piece(), the pipeline's latency grain; bulk copies of
+ * whole list sets pass kStagePiece) */
 xknn_status results_out(xknn_cuda_context *ctx, int staged, int64_t *ids_host, const int64_t *ids_dev,
                         float *dist_host, const float *dist_dev, size_t count, int threads, cudaStream_t s,
-                        int *piece, Err er);
+                        int *piece, Err er, size_t grain = 0);
 
-/* The device lists of rows [ids, ids + rows * k) where a mirror holds them. */
+/* 1 (and the device lists of rows [ids, ids + rows * k)) where m holds them */
+static bool mirror_holds(const ListMirror &m, const int64_t *ids, int64_t rows, int64_t k, int64_t **dids,
+                         float **ddist)
+{
+    if (!m.ids || m.k != k || !ids || ids < m.host_ids || rows < 0) return false;
+    const int64_t off = (int64_t)(ids - m.host_ids);
+    if (off % k || off / k + rows > m.rows) return false;
+    *dids = m.ids + off;
+    *ddist = m.dist + off;
+    return true;
+}
+
+/* The device lists of rows [ids, ids + rows * k) where a mirror of this call, or lists
+ * the caller keeps (xknn_cuda_keep_lists), hold them. */
 bool mirror_of(const xknn_cuda_context *ctx, const int64_t *ids, int64_t rows, int64_t k, int64_t **dids,
                float **ddist)
 {
-    for (int i = 0; i < 2; ++i) {
-        const ListMirror &m = ctx->mirror[i];
-        if (!m.ids || m.k != k || !ids || ids < m.host_ids || rows < 0) continue;
-        const int64_t off = (int64_t)(ids - m.host_ids);
-        if (off % k || off / k + rows > m.rows) continue;
-        *dids = m.ids + off;
-        *ddist = m.dist + off;
-        return true;
-    }
-    return false;
+    bool found = false;
+    for (int i = 0; i < 2 && !found; ++i) found = mirror_holds(ctx->mirror[i], ids, rows, k, dids, ddist);
+    if (found) return true;
+    pthread_mutex_t *lock = (pthread_mutex_t *)&ctx->kept_lock;
+    pthread_mutex_lock(lock);
+    for (int i = 0; i < 4 && !found; ++i) found = mirror_holds(ctx->lists[i], ids, rows, k, dids, ddist);
+    pthread_mutex_unlock(lock);
+    return found;
 }
 
 /* Mirrors side s's lists in slot i: uploaded from the host (or, pad = 1, padding made on
@@ -1606,11 +1623,10 @@ xknn_status mirror_begin(xknn_cuda_context *ctx, int i, const xknn__sym_side *s,
     if (pad) {
         XKNN__CUDA_CHECK(launch_lists_pad(m.ids, m.dist, (int64_t)cnt, ip, ctx->sms, ctx->stream));
     } else {
-        XKNN__CUDA_CHECK(stage_make(ctx));
         XKNN__TRY(stage_bytes(ctx, (char *)m.ids, (const char *)s->ids, s->rows, (size_t)k * sizeof(int64_t),
-                              (size_t)k * sizeof(int64_t), threads, &piece, er));
+                              (size_t)k * sizeof(int64_t), threads, &piece, er, kStagePiece));
         XKNN__TRY(stage_bytes(ctx, (char *)m.dist, (const char *)s->dist, s->rows, (size_t)k * sizeof(float),
-                              (size_t)k * sizeof(float), threads, &piece, er));
+                              (size_t)k * sizeof(float), threads, &piece, er, kStagePiece));
         XKNN__CUDA_CHECK(cudaStreamWaitEvent(ctx->stream, ctx->stage_done[(piece - 1) & 1], 0));
     }
     ctx->mirror[i] = m;
@@ -1632,12 +1648,9 @@ xknn_status mirror_end(xknn_cuda_context *ctx, int i, int download, int threads,
     int piece = 0;
     if (!m.ids) return st;
     memset(&ctx->mirror[i], 0, sizeof ctx->mirror[i]);
-    if (download) {
-        const cudaError_t e = stage_make(ctx);
-        st = e != cudaSuccess ? failf(er, XKNN_ERROR_DEVICE, "cuda backend: %s (lists out)", cudaGetErrorString(e))
-                              : results_out(ctx, 1, m.host_ids, m.ids, m.host_dist, m.dist, (size_t)(m.rows * m.k),
-                                            threads, ctx->stream, &piece, er);
-    }
+    if (download)
+        st = results_out(ctx, 1, m.host_ids, m.ids, m.host_dist, m.dist, (size_t)(m.rows * m.k), threads, ctx->stream,
+                         &piece, er, kStagePiece);
     (void)cudaStreamSynchronize(ctx->stream);
     cudaFree(m.ids);
     cudaFree(m.dist);
@@ -1651,7 +1664,7 @@ xknn_status mirror_end(xknn_cuda_context *ctx, int i, int download, int threads,
  * flight; otherwise plain copies into pageable memory (the driver stages them). */
 xknn_status results_out(xknn_cuda_context *ctx, int staged, int64_t *ids_host, const int64_t *ids_dev,
                         float *dist_host, const float *dist_dev, size_t count, int threads, cudaStream_t s,
-                        int *piece, Err er)
+                        int *piece, Err er, size_t grain)
 {
     xknn_status st = XKNN_SUCCESS;
     char *const dst[2] = {(char *)ids_host, (char *)dist_host};
@@ -1666,7 +1679,7 @@ xknn_status results_out(xknn_cuda_context *ctx, int staged, int64_t *ids_host, c
             XKNN__CUDA_CHECK(cudaMemcpyAsync(dst[i], src[i], bytes[i], cudaMemcpyDeviceToHost, s));
             continue;
         }
-        const size_t grain = stage_piece();
+        if (!grain) grain = stage_piece();
         for (size_t o = 0; o < bytes[i]; o += grain) {
             const size_t len = bytes[i] - o < grain ? bytes[i] - o : grain;
             const int b = (*piece)++ & 1;
@@ -1720,7 +1733,6 @@ xknn_status host_fused(const xknn__job *job, xknn_cuda_context *ctx, const Plan 
     int piece = 0;
 
     *alloc_failed = 0;
-    if (staged) XKNN__CUDA_CHECK(stage_make(ctx));
     {
         HostBuffers hb; /* (its alloc: from the pool, trimmed once when it runs out) */
         hb.pool = ctx->pool;
@@ -1966,7 +1978,6 @@ xknn_status host_imma(const xknn__job *job, xknn_cuda_context *ctx, int staged, 
     }
     XKNN__CUDA_CHECK(cudaMemsetAsync(b + off_stats, 0, sizeof(unsigned long long) * kStatCount, sc));
     if (staged) {
-        XKNN__CUDA_CHECK(stage_make(ctx));
         XKNN__TRY(stage_bytes(ctx, b + off_raw, (const char *)job->ref_data, n, raw_row, (size_t)job->ldr * ub,
                               prm->num_threads, &piece, er));
         XKNN__CUDA_CHECK(cudaStreamWaitEvent(sc, ctx->stage_done[(piece - 1) & 1], 0));
@@ -2178,7 +2189,6 @@ xknn_status host_generic(const xknn__job *job, Err er)
                 (long long)g.chunk, (double)g.bytes / 1048576.0, (double)budget / 1048576.0);
 
     b = (char *)hb.dWs;
-    if (own_ctx == NULL) XKNN__CUDA_CHECK(stage_make(ctx)); /* results out through the staging ring */
     XKNN__CUDA_CHECK(cudaMemsetAsync(b + g.off_stats, 0, sizeof(unsigned long long) * kStatCount, sc));
     if (wham)
         XKNN__CUDA_CHECK(cudaMemcpyAsync(b + g.off_w, prm->weights, (size_t)d * sizeof(float), cudaMemcpyHostToDevice,
@@ -2465,7 +2475,6 @@ xknn_status host_sym(const xknn__job *job, xknn_cuda_context *ctx, int staged, s
     if (dR) {
         /* (kept rows: on the device already) */
     } else if (staged) {
-        XKNN__CUDA_CHECK(stage_make(ctx));
         XKNN__TRY(stage_rows(ctx, hb.dR, job->ref, n, d, job->ldr, prm->num_threads, &piece, er));
         XKNN__CUDA_CHECK(cudaStreamWaitEvent(sc, ctx->stage_done[(piece - 1) & 1], 0));
     } else {
@@ -2795,10 +2804,17 @@ cleanup:
  * distance with id -1: xknn_search_pair): then, for l2, they bound what the pair can add
  * (mma_list_thr_kernel), and the side needs no witnesses. 0 where any row has neither,
  * the metric is not l2, or kth is NULL. */
+/* 1 where a side's thresholds may come from its lists: l2, unless
+ * XKNN_CUDA_PAIR_WITNESSES=1 (a diagnostic: always witnesses) */
+static int lists_thr_allowed(const xknn_params *prm)
+{
+    const char *w = getenv("XKNN_CUDA_PAIR_WITNESSES");
+    return prm->metric == XKNN_METRIC_L2 && !(w && *w == '1');
+}
+
 int lists_kth(const xknn_params *prm, const xknn__sym_side *s, int64_t k, float *kth)
 {
-    const char *w = getenv("XKNN_CUDA_PAIR_WITNESSES"); /* diagnostic: 1 = always witnesses */
-    if (!kth || prm->metric != XKNN_METRIC_L2 || !s->ids || !s->dist || (w && *w == '1')) return 0;
+    if (!kth || !lists_thr_allowed(prm) || !s->ids || !s->dist) return 0;
     for (int64_t i = 0; i < s->rows; ++i) {
         const float v = s->dist[i * k + k - 1];
         if (!(v <= FLT_MAX)) return 0;
@@ -2902,7 +2918,6 @@ xknn_status host_pair(const xknn__job *job, xknn_cuda_context *ctx, int staged, 
     *done = 1;
     if (prm->verbose) print_plan(ctx, plan, "pair of sets, resident", budget, 0);
     if (staged && (!dA || !dB)) {
-        XKNN__CUDA_CHECK(stage_make(ctx));
         if (!dA) XKNN__TRY(stage_rows(ctx, hb.dR, (const float *)a->data, na, d, a->ld, prm->num_threads, &piece, er));
         if (!dB) XKNN__TRY(stage_rows(ctx, hb.dQ, (const float *)b->data, nb, d, b->ld, prm->num_threads, &piece, er));
         XKNN__CUDA_CHECK(cudaStreamWaitEvent(sc, ctx->stage_done[(piece - 1) & 1], 0));
@@ -2974,9 +2989,8 @@ xknn_status host_pair(const xknn__job *job, xknn_cuda_context *ctx, int staged, 
         if (hb.dFlag) {
             /* a mirrored side's k-th list values into its rows of gmin on the device; its
              * lists are full (or bounded) where every one is finite (lists_kth's rule) */
-            const char *w = getenv("XKNN_CUDA_PAIR_WITNESSES"); /* diagnostic: 1 = always witnesses */
             int bad[2] = {1, 1};
-            if (prm->metric == XKNN_METRIC_L2 && !(w && *w == '1')) {
+            if (lists_thr_allowed(prm)) {
                 XKNN__CUDA_CHECK(cudaMemsetAsync(hb.dFlag, 0, 2 * sizeof(int), sc));
                 if (mir_a) XKNN__CUDA_CHECK(launch_lists_kth(md[0], na, k, ma.gmin, hb.dFlag, sms, sc));
                 if (mir_b) XKNN__CUDA_CHECK(launch_lists_kth(md[1], nb, k, mb.gmin, hb.dFlag + 1, sms, sc));
@@ -3431,7 +3445,6 @@ xknn_status host_search(const xknn__job *job, Err er)
     }
     if (prm->verbose) print_plan(ctx, plan, resident ? "resident references" : "streamed references", budget, chunk);
 
-    if (own_ctx == NULL) XKNN__CUDA_CHECK(stage_make(ctx));
     if (!resident) {
         XKNN__CUDA_CHECK(cudaStreamCreateWithFlags(&sx, cudaStreamNonBlocking));
         for (int b = 0; b < 2; ++b) {
@@ -3724,6 +3737,10 @@ void xknn_cuda_context_destroy(xknn_cuda_context *ctx)
     DeviceScope scope;
     if (scope.enter(ctx->device) == cudaSuccess) {
         for (int i = 0; i < 8; ++i) kept_free(ctx->kept[i]);
+        for (int i = 0; i < 4; ++i) {
+            if (ctx->lists[i].ids) cudaFree(ctx->lists[i].ids);
+            if (ctx->lists[i].dist) cudaFree(ctx->lists[i].dist);
+        }
         if (ctx->keep_stream) cudaStreamDestroy(ctx->keep_stream);
         if (ctx->pair_out) cudaFreeHost(ctx->pair_out);
         for (int b = 1; b >= 0; --b) {
@@ -3830,6 +3847,163 @@ void xknn_cuda_forget_rows(xknn_cuda_context *ctx, const void *data)
     if (!kp) return;
     DeviceScope scope;
     if (scope.enter(ctx->device) == cudaSuccess) kept_free(kp);
+}
+
+xknn_status xknn_cuda_keep_lists(xknn_cuda_context *ctx, xknn_metric metric, int64_t *ids, float *dist, int64_t rows,
+                                 int64_t k, int init, const float *bounds, xknn_error *err)
+{
+    Err er = err_of(err);
+    xknn_status st = XKNN_SUCCESS;
+    DeviceScope scope;
+    ListMirror m = {ids, dist, rows, k, NULL, NULL};
+    const int ip = metric == XKNN_METRIC_IP;
+    int slot = -1, piece = 0;
+    if (!ctx || !ids || !dist || rows <= 0 || k <= 0)
+        return finish_err(err, failf(er, XKNN_ERROR_INVALID_ARGUMENT,
+                                     "xknn_cuda_keep_lists: a context and lists of at least one row are needed"));
+    if (init != XKNN_CUDA_LISTS_HOST && init != XKNN_CUDA_LISTS_PADDING)
+        return finish_err(err, failf(er, XKNN_ERROR_INVALID_ARGUMENT,
+                                     "xknn_cuda_keep_lists: init %d: XKNN_CUDA_LISTS_HOST or XKNN_CUDA_LISTS_PADDING",
+                                     init));
+    if (bounds && (init != XKNN_CUDA_LISTS_PADDING || ip))
+        return finish_err(err, failf(er, XKNN_ERROR_INVALID_ARGUMENT,
+                                     "xknn_cuda_keep_lists: bounds go with XKNN_CUDA_LISTS_PADDING and a metric of "
+                                     "the l2 family only"));
+    if (rows > INT64_MAX / 16 / k)
+        return finish_err(err, failf(er, XKNN_ERROR_INVALID_ARGUMENT, "xknn_cuda_keep_lists: %lld x %lld lists: too large",
+                                     (long long)rows, (long long)k));
+    const size_t cnt = (size_t)(rows * k);
+    XKNN__CUDA_CHECK(scope.enter(ctx->device));
+    {
+        /* (the bounds, if any, travel in a tail of the distances' allocation) */
+        cudaError_t e = cudaMalloc((void **)&m.ids, cnt * sizeof(int64_t));
+        if (e == cudaSuccess) e = cudaMalloc((void **)&m.dist, (cnt + (bounds ? (size_t)rows : 0)) * sizeof(float));
+        if (e != cudaSuccess) {
+            (void)cudaGetLastError();
+            st = failf(er, e == cudaErrorMemoryAllocation ? XKNN_ERROR_OUT_OF_MEMORY : XKNN_ERROR_DEVICE,
+                       "xknn_cuda_keep_lists: %lld x %lld lists (%.1f MiB) on device %d: %s", (long long)rows,
+                       (long long)k, (double)cnt * 12.0 / 1048576.0, ctx->device, cudaGetErrorString(e));
+            goto cleanup;
+        }
+    }
+    if (init == XKNN_CUDA_LISTS_PADDING) {
+        XKNN__CUDA_CHECK(launch_lists_pad(m.ids, m.dist, (int64_t)cnt, ip, ctx->sms, ctx->stream));
+        if (bounds) {
+            XKNN__CUDA_CHECK(cudaMemcpyAsync(m.dist + cnt, bounds, (size_t)rows * sizeof(float), cudaMemcpyHostToDevice,
+                                             ctx->stream));
+            XKNN__CUDA_CHECK(launch_lists_bound(m.dist, m.dist + cnt, rows, k, ctx->sms, ctx->stream));
+        }
+    } else {
+        XKNN__CUDA_CHECK(stage_make(ctx));
+        XKNN__TRY(stage_bytes(ctx, (char *)m.ids, (const char *)ids, rows, (size_t)k * sizeof(int64_t),
+                              (size_t)k * sizeof(int64_t), ctx->threads, &piece, er, kStagePiece));
+        XKNN__TRY(stage_bytes(ctx, (char *)m.dist, (const char *)dist, rows, (size_t)k * sizeof(float),
+                              (size_t)k * sizeof(float), ctx->threads, &piece, er, kStagePiece));
+        XKNN__CUDA_CHECK(cudaStreamWaitEvent(ctx->stream, ctx->stage_done[(piece - 1) & 1], 0));
+    }
+    /* (the caller may change its arrays and bounds once this returns) */
+    XKNN__CUDA_CHECK(cudaStreamSynchronize(ctx->stream));
+    {
+        /* a free slot, and no overlap with a set kept already (a row's lists live in one
+         * place) */
+        const char *lo = (const char *)ids, *hi = (const char *)(ids + cnt);
+        int overlap = 0;
+        pthread_mutex_lock(&ctx->kept_lock);
+        for (int i = 0; i < 4; ++i) {
+            const ListMirror &o = ctx->lists[i];
+            if (!o.ids) {
+                if (slot < 0) slot = i;
+                continue;
+            }
+            const char *olo = (const char *)o.host_ids, *ohi = (const char *)(o.host_ids + o.rows * o.k);
+            overlap |= lo < ohi && olo < hi;
+        }
+        if (slot >= 0 && !overlap) ctx->lists[slot] = m;
+        pthread_mutex_unlock(&ctx->kept_lock);
+        if (overlap || slot < 0) {
+            st = failf(er, XKNN_ERROR_INVALID_ARGUMENT,
+                       overlap ? "xknn_cuda_keep_lists: the lists overlap lists the context keeps already"
+                               : "xknn_cuda_keep_lists: the context keeps 4 list sets already");
+            goto cleanup;
+        }
+    }
+    m.ids = NULL;
+    m.dist = NULL;
+cleanup:
+    if (m.ids || m.dist) (void)cudaStreamSynchronize(ctx->stream);
+    if (m.ids) cudaFree(m.ids);
+    if (m.dist) cudaFree(m.dist);
+    return finish_err(err, st);
+}
+
+/* The kept set whose first list is at ids (its slot), or -1. */
+static int kept_lists_slot(xknn_cuda_context *ctx, const int64_t *ids)
+{
+    int slot = -1;
+    pthread_mutex_lock(&ctx->kept_lock);
+    for (int i = 0; i < 4 && slot < 0; ++i)
+        if (ctx->lists[i].ids && ctx->lists[i].host_ids == ids) slot = i;
+    pthread_mutex_unlock(&ctx->kept_lock);
+    return slot;
+}
+
+xknn_status xknn_cuda_fetch_lists(xknn_cuda_context *ctx, int64_t *ids, int download, xknn_error *err)
+{
+    Err er = err_of(err);
+    xknn_status st = XKNN_SUCCESS;
+    DeviceScope scope;
+    ListMirror m;
+    int slot, piece = 0;
+    if (!ctx || !ids)
+        return finish_err(err, failf(er, XKNN_ERROR_INVALID_ARGUMENT, "xknn_cuda_fetch_lists: NULL argument"));
+    slot = kept_lists_slot(ctx, ids);
+    if (slot < 0)
+        return finish_err(err, failf(er, XKNN_ERROR_INVALID_ARGUMENT,
+                                     "xknn_cuda_fetch_lists: the context keeps no lists that begin there"));
+    pthread_mutex_lock(&ctx->kept_lock);
+    m = ctx->lists[slot];
+    memset(&ctx->lists[slot], 0, sizeof ctx->lists[slot]);
+    pthread_mutex_unlock(&ctx->kept_lock);
+    XKNN__CUDA_CHECK(scope.enter(ctx->device));
+    if (download) {
+        XKNN__CUDA_CHECK(stage_make(ctx));
+        XKNN__TRY(results_out(ctx, 1, m.host_ids, m.ids, m.host_dist, m.dist, (size_t)(m.rows * m.k), ctx->threads,
+                              ctx->stream, &piece, er, kStagePiece));
+    }
+cleanup:
+    (void)cudaStreamSynchronize(ctx->stream);
+    cudaFree(m.ids);
+    cudaFree(m.dist);
+    return finish_err(err, st);
+}
+
+xknn_status xknn_cuda_lists_kth(xknn_cuda_context *ctx, const int64_t *ids, float *kth, xknn_error *err)
+{
+    Err er = err_of(err);
+    xknn_status st = XKNN_SUCCESS;
+    DeviceScope scope;
+    float *dk = NULL;
+    int slot;
+    if (!ctx || !ids || !kth)
+        return finish_err(err, failf(er, XKNN_ERROR_INVALID_ARGUMENT, "xknn_cuda_lists_kth: NULL argument"));
+    slot = kept_lists_slot(ctx, ids);
+    if (slot < 0)
+        return finish_err(err, failf(er, XKNN_ERROR_INVALID_ARGUMENT,
+                                     "xknn_cuda_lists_kth: the context keeps no lists that begin there"));
+    /* (the set stays in its slot: only fetch_lists, which the caller does not run
+     * meanwhile, frees it) */
+    const ListMirror m = ctx->lists[slot];
+    XKNN__CUDA_CHECK(scope.enter(ctx->device));
+    XKNN__CUDA_CHECK(cudaMalloc((void **)&dk, (size_t)m.rows * sizeof(float)));
+    XKNN__CUDA_CHECK(launch_lists_last(m.ids, m.dist, m.rows, m.k, dk, ctx->sms, ctx->stream));
+    XKNN__CUDA_CHECK(cudaMemcpyAsync(kth, dk, (size_t)m.rows * sizeof(float), cudaMemcpyDeviceToHost, ctx->stream));
+    XKNN__CUDA_CHECK(cudaStreamSynchronize(ctx->stream));
+cleanup:
+    if (dk) {
+        (void)cudaStreamSynchronize(ctx->stream);
+        cudaFree(dk);
+    }
+    return finish_err(err, st);
 }
 
 int xknn_cuda_path_for(const xknn_params *params, int64_t n, int64_t nq, int64_t d, int64_t k)

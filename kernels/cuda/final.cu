@@ -370,6 +370,21 @@ __global__ __launch_bounds__(kBlock) void lists_kth_kernel(const float *dist, in
     }
 }
 
+/* Each row's last distance becomes bound[r] (padding that carries a caller's bound) */
+__global__ __launch_bounds__(kBlock) void lists_bound_kernel(float *dist, const float *bound, int64_t rows, int64_t k)
+{
+    for (int64_t r = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; r < rows; r += (int64_t)gridDim.x * blockDim.x)
+        dist[r * k + k - 1] = bound[r];
+}
+
+/* out[r] = row r's k-th distance where it holds k references, +inf where not */
+__global__ __launch_bounds__(kBlock) void lists_last_kernel(const int64_t *ids, const float *dist, int64_t rows,
+                                                             int64_t k, float *out)
+{
+    for (int64_t r = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; r < rows; r += (int64_t)gridDim.x * blockDim.x)
+        out[r] = ids[r * k + k - 1] >= 0 ? dist[r * k + k - 1] : INFINITY;
+}
+
 static unsigned lists_grid(int64_t n, int sms)
 {
     const int64_t need = (n + kBlock - 1) / kBlock, cap = 16 * (int64_t)sms;
@@ -395,6 +410,21 @@ cudaError_t launch_lists_kth(const float *dist, int64_t rows, int64_t k, float *
 {
     if (rows <= 0) return cudaSuccess;
     lists_kth_kernel<<<lists_grid(rows, sms), kBlock, 0, st>>>(dist, rows, k, kth, bad);
+    return cudaGetLastError();
+}
+
+cudaError_t launch_lists_bound(float *dist, const float *bound, int64_t rows, int64_t k, int sms, cudaStream_t st)
+{
+    if (rows <= 0) return cudaSuccess;
+    lists_bound_kernel<<<lists_grid(rows, sms), kBlock, 0, st>>>(dist, bound, rows, k);
+    return cudaGetLastError();
+}
+
+cudaError_t launch_lists_last(const int64_t *ids, const float *dist, int64_t rows, int64_t k, float *out, int sms,
+                              cudaStream_t st)
+{
+    if (rows <= 0) return cudaSuccess;
+    lists_last_kernel<<<lists_grid(rows, sms), kBlock, 0, st>>>(ids, dist, rows, k, out);
     return cudaGetLastError();
 }
 

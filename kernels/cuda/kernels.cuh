@@ -321,6 +321,11 @@ cudaError_t launch_lists_merge(int64_t *ids, float *dist, const int64_t *nids, c
                                int64_t k, int ip, int64_t *sids, float *sdist, int sms, cudaStream_t st);
 cudaError_t launch_lists_pad(int64_t *ids, float *dist, int64_t count, int ip, int sms, cudaStream_t st);
 cudaError_t launch_lists_kth(const float *dist, int64_t rows, int64_t k, float *kth, int *bad, int sms, cudaStream_t st);
+/* dist[r * k + k - 1] = bound[r] (bounded padding); out[r] = row r's k-th distance where
+ * its last id is >= 0, +inf where not */
+cudaError_t launch_lists_bound(float *dist, const float *bound, int64_t rows, int64_t k, int sms, cudaStream_t st);
+cudaError_t launch_lists_last(const int64_t *ids, const float *dist, int64_t rows, int64_t k, float *out, int sms,
+                              cudaStream_t st);
 /* kp: keys kept per (slice, query), one of 32, 64, 128, 256 (kFusedMaxKeep). The fused
  * kernel over slices [z0, z0 + nz); then, once every slice is done, finish + rescue. */
 cudaError_t launch_fused_slices(const FusedParams &p, int kp, int z0, int nz, cudaStream_t st);

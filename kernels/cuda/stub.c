@@ -64,6 +64,36 @@ void xknn_cuda_forget_rows(xknn_cuda_context *ctx, const void *data)
     (void)data;
 }
 
+xknn_status xknn_cuda_keep_lists(xknn_cuda_context *ctx, xknn_metric metric, int64_t *ids, float *dist, int64_t rows,
+                                 int64_t k, int init, const float *bounds, xknn_error *err)
+{
+    (void)ctx;
+    (void)metric;
+    (void)ids;
+    (void)dist;
+    (void)rows;
+    (void)k;
+    (void)init;
+    (void)bounds;
+    return xknn__cuda_not_built(err);
+}
+
+xknn_status xknn_cuda_fetch_lists(xknn_cuda_context *ctx, int64_t *ids, int download, xknn_error *err)
+{
+    (void)ctx;
+    (void)ids;
+    (void)download;
+    return xknn__cuda_not_built(err);
+}
+
+xknn_status xknn_cuda_lists_kth(xknn_cuda_context *ctx, const int64_t *ids, float *kth, xknn_error *err)
+{
+    (void)ctx;
+    (void)ids;
+    (void)kth;
+    return xknn__cuda_not_built(err);
+}
+
 int xknn_cuda_path_for(const xknn_params *params, int64_t n, int64_t nq, int64_t d, int64_t k)
 {
     (void)params;
