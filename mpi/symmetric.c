@@ -192,23 +192,6 @@ static xknn_matrix xknn__sym_rows(const xknn_matrix *m, int64_t r0, int64_t rows
     return v;
 }
 
-/* Rows [a0, a0 + ra) of slice a (global ids aid + row, lists aids/adist of the whole
- * slice, ld = k) against rows [b0, b0 + rb) of slice b, or (b NULL) among themselves
- * (callers never pass an empty slice's NULL matrix as b);
- * adds the distance evaluations to *evals. Nothing to do for an empty side. */
-static xknn_status xknn__sym_call(const xknn_params *p, int64_t k, const xknn_matrix *a, int64_t a0, int64_t ra,
-                                  int64_t aid, int64_t *aids, float *adist, const xknn_matrix *b, int64_t b0,
-                                  int64_t rb, int64_t bid, int64_t *bids, float *bdist, int64_t *evals, xknn_error *e)
-{
-    xknn_matrix va, vb;
-    if (ra <= 0 || (b && rb <= 0)) return XKNN_SUCCESS;
-    va = xknn__sym_rows(a, a0, ra);
-    if (b) vb = xknn__sym_rows(b, b0, rb);
-    *evals += b ? ra * rb : xknn__sym_tri(ra);
-    return xknn_search_pair(p, &va, aid + a0, b ? &vb : NULL, b ? bid + b0 : 0, k, aids + a0 * k, adist + a0 * k,
-                            b ? bids + b0 * k : NULL, b ? bdist + b0 * k : NULL, e);
-}
-
 /* One step's compute (the work of the opening comment for step s), run by a worker
  * thread while the main thread moves slices and lists, or inline. No MPI call in here
  * (MPI_THREAD_FUNNELED is enough). */
@@ -223,13 +206,20 @@ typedef struct xknn__sym_step {
     float *d0, *dj;
     xknn_dtype dtype;
     int s, P, S, rank, jown, neg;
-    int prepadded; /* the held slice's lists are padding already (the main thread's) */
+    int prepadded; /* the held slice's lists are padding already (the main thread's), or
+                    * kept on the device (their host arrays unread)                       */
+    int own_dev;   /* the own lists are kept on the device (their host arrays unread)   */
+    void *kctx;    /* where (the CUDA context) lists are kept                            */
+    int fetch_held, fetch_own; /* the held slice's / the own lists to the host after the calls */
     int split;     /* the own diagonal in two parts (step 0 and step S + 1)             */
     /* out */
     int64_t nev;
     xknn_status st;
     xknn_error e;
     double t0, t1; /* monotonic seconds: start and end of the compute */
+    double mark[8]; /* XKNN_MPI_SYM_TRACE: when the lists' padding and each call ended */
+    int nmark;
+    double tf0, tf1; /* the kept lists' fetch */
 } xknn__sym_step;
 
 static double xknn__sym_now(void)
@@ -237,6 +227,49 @@ static double xknn__sym_now(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void xknn__sym_mark(xknn__sym_step *w)
+{
+    if (w->nmark < 8) w->mark[w->nmark++] = xknn__sym_now();
+}
+
+/* Rows [a0, a0 + ra) of slice a (global ids aid + row, lists aids/adist of the whole
+ * slice, ld = k) against rows [b0, b0 + rb) of slice b, or (b NULL) among themselves
+ * (callers never pass an empty slice's NULL matrix as b); adds the distance evaluations
+ * to w->nev (an error to w->e) and marks its end. Nothing to do for an empty side. */
+static xknn_status xknn__sym_call(const xknn_params *p, int64_t k, const xknn_matrix *a, int64_t a0, int64_t ra,
+                                  int64_t aid, int64_t *aids, float *adist, const xknn_matrix *b, int64_t b0,
+                                  int64_t rb, int64_t bid, int64_t *bids, float *bdist, xknn__sym_step *w)
+{
+    xknn_matrix va, vb;
+    xknn_status st;
+    if (ra <= 0 || (b && rb <= 0)) return XKNN_SUCCESS;
+    va = xknn__sym_rows(a, a0, ra);
+    if (b) vb = xknn__sym_rows(b, b0, rb);
+    w->nev += b ? ra * rb : xknn__sym_tri(ra);
+    st = xknn_search_pair(p, &va, aid + a0, b ? &vb : NULL, b ? bid + b0 : 0, k, aids + a0 * k, adist + a0 * k,
+                            b ? bids + b0 * k : NULL, b ? bdist + b0 * k : NULL, &w->e);
+    xknn__sym_mark(w);
+    return st;
+}
+
+/* count entries of padding (xknn__lists_pad), spread over threads (OpenMP; <= 0: all):
+ * the first touch of a fresh list set, millions of pages, is no work for one core */
+static void xknn__sym_pad(int64_t *ids, float *dist, int64_t count, int neg, int threads)
+{
+    const int64_t grain = INT64_C(1) << 18;
+    const int64_t parts = (count + grain - 1) / grain;
+    int64_t i;
+    (void)threads;
+#ifdef _OPENMP
+    if (threads <= 0) threads = omp_get_max_threads();
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && parts > 1)
+#endif
+    for (i = 0; i < parts; i++) {
+        const int64_t o = i * grain;
+        xknn__lists_pad(ids + o, dist + o, count - o < grain ? count - o : grain, neg);
+    }
 }
 
 static void *xknn__sym_work(void *arg)
@@ -249,48 +282,68 @@ static void *xknn__sym_work(void *arg)
     xknn_status ss = XKNN_SUCCESS;
     w->t0 = xknn__sym_now();
     w->e.message[0] = '\0';
-    /* this step's lists start as padding (first touch here, beside the transfers) */
-    if (s == 0)
-        xknn__lists_pad(w->l0, w->d0, nloc * k, w->neg);
-    else if (s <= w->S && !w->prepadded)
-        xknn__lists_pad(w->lj, w->dj, mj * k, w->neg);
+    /* this step's lists start as padding (first touch here, beside the transfers), on the
+     * host unless they are kept on the device */
+    if (s == 0 && !w->own_dev)
+        xknn__sym_pad(w->l0, w->d0, nloc * k, w->neg, w->p->num_threads);
+    else if (s >= 1 && s <= w->S && !w->prepadded)
+        xknn__sym_pad(w->lj, w->dj, mj * k, w->neg, w->p->num_threads);
+    xknn__sym_mark(w);
     if (s == 0) {
         /* the own diagonal, less its first cut rows (own rows are read from ref): the
          * triangle of rows [c0, mid); mid = nloc unless split */
-        ss = xknn__sym_call(w->p, k, w->ref, c0, mid - c0, r0, w->l0, w->d0, NULL, 0, 0, 0, NULL, NULL, &w->nev, &w->e);
+        ss = xknn__sym_call(w->p, k, w->ref, c0, mid - c0, r0, w->l0, w->d0, NULL, 0, 0, 0, NULL, NULL, w);
     } else if (s == w->S + 1) {
         /* split: the rest of it, the triangle of rows [mid, nloc) and the rectangle of
          * rows [c0, mid) against them (ref is NULL for an empty slice) */
         if (nloc > 0)
-            ss = xknn__sym_call(w->p, k, w->ref, mid, nloc - mid, r0, w->l0, w->d0, NULL, 0, 0, 0, NULL, NULL, &w->nev,
-                                &w->e);
+            ss = xknn__sym_call(w->p, k, w->ref, mid, nloc - mid, r0, w->l0, w->d0, NULL, 0, 0, 0, NULL, NULL, w);
         if (ss == XKNN_SUCCESS && nloc > 0)
             ss = xknn__sym_call(w->p, k, w->ref, c0, mid - c0, r0, w->l0, w->d0, w->ref, mid, nloc - mid, r0, w->l0,
-                                w->d0, &w->nev, &w->e);
+                                w->d0, w);
     } else {
         if (s == 1 && w->cut[w->jown] > 0) {
             /* the first cut rows of the next slice's diagonal */
             const int64_t c = w->cut[w->jown];
-            ss = xknn__sym_call(w->p, k, &cm, 0, c, j0, w->lj, w->dj, NULL, 0, 0, 0, NULL, NULL, &w->nev, &w->e);
+            ss = xknn__sym_call(w->p, k, &cm, 0, c, j0, w->lj, w->dj, NULL, 0, 0, 0, NULL, NULL, w);
             if (ss == XKNN_SUCCESS)
-                ss = xknn__sym_call(w->p, k, &cm, 0, c, j0, w->lj, w->dj, &cm, c, mj - c, j0, w->lj, w->dj, &w->nev,
-                                    &w->e);
+                ss = xknn__sym_call(w->p, k, &cm, 0, c, j0, w->lj, w->dj, &cm, c, mj - c, j0, w->lj, w->dj, w);
         }
         if (ss != XKNN_SUCCESS) {
             /* reported below */
         } else if (s < P - s) {
-            ss = xknn__sym_call(w->p, k, w->ref, 0, nloc, r0, w->l0, w->d0, &cm, 0, mj, j0, w->lj, w->dj, &w->nev,
-                                &w->e);
+            ss = xknn__sym_call(w->p, k, w->ref, 0, nloc, r0, w->l0, w->d0, &cm, 0, mj, j0, w->lj, w->dj, w);
         } else if (rank < w->S) {
             /* even P, last step: the first half of the own rows against slice r + P/2 */
             ss = xknn__sym_call(w->p, k, w->ref, 0, w->half[rank], r0, w->l0, w->d0, &cm, 0, mj, j0, w->lj, w->dj,
-                                &w->nev, &w->e);
+                                w);
         } else if (nloc > 0) { /* (ref is NULL for an empty slice: not a triangle) */
             /* ... and the second half of slice r - P/2's rows against the own */
             ss = xknn__sym_call(w->p, k, &cm, w->half[w->jown], mj - w->half[w->jown], j0, w->lj, w->dj, w->ref, 0,
-                                nloc, r0, w->l0, w->d0, &w->nev, &w->e);
+                                nloc, r0, w->l0, w->d0, w);
         }
     }
+    w->tf0 = xknn__sym_now();
+#ifdef XKNN_MPI_HAVE_CUDA
+    {
+        /* lists kept on the device whose last step this is: to the host, here, with the
+         * calls' threads (the held slice's travel to their owner next; the own rows' wait
+         * for the others'); after a failed call they are dropped */
+        xknn_cuda_context *kc = (xknn_cuda_context *)w->kctx;
+        xknn_error fe;
+        if (w->fetch_held && xknn_cuda_fetch_lists(kc, w->lj, ss == XKNN_SUCCESS, &fe) != XKNN_SUCCESS &&
+            ss == XKNN_SUCCESS) {
+            ss = fe.status;
+            w->e = fe;
+        }
+        if (w->fetch_own && xknn_cuda_fetch_lists(kc, w->l0, ss == XKNN_SUCCESS, &fe) != XKNN_SUCCESS &&
+            ss == XKNN_SUCCESS) {
+            ss = fe.status;
+            w->e = fe;
+        }
+    }
+#endif
+    w->tf1 = xknn__sym_now();
     w->st = ss;
     w->t1 = xknn__sym_now();
     return NULL;
@@ -367,11 +420,20 @@ xknn_status xknn__sym_ring(xknn_mpi_context *ctx, const xknn_params *params, con
     xknn_cuda_context *kctx = NULL;  /* where the rows are kept on the device */
     const void *kept[3] = {NULL, NULL, NULL}; /* kept blocks: own rows, the slice buffers */
 #endif
+    int dlists = 0;   /* running lists kept on the device (xknn_cuda_keep_lists)          */
+    int own_dev = 0;  /* the own lists are there now                                       */
+    int held_dev = 0; /* the held slice's lists of this step are there                     */
+    double tdl = 0.0; /* seconds of the lists' moves between host and device after a step */
     MPI_Datatype rowtype = MPI_DATATYPE_NULL, idtype = MPI_DATATYPE_NULL, dtype_k = MPI_DATATYPE_NULL;
     float *bnd = NULL; /* bounds: every row's k-th value after step 0, slices in rank order */
     int *bcnt = NULL;  /* bounds: counts and displacements of the slices */
     int s, j, rc, threaded = 0, split = 0, bounds = 0;
     double t0;
+    /* XKNN_MPI_SYM_TRACE=1 (a diagnostic, any rank): this rank's timeline on stderr,
+     * seconds from here */
+    const char *trace_env = getenv("XKNN_MPI_SYM_TRACE");
+    const int trace = trace_env && trace_env[0] == '1';
+    const double tr0 = xknn__sym_now();
 
     for (j = 0; j < P; j++) {
         if (rowss[j] > maxrows) maxrows = rowss[j];
@@ -497,6 +559,24 @@ xknn_status xknn__sym_ring(xknn_mpi_context *ctx, const xknn_params *params, con
                 fprintf(stderr, "xknn_mpi: rank %d: own rows not kept on the device: %s\n", rank, ke.message);
         }
     }
+    /* Running lists kept on the device (xknn_cuda_keep_lists): the own rows' for all the
+     * steps (padding made there), each held slice's for its step (padding and bounds made
+     * there); a step's pairs merge into them on the device, and each set crosses to the
+     * host once, when its last step is done (before, every pair uploaded its sides' lists
+     * and brought them back). XKNN_MPI_SYM_DEVICE_LISTS=0 (a diagnostic; the same results)
+     * keeps them on the host. */
+    if (kctx) {
+        const char *env = getenv("XKNN_MPI_SYM_DEVICE_LISTS");
+        dlists = !(env && env[0] == '0');
+    }
+    if (dlists) {
+        xknn_error ke;
+        if (xknn_cuda_keep_lists(kctx, params->metric, own.ids, own.dist, nloc, k, XKNN_CUDA_LISTS_PADDING, NULL, &ke) ==
+            XKNN_SUCCESS)
+            own_dev = 1;
+        else if (ctx->config.verbose)
+            fprintf(stderr, "xknn_mpi: rank %d: own lists not kept on the device: %s\n", rank, ke.message);
+    }
 #endif
     rc = MPI_Type_contiguous((int)row_bytes, MPI_BYTE, &rowtype);
     if (rc == MPI_SUCCESS) rc = MPI_Type_commit(&rowtype);
@@ -548,6 +628,7 @@ xknn_status xknn__sym_ring(xknn_mpi_context *ctx, const xknn_params *params, con
      * s + 1 (posted here), and the exchange of step s - 1's lists: the held slice's lists
      * go to its owner (r + s - 1) mod P, the own rows' lists come from rank
      * (r - s + 1) mod P, the one that held this rank's slice in step s - 1. */
+    if (trace) fprintf(stderr, "xknn_mpi: trace rank %d: set up %.3f\n", rank, xknn__sym_now() - tr0);
     for (s = 0; s <= S + 1 && !*mpi_broken; s++) {
         const int jown = (rank + s) % P;       /* the slice held in this step */
         const int jnext = (rank + s + 1) % P;  /* the one needed in step s + 1 */
@@ -559,7 +640,7 @@ xknn_status xknn__sym_ring(xknn_mpi_context *ctx, const xknn_params *params, con
         xknn__sym_step w;
         pthread_t th;
         int worker = 0, compute = st == XKNN_SUCCESS && (s <= S || split), r;
-        double tw, tc;
+        double tw, tc, ta, tu;
 
         for (r = 0; r < 6; r++) req[r] = MPI_REQUEST_NULL;
         w = base;
@@ -599,7 +680,22 @@ xknn_status xknn__sym_ring(xknn_mpi_context *ctx, const xknn_params *params, con
             break;
         }
 
-        if (bounds && s >= 1 && s <= S && rowss[jown] > 0) {
+#ifdef XKNN_MPI_HAVE_CUDA
+        if (dlists && compute && s >= 1 && s <= S && rowss[jown] > 0) {
+            /* the held slice's lists: padding (with the bounds) made on the device */
+            const xknn__cands *v = &vis[s % nvis];
+            xknn_error ke;
+            const double tk = xknn__sym_now();
+            if (xknn_cuda_keep_lists(kctx, params->metric, v->ids, v->dist, rowss[jown], k, XKNN_CUDA_LISTS_PADDING,
+                                     bounds ? bnd + bcnt[P + jown] : NULL, &ke) == XKNN_SUCCESS)
+                held_dev = 1;
+            else if (ctx->config.verbose)
+                fprintf(stderr, "xknn_mpi: rank %d: slice %d's lists not kept on the device: %s\n", rank, jown,
+                        ke.message);
+            tdl += xknn__sym_now() - tk;
+        }
+#endif
+        if (bounds && s >= 1 && s <= S && rowss[jown] > 0 && !held_dev) {
             /* the held slice's lists start from its owner's k-th values after step 0, in
              * their last entry (id -1): what lies beyond cannot enter the owner's lists */
             const xknn__cands *v = &vis[s % nvis];
@@ -620,7 +716,13 @@ xknn_status xknn__sym_ring(xknn_mpi_context *ctx, const xknn_params *params, con
             }
             w.s = s;
             w.jown = jown;
-            w.prepadded = s >= 1 && s <= S && padded_next;
+            w.prepadded = s >= 1 && s <= S && (padded_next || held_dev);
+            w.own_dev = own_dev;
+#ifdef XKNN_MPI_HAVE_CUDA
+            w.kctx = kctx;
+#endif
+            w.fetch_held = held_dev;
+            w.fetch_own = own_dev && s == (split ? S + 1 : S);
             worker = threaded && pthread_create(&th, NULL, xknn__sym_work, &w) == 0;
             if (!worker) {
                 w.p = &p;
@@ -640,6 +742,7 @@ xknn_status xknn__sym_ring(xknn_mpi_context *ctx, const xknn_params *params, con
         t0 = MPI_Wtime();
         tw = xknn__sym_now();
         rc = xknn__sym_wait(6, req, worker);
+        ta = xknn__sym_now();
 #ifdef XKNN_MPI_HAVE_CUDA
         if (rc == MPI_SUCCESS && kctx && s < S && rowss[jnext] > 0 && !*mpi_broken) {
             /* the slice of step s + 1 is here: onto the device now (step s still computes) */
@@ -651,6 +754,7 @@ xknn_status xknn__sym_ring(xknn_mpi_context *ctx, const xknn_params *params, con
                 fprintf(stderr, "xknn_mpi: rank %d: slice %d not kept on the device: %s\n", rank, jnext, ke.message);
         }
 #endif
+        tu = xknn__sym_now();
         if (rc == MPI_SUCCESS && into) {
             /* fold the received lists into the accumulator (one thread: the worker has
              * the others) */
@@ -679,7 +783,32 @@ xknn_status xknn__sym_ring(xknn_mpi_context *ctx, const xknn_params *params, con
             xknn_cuda_forget_rows(kctx, kept[1 + (s & 1)]);
             kept[1 + (s & 1)] = NULL;
         }
+        if (compute) {
+            /* (the worker fetched them; a failed step drops them) */
+            if (w.fetch_held) held_dev = 0;
+            if (w.fetch_own) own_dev = 0;
+            tdl += w.tf1 - w.tf0;
+        }
 #endif
+        if (trace) {
+            char line[512];
+            int at = 0, i;
+            at += snprintf(line + at, sizeof line - (size_t)at, "xknn_mpi: trace rank %d step %d:", rank, s);
+            if (compute) {
+                at += snprintf(line + at, sizeof line - (size_t)at, " compute %.3f..%.3f, marks", w.t0 - tr0,
+                               w.t1 - tr0);
+                for (i = 0; i < w.nmark && at < (int)sizeof line - 16; i++)
+                    at += snprintf(line + at, sizeof line - (size_t)at, " %.3f", w.mark[i] - tr0);
+                if (w.fetch_held || w.fetch_own)
+                    at += snprintf(line + at, sizeof line - (size_t)at, ", lists to the host %.3f..%.3f", w.tf0 - tr0,
+                                   w.tf1 - tr0);
+                at += snprintf(line + at, sizeof line - (size_t)at, ";");
+            }
+            snprintf(line + at, sizeof line - (size_t)at,
+                     " transfers done %.3f, held slice on the device %.3f, moves done %.3f, joined %.3f\n", ta - tr0,
+                     tu - tr0, tc - tr0, xknn__sym_now() - tr0);
+            fputs(line, stderr);
+        }
         if (compute) {
             /* busy: the compute's own seconds; the moves count where they outlast it */
             tm->search += w.t1 - w.t0;
@@ -701,10 +830,25 @@ xknn_status xknn__sym_ring(xknn_mpi_context *ctx, const xknn_params *params, con
              * to every rank: the bounds of the slices it will hold */
             float *mine = bnd + bcnt[P + rank];
             int64_t i;
+            int have_kth = 0;
             t0 = MPI_Wtime();
-            for (i = 0; i < nloc; i++) mine[i] = own.ids[i * k + k - 1] >= 0 ? own.dist[i * k + k - 1] : INFINITY;
+#ifdef XKNN_MPI_HAVE_CUDA
+            if (own_dev) {
+                /* (from the lists on the device; where that fails, they come to the host) */
+                xknn_error ke;
+                have_kth = xknn_cuda_lists_kth(kctx, own.ids, mine, &ke) == XKNN_SUCCESS;
+                if (!have_kth) {
+                    if (xknn_cuda_fetch_lists(kctx, own.ids, 1, &ke) != XKNN_SUCCESS && st == XKNN_SUCCESS)
+                        st = xknn__mpi_fail(lerr, ke.status, "rank %d: %s", rank, ke.message);
+                    own_dev = 0;
+                }
+            }
+#endif
+            if (!have_kth)
+                for (i = 0; i < nloc; i++) mine[i] = own.ids[i * k + k - 1] >= 0 ? own.dist[i * k + k - 1] : INFINITY;
             rc = MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, bnd, bcnt, bcnt + P, MPI_FLOAT, ctx->comm);
             tm->broadcast += MPI_Wtime() - t0;
+            if (trace) fprintf(stderr, "xknn_mpi: trace rank %d: bounds shared %.3f\n", rank, xknn__sym_now() - tr0);
             if (rc != MPI_SUCCESS) {
                 st = xknn__mpi_error(rank, lerr, rc, "MPI_Allgatherv (bounds)");
                 *mpi_broken = 1;
@@ -726,6 +870,9 @@ xknn_status xknn__sym_ring(xknn_mpi_context *ctx, const xknn_params *params, con
         fin = spare;
         tm->reduce += MPI_Wtime() - t0;
     }
+    if (trace)
+        fprintf(stderr, "xknn_mpi: trace rank %d: final lists %.3f (lists kept on the device: %s, %.3f s to keep and fetch)\n",
+                rank, xknn__sym_now() - tr0, dlists ? "yes" : "no", tdl);
 
     /* delivery, slice by slice in rank order */
     for (j = 0; j < P && !*mpi_broken; j++) {
@@ -763,6 +910,7 @@ xknn_status xknn__sym_ring(xknn_mpi_context *ctx, const xknn_params *params, con
                 t0 = MPI_Wtime();
                 ss = out->sink(out->sink_user, row0s[j], rows, k, fin.ids, fin.dist, &e);
                 tm->write += MPI_Wtime() - t0;
+                if (trace) fprintf(stderr, "xknn_mpi: trace rank %d: written %.3f\n", rank, xknn__sym_now() - tr0);
                 if (ss != XKNN_SUCCESS)
                     st = e.message[0] ? xknn__mpi_fail(lerr, ss, "rank %d: %s", rank, e.message)
                                       : xknn__mpi_fail(lerr, ss, "rank %d: result sink failed on rows %lld..%lld: %s",
@@ -796,6 +944,15 @@ xknn_status xknn__sym_ring(xknn_mpi_context *ctx, const xknn_params *params, con
 
 done:
 #ifdef XKNN_MPI_HAVE_CUDA
+    if (own_dev) {
+        /* (a step failed: its lists are of no use) */
+        xknn_error ke;
+        (void)xknn_cuda_fetch_lists(kctx, own.ids, 0, &ke);
+    }
+    if (held_dev) {
+        xknn_error ke;
+        for (j = 0; j < nvis; j++) (void)xknn_cuda_fetch_lists(kctx, vis[j].ids, 0, &ke);
+    }
     for (j = 0; j < 3; j++)
         if (kept[j]) xknn_cuda_forget_rows(kctx, kept[j]);
     xknn_cuda_context_destroy(cuctx);
