@@ -424,6 +424,9 @@ XKNN_API xknn_status xknn_distance_ex(const xknn_params *params, xknn_dtype dtyp
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
+#if defined(_OPENMP)
+#include <omp.h>
+#endif
 
 #include "xknn/impl/backend.h"
 
@@ -566,15 +569,24 @@ static int xknn__row_nonfinite(const float *row, int64_t cols)
     return bad != 0;
 }
 
+/* Threads for a scan: params.num_threads, 0 for OpenMP's default (a caller's share of
+ * the cores, e.g. one MPI rank's, must hold for every parallel region) */
+#if defined(_OPENMP)
+#define XKNN__SCAN_THREADS(nt) ((nt) > 0 ? (nt) : omp_get_max_threads())
+#endif
+
 /* Checks a float matrix for NaN/Inf; reports the first offending row and column.
- * Rows are scanned in parallel (OpenMP when the implementation is compiled with it). */
-static xknn_status xknn__check_finite(const char *what, const xknn_matrix *m, int64_t row_offset, xknn_error *err)
+ * Rows are scanned in parallel (OpenMP when the implementation is compiled with it;
+ * threads: params.num_threads). */
+static xknn_status xknn__check_finite(const char *what, const xknn_matrix *m, int64_t row_offset, int threads,
+                                      xknn_error *err)
 {
     const float *base = (const float *)m->data;
     const int64_t ld = m->ld ? m->ld : m->cols;
     int64_t i, j, first = m->rows;
+    (void)threads;
 #if defined(_OPENMP)
-#pragma omp parallel for schedule(static) reduction(min : first)
+#pragma omp parallel for schedule(static) reduction(min : first) num_threads(XKNN__SCAN_THREADS(threads))
 #endif
     for (i = 0; i < m->rows; i++)
         if (i < first && xknn__row_nonfinite(base + i * ld, m->cols)) first = i;
@@ -658,13 +670,13 @@ static xknn_status xknn__check_values(const xknn_params *p, const char *what, co
     const int hell = p->metric == XKNN_METRIC_HELLINGER;
     int64_t i, j, first = rows;
     if (m->dtype == XKNN_DTYPE_F32) {
-        xknn_status st = xknn__check_finite(what, m, row_offset, err);
+        xknn_status st = xknn__check_finite(what, m, row_offset, p->num_threads, err);
         if (st != XKNN_SUCCESS) return st;
     } else if (m->dtype == XKNN_DTYPE_F16 || m->dtype == XKNN_DTYPE_BF16) {
         const uint16_t *base = (const uint16_t *)m->data;
         const uint16_t mask = m->dtype == XKNN_DTYPE_F16 ? 0x7c00u : 0x7f80u;
 #if defined(_OPENMP)
-#pragma omp parallel for schedule(static) reduction(min : first)
+#pragma omp parallel for schedule(static) reduction(min : first) num_threads(XKNN__SCAN_THREADS(p->num_threads))
 #endif
         for (i = 0; i < rows; i++)
             if (i < first && xknn__row_nonfinite16(base + i * ld, cols, mask)) first = i;
@@ -684,7 +696,7 @@ static xknn_status xknn__check_values(const xknn_params *p, const char *what, co
         const unsigned char *base = (const unsigned char *)m->data;
         const size_t eb = xknn__dtype_bytes(m->dtype);
 #if defined(_OPENMP)
-#pragma omp parallel for schedule(static) reduction(min : first)
+#pragma omp parallel for schedule(static) reduction(min : first) num_threads(XKNN__SCAN_THREADS(p->num_threads))
 #endif
         for (i = 0; i < rows; i++) {
             const void *row = base + (size_t)(i * ld) * eb;

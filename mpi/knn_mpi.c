@@ -31,6 +31,9 @@
 #include <sys/types.h>
 #include <time.h>
 #include <unistd.h>
+#if defined(_OPENMP)
+#include <omp.h>
+#endif
 #if defined(__linux__)
 #include <sched.h>
 #endif
@@ -1022,15 +1025,15 @@ static xknn_status knn__open_output(knn_run *r, xknn_error *err)
     return knn__agree(r, st, err);
 }
 
-/* Sink: on the block's owner, encode its rows and write them at their offsets, in
- * pieces of about 8 MiB: one small buffer, reused while it is warm in the caches (a
+/* Sink: on the block's owner, encode its rows (in parallel: xknn_result_encode_rows)
+ * and write them at their offsets, in pieces of about 32 MiB: one buffer, reused (a
  * slice of millions of rows used to be encoded into a fresh buffer of its full size). */
 static xknn_status knn__sink(void *user, int64_t q0, int64_t rows, int64_t k, const int64_t *ids,
                              const float *dist, xknn_error *err)
 {
     knn_run *r = (knn_run *)user;
     const int64_t row_bytes = r->lay.ids_row_bytes + r->lay.dist_row_bytes;
-    const int64_t fit = row_bytes > 0 ? ((int64_t)8 << 20) / row_bytes : rows;
+    const int64_t fit = row_bytes > 0 ? ((int64_t)32 << 20) / row_bytes : rows;
     const int64_t piece = fit > 0 ? fit : 1;
     char what[96];
     xknn_status st;
@@ -1387,6 +1390,10 @@ int main(int argc, char **argv)
             if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) < share) share = CPU_COUNT(&set);
 #endif
             r->params.num_threads = share > 1 ? (int)share : 1;
+#if defined(_OPENMP)
+            /* (and every parallel region of this thread without a count of its own) */
+            omp_set_num_threads(r->params.num_threads);
+#endif
         }
     }
 #endif

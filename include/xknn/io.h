@@ -268,6 +268,9 @@ XKNN_API xknn_status xknn_targets_read(const char *path, int64_t *n, float **tar
 #include <sys/types.h>
 #include <time.h>
 #include <unistd.h>
+#if defined(_OPENMP)
+#include <omp.h>
+#endif
 #ifdef XKNN_HAVE_ZLIB
 #include <zlib.h>
 #endif
@@ -1457,8 +1460,23 @@ xknn_status xknn_result_encode_rows(xknn_result_format fmt, int64_t nrows, int64
                           !ids ? "ids" : !ids_bytes ? "ids_bytes" : !dist ? "dist (the format stores distances)"
                                                                           : "dist_bytes");
     if ((st = xknn__result_check_ids(NULL, fmt, nk, k, ids, err)) != XKNN_SUCCESS) return st;
-    xknn__result_put_ids(fmt, nrows, k, ids, (unsigned char *)ids_bytes);
-    if (fmt != XKNN_RESULT_IVECS) xknn__result_put_dist(nk, dist, (unsigned char *)dist_bytes);
+    {
+        /* blocks of rows spread over threads (OpenMP's default count; a caller that shares
+         * the cores sets it), each block's bytes where a one-thread pass puts them */
+        const int64_t idb = (fmt == XKNN_RESULT_IVECS ? 4 : 0) + k * (fmt == XKNN_RESULT_BIN64 ? 8 : 4);
+        const int64_t grain = (INT64_C(1) << 16) / k + 1;
+        const int64_t blocks = (nrows + grain - 1) / grain;
+        int64_t b;
+#if defined(_OPENMP)
+#pragma omp parallel for schedule(static) if (blocks > 1)
+#endif
+        for (b = 0; b < blocks; b++) {
+            const int64_t r0 = b * grain, nr = nrows - r0 < grain ? nrows - r0 : grain;
+            xknn__result_put_ids(fmt, nr, k, ids + r0 * k, (unsigned char *)ids_bytes + r0 * idb);
+            if (fmt != XKNN_RESULT_IVECS)
+                xknn__result_put_dist(nr * k, dist + r0 * k, (unsigned char *)dist_bytes + r0 * k * 4);
+        }
+    }
     return xknn__io_ok(err);
 }
 
