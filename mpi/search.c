@@ -527,8 +527,16 @@ agree_setup:
                 }
                 p.ref_id_offset = ref_offset;
                 if (p.device < 0) p.device = ctx->device; /* the pair kernel runs on the rank's GPU */
+                const double tr = MPI_Wtime();
                 st = xknn__sym_ring(ctx, &p, nloc > 0 ? ref : NULL, ref_offset, k, row0s, row0s + P, d, dtype, out, &tm,
                                     &owned, &evals, &mpi_broken, &lerr);
+                {
+                    /* XKNN_MPI_SYM_TRACE=1 (a diagnostic): what the setup took before the ring */
+                    const char *env = getenv("XKNN_MPI_SYM_TRACE");
+                    if (env && env[0] == '1')
+                        fprintf(stderr, "xknn_mpi: trace rank %d: the ring ran from %.3f to %.3f s of the self-join\n",
+                                rank, tr - t_begin, MPI_Wtime() - t_begin);
+                }
             } else if (rc != MPI_SUCCESS) {
                 st = xknn__mpi_error(rank, &lerr, rc, "MPI_Allreduce");
             }
