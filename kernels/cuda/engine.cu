@@ -2799,11 +2799,6 @@ cleanup:
     return st;
 }
 
-/* The k-th canonical values of a side's running lists into kth[0, rows) when every row
- * already holds k references, or ends in padding that carries a caller's bound (a finite
- * distance with id -1: xknn_search_pair): then, for l2, they bound what the pair can add
- * (mma_list_thr_kernel), and the side needs no witnesses. 0 where any row has neither,
- * the metric is not l2, or kth is NULL. */
 /* 1 where a side's thresholds may come from its lists: l2, unless
  * XKNN_CUDA_PAIR_WITNESSES=1 (a diagnostic: always witnesses) */
 static int lists_thr_allowed(const xknn_params *prm)
@@ -2812,6 +2807,11 @@ static int lists_thr_allowed(const xknn_params *prm)
     return prm->metric == XKNN_METRIC_L2 && !(w && *w == '1');
 }
 
+/* The k-th canonical values of a side's running lists into kth[0, rows) when every row
+ * already holds k references, or ends in padding that carries a caller's bound (a finite
+ * distance with id -1: xknn_search_pair): then, for l2, they bound what the pair can add
+ * (mma_list_thr_kernel), and the side needs no witnesses. 0 where any row has neither,
+ * the metric is not l2, or kth is NULL. */
 int lists_kth(const xknn_params *prm, const xknn__sym_side *s, int64_t k, float *kth)
 {
     if (!kth || !lists_thr_allowed(prm) || !s->ids || !s->dist) return 0;
@@ -3936,15 +3936,20 @@ cleanup:
     return finish_err(err, st);
 }
 
-/* The kept set whose first list is at ids (its slot), or -1. */
-static int kept_lists_slot(xknn_cuda_context *ctx, const int64_t *ids)
+/* The kept set whose first list is at ids into *m (taken out of the table with take),
+ * or 0 where there is none. */
+static int kept_lists_find(xknn_cuda_context *ctx, const int64_t *ids, int take, ListMirror *m)
 {
     int slot = -1;
     pthread_mutex_lock(&ctx->kept_lock);
     for (int i = 0; i < 4 && slot < 0; ++i)
         if (ctx->lists[i].ids && ctx->lists[i].host_ids == ids) slot = i;
+    if (slot >= 0) {
+        *m = ctx->lists[slot];
+        if (take) memset(&ctx->lists[slot], 0, sizeof ctx->lists[slot]);
+    }
     pthread_mutex_unlock(&ctx->kept_lock);
-    return slot;
+    return slot >= 0;
 }
 
 xknn_status xknn_cuda_fetch_lists(xknn_cuda_context *ctx, int64_t *ids, int download, xknn_error *err)
@@ -3953,17 +3958,12 @@ xknn_status xknn_cuda_fetch_lists(xknn_cuda_context *ctx, int64_t *ids, int down
     xknn_status st = XKNN_SUCCESS;
     DeviceScope scope;
     ListMirror m;
-    int slot, piece = 0;
+    int piece = 0;
     if (!ctx || !ids)
         return finish_err(err, failf(er, XKNN_ERROR_INVALID_ARGUMENT, "xknn_cuda_fetch_lists: NULL argument"));
-    slot = kept_lists_slot(ctx, ids);
-    if (slot < 0)
+    if (!kept_lists_find(ctx, ids, 1, &m))
         return finish_err(err, failf(er, XKNN_ERROR_INVALID_ARGUMENT,
                                      "xknn_cuda_fetch_lists: the context keeps no lists that begin there"));
-    pthread_mutex_lock(&ctx->kept_lock);
-    m = ctx->lists[slot];
-    memset(&ctx->lists[slot], 0, sizeof ctx->lists[slot]);
-    pthread_mutex_unlock(&ctx->kept_lock);
     XKNN__CUDA_CHECK(scope.enter(ctx->device));
     if (download) {
         XKNN__CUDA_CHECK(stage_make(ctx));
@@ -3983,16 +3983,14 @@ xknn_status xknn_cuda_lists_kth(xknn_cuda_context *ctx, const int64_t *ids, floa
     xknn_status st = XKNN_SUCCESS;
     DeviceScope scope;
     float *dk = NULL;
-    int slot;
+    ListMirror m;
     if (!ctx || !ids || !kth)
         return finish_err(err, failf(er, XKNN_ERROR_INVALID_ARGUMENT, "xknn_cuda_lists_kth: NULL argument"));
-    slot = kept_lists_slot(ctx, ids);
-    if (slot < 0)
+    /* (the set stays in the table: only fetch_lists, which the caller does not run
+     * meanwhile, frees it) */
+    if (!kept_lists_find(ctx, ids, 0, &m))
         return finish_err(err, failf(er, XKNN_ERROR_INVALID_ARGUMENT,
                                      "xknn_cuda_lists_kth: the context keeps no lists that begin there"));
-    /* (the set stays in its slot: only fetch_lists, which the caller does not run
-     * meanwhile, frees it) */
-    const ListMirror m = ctx->lists[slot];
     XKNN__CUDA_CHECK(scope.enter(ctx->device));
     XKNN__CUDA_CHECK(cudaMalloc((void **)&dk, (size_t)m.rows * sizeof(float)));
     XKNN__CUDA_CHECK(launch_lists_last(m.ids, m.dist, m.rows, m.k, dk, ctx->sms, ctx->stream));
