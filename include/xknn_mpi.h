@@ -268,8 +268,10 @@ XKNN_API xknn_status xknn_mpi_search(xknn_mpi_context *ctx, const xknn_params *p
  * that, inline with the transfers after it). Results: one block per non-empty slice,
  * delivered on the rank that owns it (the sink is called once there with the whole
  * slice); memory per rank 3 (P <= 3) or 6 list sets of (n/P) * k * 12 bytes plus two
- * slices. Plain (XKNN_SELF_JOIN_PLAIN, or a backend without a symmetric
- * kernel: the CUDA backend today): each query block is broadcast by the rank that owns
+ * slices. On a GPU each rank keeps its own slice, the slice it holds and the running
+ * lists of both on the device (xknn_cuda_keep_rows, xknn_cuda_keep_lists): rows cross
+ * to the device once, lists once back. Plain (XKNN_SELF_JOIN_PLAIN, or a backend without
+ * a pair kernel for the metric and dtype): each query block is broadcast by the rank that owns
  * those rows (blocks never straddle slices) and searched everywhere. Both give the same
  * ids and distance bits. The context's verbose prints which path ran and, for the
  * ring, every rank's distance evaluations and busy seconds. Arguments and errors as xknn_mpi_search().

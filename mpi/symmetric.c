@@ -83,7 +83,13 @@
  * accumulator with its receive and merge buffers (one set when S = 1): 3 (P = 2, 3) or 6
  * (P >= 4); plus two slices of rows (and n floats with bounds). With the CUDA backend the
  * device keeps a copy of the own slice and of the held one (two while the next is in
- * flight, S >= 2): each row crosses to the device once a step, not once a part.
+ * flight, S >= 2): each row crosses to the device once a step, not once a part. It also
+ * keeps the running lists (xknn_cuda_keep_lists): the own rows' from the first step to
+ * the last (padding made there), the held slice's for its step (padding and bounds made
+ * there); each set comes to the host once, fetched by the worker at the end of its last
+ * step (XKNN_MPI_SYM_DEVICE_LISTS=0: on the host, the same bytes; the 4M graph on two
+ * H100s measured no difference at P = 2, where a step's pairs are one or two calls).
+ * XKNN_MPI_SYM_TRACE=1 prints each rank's timeline (steps, transfers, lists, write).
  */
 #define _GNU_SOURCE /* sched_yield, clock_gettime */
 #include <limits.h>
