@@ -19,30 +19,10 @@ MK=$2
 MPIRUN=${3:-none}
 BACKEND=${BACKEND:-cuda}
 N_UNI=${N_UNI:-300007}
-T=$(mktemp -d "${TMPDIR:-/tmp}/cuda-ring-t.XXXXXX") || exit 1
-trap 'rm -rf "$T"' EXIT
-trap 'exit 1' INT TERM
+. "$(dirname "$0")/tap.sh"
+tap_begin cuda-ring-t 10
 
 export OMP_WAIT_POLICY=PASSIVE
-
-PLAN=10
-NUM=0
-FAILED=0
-echo "1..$PLAN"
-
-mk() { "$MK" "$@" >/dev/null || { echo "Bail out! mkdata $*"; exit 1; }; }
-ok() { # ok STATUS DESCRIPTION
-    NUM=$((NUM + 1))
-    if [ "$1" -eq 0 ]; then
-        echo "ok $NUM - $2"
-    else
-        echo "not ok $NUM - $2"
-        FAILED=$((FAILED + 1))
-        echo "# $WHY"
-        sed 's/^/#   stderr: /' "$T/err" 2>/dev/null | head -n 10
-    fi
-}
-skip() { NUM=$((NUM + 1)); echo "ok $NUM # SKIP $1"; }
 run() { # run NP OUT ARGS...: the self-join on NP ranks (1: a plain process), 240 s at most
     np=$1 out=$2
     shift 2

@@ -16,30 +16,10 @@
 KNN=$1
 MK=$2
 MPIRUN=${3:-none}
-T=$(mktemp -d "${TMPDIR:-/tmp}/determinism-t.XXXXXX") || exit 1
-trap 'rm -rf "$T"' EXIT
-trap 'exit 1' INT TERM
+. "$(dirname "$0")/tap.sh"
+tap_begin determinism-t 42
 
 export OMP_WAIT_POLICY=PASSIVE
-
-PLAN=42
-NUM=0
-FAILED=0
-echo "1..$PLAN"
-
-mk() { "$MK" "$@" >/dev/null || { echo "Bail out! mkdata $*"; exit 1; }; }
-ok() { # ok STATUS DESCRIPTION
-    NUM=$((NUM + 1))
-    if [ "$1" -eq 0 ]; then
-        echo "ok $NUM - $2"
-    else
-        echo "not ok $NUM - $2"
-        FAILED=$((FAILED + 1))
-        echo "# $WHY"
-        sed 's/^/#   stderr: /' "$T/err" 2>/dev/null | head -n 10
-    fi
-}
-skip() { NUM=$((NUM + 1)); echo "ok $NUM # SKIP $1"; }
 
 # run NP THREADS QB SLICE OUT [ARGS...]: one search; QB "auto" leaves the block size to
 # knn_mpi, SLICE "-" leaves XKNN_CUDA_REF_SLICE unset.

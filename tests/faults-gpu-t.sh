@@ -17,19 +17,12 @@
 KNN=$1
 MK=$2
 MPIRUN=${3:-none}
-T=$(mktemp -d "${TMPDIR:-/tmp}/faults-gpu-t.XXXXXX") || exit 1
-trap 'rm -rf "$T"' EXIT
-trap 'exit 1' INT TERM
+. "$(dirname "$0")/tap.sh"
+tap_begin faults-gpu-t 9
 O=$T/outdir # the output directory of every run: must hold the result only on success
 mkdir "$O" || exit 1
 
-PLAN=9
-NUM=0
-FAILED=0
-echo "1..$PLAN"
-
-mk() { "$MK" "$@" >/dev/null || { echo "Bail out! mkdata $*"; exit 1; }; }
-ok() { # ok STATUS DESCRIPTION
+ok() { # ok STATUS DESCRIPTION (tap.sh's, with the exit status and more stderr)
     NUM=$((NUM + 1))
     if [ "$1" -eq 0 ]; then
         echo "ok $NUM - $2"
@@ -41,7 +34,6 @@ ok() { # ok STATUS DESCRIPTION
         sed 's/^/#   /' "$T/err" 2>/dev/null | head -n 15
     fi
 }
-skip() { NUM=$((NUM + 1)); echo "ok $NUM # SKIP $1"; }
 run() { # run NP PROGRAM ARGS...: on NP ranks (1: a plain process), 60 s at most
     np=$1 prog=$2
     shift 2
