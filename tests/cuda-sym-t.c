@@ -392,7 +392,7 @@ static void run_pair_case(const pcase *c)
     free(wd);
 }
 
-/* xknn_cuda_keep_lists' refusals and its limit: three TAP lines. */
+/* xknn_cuda_keep_lists' refusals and its limit: four TAP lines. */
 static void run_lists_errors(void)
 {
     static int64_t ids[6][4 * 2];
@@ -420,6 +420,25 @@ static void run_lists_errors(void)
            xknn_cuda_fetch_lists(cx, ids[0], 1, &e) == XKNN_SUCCESS && ids[0][1] == -1 && dist[0][1] == 1.0f &&
            dist[0][3] == 2.0f && dist[0][0] == INFINITY,
        "keep_lists: overlapping lists are refused; padding with bounds comes back as such");
+    {
+        /* copy_lists: rows 1..2 of a kept set come to the host, the others stay as they
+         * were; rows beyond the set are refused; the set stays kept */
+        int good;
+        for (i = 0; i < 8; i++) {
+            ids[0][i] = 7;
+            dist[0][i] = 7.0f;
+        }
+        good = xknn_cuda_keep_lists(cx, XKNN_METRIC_L2, ids[0], dist[0], 4, 2, XKNN_CUDA_LISTS_PADDING, bnd, &e) ==
+                   XKNN_SUCCESS &&
+               xknn_cuda_copy_lists(cx, ids[0], 1, 2, &e) == XKNN_SUCCESS;
+        good = good && ids[0][0] == 7 && ids[0][1] == 7 && ids[0][2] == -1 && ids[0][5] == -1 && dist[0][2] == INFINITY &&
+               dist[0][3] == 2.0f && dist[0][5] == 3.0f && ids[0][6] == 7 && dist[0][7] == 7.0f;
+        good = good && xknn_cuda_copy_lists(cx, ids[0], 3, 2, &e) == XKNN_ERROR_INVALID_ARGUMENT &&
+               xknn_cuda_copy_lists(cx, ids[1], 0, 1, &e) == XKNN_ERROR_INVALID_ARGUMENT &&
+               xknn_cuda_fetch_lists(cx, ids[0], 1, &e) == XKNN_SUCCESS && ids[0][6] == -1 && dist[0][7] == 4.0f;
+        ok(good, "copy_lists: the rows asked for come to the host and no others; rows outside the set or a set not "
+                 "kept are INVALID_ARGUMENT; the set stays kept (%s)", e.message);
+    }
     for (i = 0; i < 5; i++)
         if (xknn_cuda_keep_lists(cx, XKNN_METRIC_L2, ids[i], dist[i], 4, 2, XKNN_CUDA_LISTS_PADDING, NULL, &e) ==
             XKNN_SUCCESS)
@@ -463,7 +482,7 @@ int main(void)
     if (!xknn_backend_built(XKNN_BACKEND_CUDA) || xknn_cuda_device_count() == 0) skip_all("no CUDA device");
     const char *only = getenv("XKNN_CUDA_TEST_ONLY");
     quick = getenv("XKNN_CUDA_TEST_QUICK") ? atoi(getenv("XKNN_CUDA_TEST_QUICK")) : 0;
-    plan(3 * NCASES + 2 * NPCASES + 6);
+    plan(3 * NCASES + 2 * NPCASES + 7);
     run_keep_errors();
     run_lists_errors();
     for (i = 0; i < NCASES; i++) {

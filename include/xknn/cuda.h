@@ -210,6 +210,13 @@ XKNN_API xknn_status xknn_cuda_keep_lists(xknn_cuda_context *ctx, xknn_metric me
  * last host-array call had (params.num_threads; all before the first). */
 XKNN_API xknn_status xknn_cuda_fetch_lists(xknn_cuda_context *ctx, int64_t *ids, int download, xknn_error *err);
 
+/* Copies rows [row0, row0 + rows) of the kept set that begins at ids into those rows of
+ * its host arrays (returns once they are there); the set stays kept. The copy is current
+ * until a later call on this context merges into those rows. INVALID_ARGUMENT where no
+ * set begins at ids or the rows lie outside it. */
+XKNN_API xknn_status xknn_cuda_copy_lists(xknn_cuda_context *ctx, const int64_t *ids, int64_t row0, int64_t rows,
+                                          xknn_error *err);
+
 /* Each row's k-th distance in the kept set that begins at ids, into kth (rows floats, host
  * memory): the last entry's distance where the row holds k references, +inf where it does
  * not (the host arrays stay untouched). INVALID_ARGUMENT where no set begins at ids. */

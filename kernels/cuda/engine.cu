@@ -3977,6 +3977,36 @@ cleanup:
     return finish_err(err, st);
 }
 
+xknn_status xknn_cuda_copy_lists(xknn_cuda_context *ctx, const int64_t *ids, int64_t row0, int64_t rows,
+                                 xknn_error *err)
+{
+    Err er = err_of(err);
+    xknn_status st = XKNN_SUCCESS;
+    DeviceScope scope;
+    ListMirror m;
+    int piece = 0;
+    if (!ctx || !ids)
+        return finish_err(err, failf(er, XKNN_ERROR_INVALID_ARGUMENT, "xknn_cuda_copy_lists: NULL argument"));
+    /* (the set stays in the table: the caller runs neither fetch_lists nor a call that
+     * merges into these rows meanwhile) */
+    if (!kept_lists_find(ctx, ids, 0, &m))
+        return finish_err(err, failf(er, XKNN_ERROR_INVALID_ARGUMENT,
+                                     "xknn_cuda_copy_lists: the context keeps no lists that begin there"));
+    if (row0 < 0 || rows < 0 || row0 > m.rows || rows > m.rows - row0)
+        return finish_err(err, failf(er, XKNN_ERROR_INVALID_ARGUMENT,
+                                     "xknn_cuda_copy_lists: rows %lld..%lld outside the set's %lld rows",
+                                     (long long)row0, (long long)(row0 + rows - 1), (long long)m.rows));
+    if (rows == 0) return finish_err(err, st);
+    XKNN__CUDA_CHECK(scope.enter(ctx->device));
+    XKNN__CUDA_CHECK(stage_make(ctx));
+    XKNN__TRY(results_out(ctx, 1, m.host_ids + row0 * m.k, m.ids + row0 * m.k, m.host_dist + row0 * m.k,
+                          m.dist + row0 * m.k, (size_t)(rows * m.k), ctx->threads, ctx->stream, &piece, er,
+                          kStagePiece));
+cleanup:
+    (void)cudaStreamSynchronize(ctx->stream);
+    return finish_err(err, st);
+}
+
 xknn_status xknn_cuda_lists_kth(xknn_cuda_context *ctx, const int64_t *ids, float *kth, xknn_error *err)
 {
     Err er = err_of(err);

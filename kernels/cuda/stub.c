@@ -86,6 +86,16 @@ xknn_status xknn_cuda_fetch_lists(xknn_cuda_context *ctx, int64_t *ids, int down
     return xknn__cuda_not_built(err);
 }
 
+xknn_status xknn_cuda_copy_lists(xknn_cuda_context *ctx, const int64_t *ids, int64_t row0, int64_t rows,
+                                 xknn_error *err)
+{
+    (void)ctx;
+    (void)ids;
+    (void)row0;
+    (void)rows;
+    return xknn__cuda_not_built(err);
+}
+
 xknn_status xknn_cuda_lists_kth(xknn_cuda_context *ctx, const int64_t *ids, float *kth, xknn_error *err)
 {
     (void)ctx;
