@@ -232,10 +232,48 @@ xknn_status xknn_mpi_create(MPI_Comm comm, const xknn_mpi_config *config, xknn_m
     return XKNN_SUCCESS;
 }
 
+typedef struct xknn__later_job {
+    void (*run)(void *);
+    void *arg;
+} xknn__later_job;
+
+static void *xknn__later_main(void *p)
+{
+    xknn__later_job job = *(xknn__later_job *)p;
+    free(p);
+    job.run(job.arg);
+    return NULL;
+}
+
+void xknn__mpi_later_wait(xknn_mpi_context *ctx)
+{
+    if (ctx && ctx->later_live) {
+        pthread_join(ctx->later, NULL);
+        ctx->later_live = 0;
+    }
+}
+
+void xknn__mpi_later(xknn_mpi_context *ctx, void (*run)(void *), void *arg)
+{
+    xknn__later_job *job = (xknn__later_job *)malloc(sizeof *job);
+    xknn__mpi_later_wait(ctx);
+    if (job) {
+        job->run = run;
+        job->arg = arg;
+        if (pthread_create(&ctx->later, NULL, xknn__later_main, job) == 0) {
+            ctx->later_live = 1;
+            return;
+        }
+        free(job);
+    }
+    run(arg);
+}
+
 xknn_status xknn_mpi_destroy(xknn_mpi_context *ctx)
 {
     int rc = MPI_SUCCESS;
     if (!ctx) return XKNN_SUCCESS;
+    xknn__mpi_later_wait(ctx);
     if (ctx->comm != MPI_COMM_NULL) rc = MPI_Comm_free(&ctx->comm);
     free(ctx);
     return rc == MPI_SUCCESS ? XKNN_SUCCESS : XKNN_ERROR_MPI;

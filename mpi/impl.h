@@ -5,6 +5,7 @@
 #ifndef XKNN_MPI_IMPL_H
 #define XKNN_MPI_IMPL_H
 
+#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -25,7 +26,18 @@ struct xknn_mpi_context {
     int cuda_aware_mpi;         /* MPIX_Query_cuda_support() at creation              */
     xknn_mpi_config config;
     xknn_mpi_transfer transfer; /* effective mode: HOST_STAGED or CUDA_AWARE          */
+    pthread_t later;            /* xknn__mpi_later's thread, while later_live         */
+    int later_live;
 };
+
+/* Runs run(arg) in a thread of its own, off the caller's path: the release of a call's
+ * large buffers (freeing gigabytes of touched pages takes a tenth of a second and more)
+ * after its results are delivered. One at a time a context: the one before is joined
+ * first. Where no thread can be made, runs it here. xknn__mpi_later_wait joins it; every
+ * call of the layer and xknn_mpi_destroy do so first, so a call finds the memory of
+ * the one before released. */
+void xknn__mpi_later(xknn_mpi_context *ctx, void (*run)(void *), void *arg);
+void xknn__mpi_later_wait(xknn_mpi_context *ctx);
 
 /* Message tags on the private communicator. */
 enum {

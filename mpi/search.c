@@ -235,7 +235,15 @@ static xknn_status xknn__check_table(const int64_t *tab, int P, int *order, int 
 /* A self-join on one rank whose backend has a symmetric self-join of its own (the GPU's
  * triangle of tiles): the whole graph in one xknn_search, then the output as the
  * pipeline delivers it (gather, one sink call, progress). */
-static xknn_status xknn__self_local(int rank, const xknn_params *params, const xknn_matrix *ref, int64_t ref_offset,
+static void xknn__free_pair(void *arg)
+{
+    void **pair = (void **)arg;
+    free(pair[0]);
+    free(pair[1]);
+    free(pair);
+}
+
+static xknn_status xknn__self_local(xknn_mpi_context *ctx, int rank, const xknn_params *params, const xknn_matrix *ref, int64_t ref_offset,
                                     int64_t k, const xknn_mpi_output *out, xknn_mpi_timings *tm, xknn_error *lerr)
 {
     const int64_t n = ref->rows;
@@ -276,8 +284,16 @@ static xknn_status xknn__self_local(int rank, const xknn_params *params, const x
     if (st == XKNN_SUCCESS && out->progress) out->progress(out->progress_user, n, n);
 done:
     if (!direct) {
-        free(ids);
-        free(dist);
+        /* (the graph's buffers, released off the caller's path like the ring's) */
+        void **pair = (void **)malloc(2 * sizeof(void *));
+        if (pair) {
+            pair[0] = ids;
+            pair[1] = dist;
+            xknn__mpi_later(ctx, xknn__free_pair, pair);
+        } else {
+            free(ids);
+            free(dist);
+        }
     }
     return st;
 }
@@ -307,6 +323,8 @@ static xknn_status xknn__run(xknn_mpi_context *ctx, const xknn_params *params, c
     const xknn_mpi_output *out = out_in ? out_in : &none;
     const double t_begin = MPI_Wtime();
     xknn_params p = params ? *params : xknn_params_default();
+    /* (the buffers of the call before, released in the background, are gone first) */
+    xknn__mpi_later_wait(ctx);
     xknn_error lerr;
     xknn_status st = XKNN_SUCCESS; /* this rank's own status                      */
     xknn_status agreed;
@@ -500,7 +518,7 @@ agree_setup:
             if (ctx->config.verbose)
                 fprintf(stderr, "xknn_mpi: self-join: one rank: the backend's own symmetric self-join\n");
             if (p.device < 0) p.device = ctx->device;
-            st = xknn__self_local(rank, &p, ref, ref_offset, k, out, &tm, &lerr);
+            st = xknn__self_local(ctx, rank, &p, ref, ref_offset, k, out, &tm, &lerr);
             if (st == XKNN_SUCCESS) {
                 owned = 1;
                 evals = n * (n - 1) / 2;

@@ -281,10 +281,11 @@ static void run_case(const tcase *c)
         }
     }
 
-    /* 3: sink blocks: on rank b mod P (symmetric self-join: the slice's owner), each
-     * once, in order, equal to the gathered rows */
+    /* 3: sink blocks: on rank b mod P (symmetric self-join: the slice's owner, in one
+     * or more blocks that follow each other), each once, in order, equal to the gathered
+     * rows */
     if (st == XKNN_SUCCESS) {
-        int64_t b, prev = -1, owned_rows = 0, tot = 0;
+        int64_t b, prev = -1, owned_rows = 0, tot = 0, next = row0s[rank];
         int64_t *bc = (int64_t *)malloc((size_t)(nq * k) * sizeof(int64_t));
         float *bd = (float *)malloc((size_t)(nq * k) * sizeof(float));
         if (rank == 0) {
@@ -298,8 +299,9 @@ static void run_case(const tcase *c)
             const int64_t bi = block_index(c->self, q0, stats.query_block, row0s, rowss, size);
             int64_t j;
             if (c->self && !c->plain) {
-                /* symmetric ring: one block per slice, on its owner */
-                if (q0 != row0s[rank] || nr != rowss[rank] || q0 <= prev) good_sink = 0;
+                /* symmetric ring: the owner's slice in blocks, each where the last ended */
+                if (q0 != next || nr < 1 || q0 + nr > row0s[rank] + rowss[rank] || q0 <= prev) good_sink = 0;
+                next = q0 + nr;
             } else if (bi < 0 || bi % size != rank || q0 <= prev || nr < 1 || nr > stats.query_block ||
                        q0 + nr > nq) {
                 good_sink = 0;
@@ -310,6 +312,7 @@ static void run_case(const tcase *c)
             owned_rows += nr;
         }
         if (owned_rows != rec.rows_total || rec.nblk != stats.blocks_owned) good_sink = 0;
+        if (c->self && !c->plain && owned_rows != rowss[rank]) good_sink = 0;
         MPI_Allreduce(&owned_rows, &tot, 1, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD);
         if (tot != nq || stats.nq != nq || stats.k != k || stats.n != c->n || stats.ranks != size) good_sink = 0;
         free(bc);
