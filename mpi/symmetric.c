@@ -105,7 +105,7 @@
  * results are delivered; device copies on a caller's context are released before the
  * return. The 4M graph on two H100s: the ring now ends 0.02 s after the last write
  * (0.15-0.17 s before), and the tail from the end of the last call to the end of the
- * ring went from 0.57-0.60 s to 0.33-0.35 s.
+ * ring went from 0.57-0.60 s to 0.33-0.34 s.
  */
 #define _GNU_SOURCE /* sched_yield, clock_gettime */
 #include <limits.h>
