@@ -12,7 +12,7 @@ trap 'rm -rf "$T"' EXIT INT TERM
 
 NUM=0
 FAILED=0
-echo "1..60"
+echo "1..61"
 
 ok() { # ok STATUS DESCRIPTION
     NUM=$((NUM + 1))
@@ -72,6 +72,8 @@ mk oracle euclidean 7 "$T/g.fbin" "$T/gq.fbin" "$T/want_g.bin"
 mk oracle l2 5 "$T/c784.fbin" "$T/c784q.fbin" "$T/want_c784.bin"
 mk oracle l2 3 "$T/tiny.fbin" "$T/tinyq.fbin" "$T/want_tiny.bin"
 mk oracle l2 599 "$T/ref.fbin" - "$T/want_self599.bin"
+mk data integer 2000 4 11 "$T/big.fbin"
+mk oracle l2 1999 "$T/big.fbin" - "$T/want_big.bin"
 # rows of 512 bytes (k = 64): the writer's 8 MiB pieces hold 16384 of them, so one block
 # of 20000 queries is written in two pieces
 mk data integer 200 4 11 "$T/wref.fbin"
@@ -176,7 +178,7 @@ ok $([ $RC -eq 0 ] && cmp -s "$T/r_q.bin" "$T/want_q.bin" && no_tmp "$T/r_q.bin"
 
 # ---- many ranks: identical bytes, agreed errors ---------------------------------------------
 if [ "$MPIRUN" = none ]; then
-    skip 24 "MPI not built"
+    skip 25 "MPI not built"
 else
     for np in 1 2 3 4 5; do
         mknn $np -q -k 10 --query-block 7 -o "$T/m_q$np.bin" "$T/ref.fbin" "$T/q.fbin"
@@ -212,10 +214,15 @@ else
     mknn 2 -k 10 --json "$T/m.json" -o "$T/m_j.bin" "$T/ref.fbin" "$T/q.fbin"
     ok $([ $RC -eq 0 ] && has '"ranks": 2' "$T/m.json" && [ "$(count "knn_mpi: n=600" "$T/out")" -eq 1 ] &&
         cmp -s "$T/m_j.bin" "$T/want_q.bin"; echo $?) "mpirun -np 2 --json: ranks 2, one summary line"
+    # rows of 23988 bytes of lists (k = n - 1 = 1999): rank 0's first 500 rows, final before the
+    # last exchange, reach the writer in two pieces of about 8 MiB while the lists travel
+    mknn 2 -q -k 1999 -o "$T/m_big.bin" "$T/big.fbin"
+    ok $([ $RC -eq 0 ] && cmp -s "$T/m_big.bin" "$T/want_big.bin"; echo $?) \
+        "mpirun -np 2, n = 2000, k = 1999: all-kNN graph identical (first rows in pieces during the exchange)"
     mknn 3 --frobnicate "$T/ref.fbin"
     ok $([ $RC -eq 1 ] && [ "$(count "unknown option" "$T/err")" -eq 1 ]; echo $?) \
         "mpirun -np 3, bad option: exit 1, one message"
 fi
 
-[ $NUM -eq 60 ] || echo "# planned 60 tests, ran $NUM"
-[ $FAILED -eq 0 ] && [ $NUM -eq 60 ]
+[ $NUM -eq 61 ] || echo "# planned 61 tests, ran $NUM"
+[ $FAILED -eq 0 ] && [ $NUM -eq 61 ]
