@@ -270,8 +270,8 @@ XKNN_API xknn_status xknn_mpi_search(xknn_mpi_context *ctx, const xknn_params *p
  * q0, every row once; at P = 2 rank 0's first half of rows goes to the sink while the
  * last lists travel; the gather gets whole slices); the ring's large buffers are freed
  * in a thread of their own after the results are delivered (joined by the next call on
- * the context and by xknn_mpi_destroy); memory per rank 3 (P <= 3) or 6 list sets of (n/P) * k * 12 bytes plus two
- * slices. On a GPU each rank keeps its own slice, the slice it holds and the running
+ * the context and by xknn_mpi_destroy); memory per rank 3 (P <= 3) or 6 list sets of
+ * (n/P) * k * 12 bytes plus two slices. On a GPU each rank keeps its own slice, the slice it holds and the running
  * lists of both on the device (xknn_cuda_keep_rows, xknn_cuda_keep_lists): rows cross
  * to the device once, lists once back. Plain (XKNN_SELF_JOIN_PLAIN, or a backend without
  * a pair kernel for the metric and dtype): each query block is broadcast by the rank that owns
