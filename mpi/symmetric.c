@@ -570,7 +570,7 @@ xknn_status xknn__sym_ring(xknn_mpi_context *ctx, const xknn_params *params, con
     int s, j, rc, threaded = 0, split = 0, bounds = 0, parts = 3;
     double first = 0.8;
     int64_t fdone = 0, sunk = 0; /* own rows final so far (in fin), and given to the sink */
-    int sink_failed = 0, rd_made = 0;
+    int rd_made = 0;
     int64_t lfrom = 0; /* P = 2: the first row of slice 0 whose lists rank 1 sends back */
     xknn__sym_ready rd;          /* split: the worker's news of final rows in step S + 1 */
     double t0;
@@ -790,8 +790,7 @@ xknn_status xknn__sym_ring(xknn_mpi_context *ctx, const xknn_params *params, con
     base.parts = parts;
     base.first = first;
     memset(&rd, 0, sizeof rd);
-    rd_made = pthread_mutex_init(&rd.mu, NULL) == 0;
-    if (!rd_made) base.parts = 1; /* (no news: the rows are made final after the loop) */
+    rd_made = pthread_mutex_init(&rd.mu, NULL) == 0; /* (else no news: rows final after the loop) */
 
     /* Steps s = 0 .. S: the own diagonal (split: its first part), the S slice pairs;
      * round S + 1 moves step S's lists (split: while the rest of the own diagonal
@@ -940,11 +939,7 @@ xknn_status xknn__sym_ring(xknn_mpi_context *ctx, const xknn_params *params, con
             int flag = 0;
             while (sunk < lfrom) {
                 const int64_t b = lfrom - sunk < piece ? lfrom : sunk + piece;
-                if (xknn__sym_sink(out, rank, ref_offset, sunk, b, k, &own, tm, lerr) != XKNN_SUCCESS) {
-                    st = lerr->status;
-                    sink_failed = 1;
-                    break;
-                }
+                if ((st = xknn__sym_sink(out, rank, ref_offset, sunk, b, k, &own, tm, lerr)) != XKNN_SUCCESS) break;
                 (*owned)++;
                 sunk = b;
                 (void)MPI_Testall(6, req, &flag, MPI_STATUSES_IGNORE);
@@ -1002,14 +997,10 @@ xknn_status xknn__sym_ring(xknn_mpi_context *ctx, const xknn_params *params, con
                 pthread_mutex_unlock(&rd.mu);
                 if (hi > fdone) {
                     xknn__sym_final(&own, &acc[0], &fin, nrecv > 0, fdone, hi, k, neg, p.num_threads, tm);
-                    if (out->sink && !sink_failed && nloc > 0) {
-                        if (xknn__sym_sink(out, rank, ref_offset, fdone, hi, k, &fin, tm, lerr) != XKNN_SUCCESS) {
-                            st = lerr->status;
-                            sink_failed = 1;
-                        } else {
-                            sunk = hi;
-                            (*owned)++;
-                        }
+                    if (out->sink && st == XKNN_SUCCESS && nloc > 0 &&
+                        (st = xknn__sym_sink(out, rank, ref_offset, fdone, hi, k, &fin, tm, lerr)) == XKNN_SUCCESS) {
+                        sunk = hi;
+                        (*owned)++;
                     }
                     if (trace)
                         fprintf(stderr, "xknn_mpi: trace rank %d: rows %lld..%lld final %.3f\n", rank, (long long)fdone,
