@@ -8,36 +8,14 @@
 KNN=$1
 MK=$2
 MPIRUN=${3:-none}
-T=$(mktemp -d "${TMPDIR:-/tmp}/cli-metrics-t.XXXXXX") || exit 1
-trap 'rm -rf "$T"' EXIT INT TERM
-
-NUM=0
-echo "1..37"
-
-ok() { # ok STATUS DESCRIPTION
-    NUM=$((NUM + 1))
-    if [ "$1" -eq 0 ]; then
-        echo "ok $NUM - $2"
-    else
-        echo "not ok $NUM - $2"
-        echo "# exit status $RC; stderr:"
-        sed 's/^/#   /' "$T/err" 2>/dev/null | head -n 15
-    fi
-}
-skip() { # skip COUNT REASON
-    i=0
-    while [ $i -lt "$1" ]; do
-        NUM=$((NUM + 1))
-        echo "ok $NUM # SKIP $2"
-        i=$((i + 1))
-    done
-}
+. "$(dirname "$0")/tap.sh"
+tap_begin cli-metrics-t 37
+TAP_DIAG=tap_run_diag
 run() { "$@" >"$T/out" 2>"$T/err"; RC=$?; }
 knn() { run "$KNN" "$@"; }
 mknn() { np=$1; shift; run "$MPIRUN" --allow-run-as-root --oversubscribe -np "$np" "$KNN" "$@"; }
 has() { grep -q -F -- "$1" "$2"; }
 no_leftovers() { [ ! -e "$1" ] && [ -z "$(ls "$1".tmp.* 2>/dev/null)" ]; }
-mk() { "$MK" "$@" || { echo "Bail out! mkdata $*"; exit 1; }; }
 
 # ---- data (deterministic, tie-heavy) ---------------------------------------------------
 mk data gaussian 300 20 1 "$T/g.fbin"

@@ -7,34 +7,9 @@
 KNN=$1
 MK=$2
 MPIRUN=${3:-none}
-T=$(mktemp -d "${TMPDIR:-/tmp}/cli-t.XXXXXX") || exit 1
-trap 'rm -rf "$T"' EXIT INT TERM
-
-NUM=0
-FAILED=0
-echo "1..61"
-
-ok() { # ok STATUS DESCRIPTION
-    NUM=$((NUM + 1))
-    if [ "$1" -eq 0 ]; then
-        echo "ok $NUM - $2"
-    else
-        echo "not ok $NUM - $2"
-        FAILED=$((FAILED + 1))
-        echo "# exit status $RC; stdout:"
-        sed 's/^/#   /' "$T/out" 2>/dev/null | head -n 15
-        echo "# stderr:"
-        sed 's/^/#   /' "$T/err" 2>/dev/null | head -n 15
-    fi
-}
-skip() { # skip COUNT REASON
-    i=0
-    while [ $i -lt "$1" ]; do
-        NUM=$((NUM + 1))
-        echo "ok $NUM # SKIP $2"
-        i=$((i + 1))
-    done
-}
+. "$(dirname "$0")/tap.sh"
+tap_begin cli-t 61
+TAP_DIAG=tap_run_diag
 run() { "$@" >"$T/out" 2>"$T/err"; RC=$?; }
 knn() { run "$KNN" "$@"; }
 mknn() { np=$1; shift; run "$MPIRUN" --allow-run-as-root --oversubscribe -np "$np" "$KNN" "$@"; }
@@ -46,7 +21,6 @@ tmps_of() { # the temporaries of output $1 in its directory: .NAME.xknn-tmp.* (k
 }
 no_leftovers() { [ ! -e "$1" ] && [ -z "$(tmps_of "$1")" ]; } # no output $1, no temporary of it
 no_tmp() { [ -z "$(tmps_of "$1")" ]; }                        # no temporary of output $1 remains
-mk() { "$MK" "$@" || { echo "Bail out! mkdata $*"; exit 1; }; }
 
 # ---- data (deterministic, tie-heavy) ---------------------------------------------------
 mk data integer 600 8 1 "$T/ref.fbin"
@@ -224,5 +198,4 @@ else
         "mpirun -np 3, bad option: exit 1, one message"
 fi
 
-[ $NUM -eq 61 ] || echo "# planned 61 tests, ran $NUM"
-[ $FAILED -eq 0 ] && [ $NUM -eq 61 ]
+tap_end

@@ -22,18 +22,7 @@ tap_begin faults-gpu-t 9
 O=$T/outdir # the output directory of every run: must hold the result only on success
 mkdir "$O" || exit 1
 
-ok() { # ok STATUS DESCRIPTION (tap.sh's, with the exit status and more stderr)
-    NUM=$((NUM + 1))
-    if [ "$1" -eq 0 ]; then
-        echo "ok $NUM - $2"
-    else
-        echo "not ok $NUM - $2"
-        FAILED=$((FAILED + 1))
-        echo "# $WHY"
-        echo "# exit status $RC; stderr:"
-        sed 's/^/#   /' "$T/err" 2>/dev/null | head -n 15
-    fi
-}
+TAP_DIAG=tap_run_diag # ($WHY, the exit status, stdout and stderr)
 run() { # run NP PROGRAM ARGS...: on NP ranks (1: a plain process), 60 s at most
     np=$1 prog=$2
     shift 2
@@ -167,5 +156,4 @@ else
     ok $? "--device-memory twice the minimum ($B bytes), 3 ranks: the oracle's result"
 fi
 
-[ $NUM -eq $PLAN ] || echo "# planned $PLAN tests, ran $NUM"
-[ $FAILED -eq 0 ] && [ $NUM -eq $PLAN ]
+tap_end

@@ -11,39 +11,15 @@ MK=$2
 LO=$3
 MPIRUN=${4:-none}
 PRUNE=$5
-T=$(mktemp -d "${TMPDIR:-/tmp}/learn-cli-t.XXXXXX") || exit 1
-trap 'rm -rf "$T"' EXIT INT TERM
-
-NUM=0
-echo "1..39"
-
-ok() { # ok STATUS DESCRIPTION
-    NUM=$((NUM + 1))
-    if [ "$1" -eq 0 ]; then
-        echo "ok $NUM - $2"
-    else
-        echo "not ok $NUM - $2"
-        echo "# exit status $RC; stdout:"
-        sed 's/^/#   /' "$T/out" 2>/dev/null | head -n 15
-        echo "# stderr:"
-        sed 's/^/#   /' "$T/err" 2>/dev/null | head -n 15
-    fi
-}
-skip() { # skip COUNT REASON
-    i=0
-    while [ $i -lt "$1" ]; do
-        NUM=$((NUM + 1))
-        echo "ok $NUM # SKIP $2"
-        i=$((i + 1))
-    done
-}
+. "$(dirname "$0")/tap.sh"
+tap_begin learn-cli-t 39
+TAP_DIAG=tap_run_diag
 run() { "$@" >"$T/out" 2>"$T/err"; RC=$?; }
 knn() { run "$KNN" "$@"; }
 mknn() { np=$1; shift; run "$MPIRUN" --allow-run-as-root --oversubscribe -np "$np" "$KNN" "$@"; }
 has() { grep -q -F -- "$1" "$2"; }
 count() { grep -c -F -- "$1" "$2"; }
 no_leftovers() { [ ! -e "$1" ] && [ -z "$(ls "$1".tmp.* 2>/dev/null)" ]; }
-mk() { "$MK" "$@" || { echo "Bail out! mkdata $*"; exit 1; }; }
 lo() { "$LO" "$@" || { echo "Bail out! learn-oracle $*"; exit 1; }; }
 
 # ---- data: tie-heavy points, labels in 4 classes, float targets -----------------------

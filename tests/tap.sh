@@ -5,9 +5,11 @@
 #
 # tap_begin makes the scratch directory $T (removed on exit), prints the plan and starts
 # the counts NUM and FAILED. mk ARGS... runs mkdata ($MK) quietly or bails out. ok STATUS
-# DESCRIPTION prints a test line; on failure also $WHY and the last run's stderr
-# ($T/err). skip REASON prints a skipped line. A script may define its own ok after
-# sourcing this file.
+# DESCRIPTION prints a test line; on failure also what $TAP_DIAG prints: tap_why (the
+# default: $WHY and the last run's stderr, $T/err) or tap_run_diag (for scripts whose
+# run() sets RC and $T/out: $WHY if any, the exit status, stdout and stderr). skip
+# [COUNT] REASON prints COUNT (default 1) skipped lines. tap_end checks the count against
+# the plan and returns the verdict.
 
 tap_begin() { # tap_begin NAME PLAN
     T=$(mktemp -d "${TMPDIR:-/tmp}/$1.XXXXXX") || exit 1
@@ -16,9 +18,21 @@ tap_begin() { # tap_begin NAME PLAN
     PLAN=$2
     NUM=0
     FAILED=0
+    TAP_DIAG=tap_why
     echo "1..$PLAN"
 }
 mk() { "$MK" "$@" >/dev/null || { echo "Bail out! mkdata $*"; exit 1; }; }
+tap_why() {
+    echo "# $WHY"
+    sed 's/^/#   stderr: /' "$T/err" 2>/dev/null | head -n 10
+}
+tap_run_diag() {
+    if [ -n "${WHY:-}" ]; then echo "# $WHY"; fi
+    echo "# exit status $RC; stdout:"
+    sed 's/^/#   /' "$T/out" 2>/dev/null | head -n 15
+    echo "# stderr:"
+    sed 's/^/#   /' "$T/err" 2>/dev/null | head -n 15
+}
 ok() { # ok STATUS DESCRIPTION
     NUM=$((NUM + 1))
     if [ "$1" -eq 0 ]; then
@@ -26,8 +40,18 @@ ok() { # ok STATUS DESCRIPTION
     else
         echo "not ok $NUM - $2"
         FAILED=$((FAILED + 1))
-        echo "# $WHY"
-        sed 's/^/#   stderr: /' "$T/err" 2>/dev/null | head -n 10
+        "$TAP_DIAG"
     fi
 }
-skip() { NUM=$((NUM + 1)); echo "ok $NUM # SKIP $1"; }
+skip() { # skip [COUNT] REASON
+    if [ $# -ge 2 ]; then tap_n=$1; shift; else tap_n=1; fi
+    while [ "$tap_n" -gt 0 ]; do
+        NUM=$((NUM + 1))
+        echo "ok $NUM # SKIP $1"
+        tap_n=$((tap_n - 1))
+    done
+}
+tap_end() {
+    [ "$NUM" -eq "$PLAN" ] || echo "# planned $PLAN tests, ran $NUM"
+    [ "$FAILED" -eq 0 ] && [ "$NUM" -eq "$PLAN" ]
+}
