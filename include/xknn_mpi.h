@@ -111,7 +111,7 @@ typedef struct xknn_mpi_context xknn_mpi_context;
 
 /*
  * Result sink: called on the owner rank of each finished block, and only there, in
- * increasing q0 order. ids/dist are rows x k, host memory, ld = k, rows q0..q0+rows-1 of
+ * increasing q0 order (in any order where the output sets any_order). ids/dist are rows x k, host memory, ld = k, rows q0..q0+rows-1 of
  * the query set (global query numbering; in a self-join also the global reference ids
  * of those rows); valid only during the call. Return XKNN_SUCCESS, or a status and a
  * message in *err (pre-cleared): the search then stops on every rank after at most one
@@ -135,9 +135,13 @@ typedef struct xknn_mpi_output {
     float *dist;                   /* on gather_root: nq x k host, ld = k; may be NULL   */
     xknn_mpi_progress_fn progress; /* may be NULL                                       */
     void *progress_user;
+    int any_order;                 /* 1: the sink takes a rank's blocks in any order (each
+                                      row once; e.g. a writer at file offsets), so the
+                                      self-join may give rows as soon as they are final;
+                                      0 (default): increasing q0                         */
 } xknn_mpi_output;
 
-#define XKNN_MPI_OUTPUT_INIT { NULL, NULL, XKNN_MPI_NO_GATHER, NULL, NULL, NULL, NULL }
+#define XKNN_MPI_OUTPUT_INIT { NULL, NULL, XKNN_MPI_NO_GATHER, NULL, NULL, NULL, NULL, 0 }
 
 /* Seconds spent per phase. read is never filled by the library (the caller's file
  * reading, kept here so one struct carries a whole run). */
@@ -266,11 +270,12 @@ XKNN_API xknn_status xknn_mpi_search(xknn_mpi_context *ctx, const xknn_params *p
  * merged with the search's pairwise merge (with MPI_THREAD_FUNNELED or more, the compute
  * runs in a worker thread while the calling thread progresses the transfers; below
  * that, inline with the transfers after it). Results: each non-empty slice delivered
- * on the rank that owns it, in one or more blocks that follow each other (increasing
- * q0, every row once; at P = 2 rank 0's first half of rows goes to the sink while the
- * last lists travel; the gather gets whole slices); the ring's large buffers are freed
- * in a thread of their own after the results are delivered (joined by the next call on
- * the context and by xknn_mpi_destroy); memory per rank 3 (P <= 3) or 6 list sets of
+ * on the rank that owns it, in one or more blocks (that follow each other, increasing
+ * q0, unless the output sets any_order; every row once; at P = 2 the last pair runs in
+ * pieces whose rows go to the sink as they end; the gather gets whole slices); the
+ * ring's large buffers are freed in a thread of their own after the results are
+ * delivered (joined by the next call on the context and by xknn_mpi_destroy); memory per
+ * rank 4 (P = 2), 3 (P = 3) or 6 list sets of
  * (n/P) * k * 12 bytes plus two slices. On a GPU each rank keeps its own slice, the slice it holds and the running
  * lists of both on the device (xknn_cuda_keep_rows, xknn_cuda_keep_lists): rows cross
  * to the device once, lists once back. Plain (XKNN_SELF_JOIN_PLAIN, or a backend without

@@ -1103,6 +1103,7 @@ static xknn_status knn__search_and_write(knn_run *r, xknn_error *err)
 
     out.sink = knn__sink;
     out.sink_user = r;
+    out.any_order = 1; /* (rows are written at their offsets) */
     if (r->rank == 0 && !r->o.quiet && isatty(STDERR_FILENO)) {
         out.progress = knn__progress;
         out.progress_user = r;

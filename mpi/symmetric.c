@@ -80,8 +80,9 @@
  *
  * Memory per rank, in list sets of (largest slice) x k x 12 bytes: own lists, one or
  * two held slices' (two when S >= 2: the one computing, the one in flight), and the
- * accumulator with its receive and merge buffers (one set when S = 1): 3 (P = 2, 3) or 6
- * (P >= 4); plus two slices of rows (and n floats with bounds). With the CUDA backend the
+ * accumulator with its receive and merge buffers (one set when S = 1, two at P = 2 in
+ * pieces): 4 (P = 2), 3 (P = 3) or 6 (P >= 4); plus two slices of rows (and n floats
+ * with bounds). With the CUDA backend the
  * device keeps a copy of the own slice and of the held one (two while the next is in
  * flight, S >= 2): each row crosses to the device once a step, not once a part. It also
  * keeps the running lists (xknn_cuda_keep_lists): the own rows' from the first step to
@@ -91,21 +92,33 @@
  * H100s measured no difference at P = 2, where a step's pairs are one or two calls).
  * XKNN_MPI_SYM_TRACE=1 prints each rank's timeline (steps, transfers, lists, write).
  *
- * The tail (what follows the last compute). At P = 2 rank 1's last pair held rows
- * [half, m) of slice 0: only their lists are fetched and travel back (the rest is
- * padding; where slice 0 has cut rows, rank 1's step 1 reaches every row and all go),
- * and rank 0's rows [0, half) take nothing from them: they are final when its own last
- * step ends, and go to the sink while the exchange runs (in 8 MiB pieces, MPI_Testall
- * between them). The own lists' host arrays are touched once at the set-up, on all
- * threads, so the fetch at the end does not take their page faults. With split, the
+ * The tail (what follows the last compute). P = 2 (no cut rows in slice 0), the last
+ * pair in pieces (XKNN_MPI_SYM_PIECES, default 4): with g = m_0 - half[0], rank 0
+ * computes its rows [g, m_0) against slice 1 and rank 1 slice 0's rows [0, g) against
+ * its own, both piece by piece over slice 1's rows. After each piece its rows' lists are
+ * final on that side: rank 0's held ones go to rank 1 while the next piece computes,
+ * and rank 1 merges them with its own rows' and gives them to the sink. Rank 1's last
+ * piece runs in pieces of slice 0's rows [0, g), whose held lists go to rank 0 as each
+ * ends; rank 0 merges them with its own rows [0, g) (final since step 0, brought to the
+ * host first) and gives them to the sink. Rank 0's rows [g, m_0) take nothing from rank
+ * 1: with a sink that takes any order (xknn_mpi_output.any_order, knn_mpi) its last
+ * piece runs in pieces of those rows, each given to the sink as it ends; else they go
+ * after rows [0, g). So nothing moves after the last step, and what is left at its end
+ * is a piece of each side. (XKNN_MPI_SYM_PIECES=0: the last pair in one call each; rank
+ * 1 then sends back only the lists of the rows [half, m) it held, and rank 0's rows
+ * [0, half) go to the sink during that exchange.) The own lists' host arrays are touched
+ * once at the set-up, the visited slices' (kept on the device) during step 0, on all
+ * threads or beside the compute, so the copies to the host do not take their page
+ * faults; the last step's kept rows are freed by the worker beside the main thread's
+ * merges and writes. With split, the
  * rows become final part by part in step S + 1 (the worker tells the main thread, which
  * merges them with the accumulator and gives them to the sink while the next part
  * computes). The ring's buffers (gigabytes of list sets and slices, and a CUDA context
  * it made itself) are freed in a thread of their own (xknn__mpi_later) after the
  * results are delivered; device copies on a caller's context are released before the
- * return. The 4M graph on two H100s: the ring now ends 0.02 s after the last write
- * (0.15-0.17 s before), and the tail from the end of the last call to the end of the
- * ring went from 0.57-0.60 s to 0.33-0.34 s.
+ * return. The 4M graph on two H100s: the ring ends with the last write, and the tail
+ * from the end of the last call to the end of the ring went from 0.57-0.60 s to
+ * 0.33-0.34 s (the one-call exchange above), then to about 0.1 s in pieces.
  */
 #define _GNU_SOURCE /* sched_yield, clock_gettime */
 #include <limits.h>
@@ -149,12 +162,23 @@ static int64_t xknn__sym_mid(int64_t m, int64_t c0, double first)
     return r > 0 ? c0 + (int64_t)((double)r * first) : c0;
 }
 
-/* Split, after the last pair: the own rows whose lists are final on this rank's side,
- * [0, rows), on the host (the worker's news to the main thread) */
+/* P = 2's last pair in pieces (see xknn__sym_ring): piece q of np covers rows
+ * [xknn__sym_piece(m, np, q), xknn__sym_piece(m, np, q + 1)) of slice 1 (m rows) */
+static int64_t xknn__sym_piece(int64_t m, int np, int q)
+{
+    return m / np * q + m % np * q / np;
+}
+
+/* The worker's news to the main thread: rows [0, rows) of a list set are final on this
+ * rank's side and on the host (split, after the last pair: the own rows'; P = 2's last
+ * pair in pieces: slice 1's rows, the held set's on rank 0, the own set's on rank 1;
+ * and in rows2 slice 0's, the own set's on rank 0, the held set's on rank 1) */
 typedef struct xknn__sym_ready {
     pthread_mutex_t mu;
-    int64_t rows;
-    int done; /* the worker's step is over */
+    int64_t rows;  /* the set told by w->pub                                           */
+    int64_t rows2; /* P = 2's pieces, the other set (w->pub2): rank 0's own set's rows,
+                    * rank 1's held set's (slice 0's rows)                              */
+    int done;      /* the worker's step is over                                         */
 } xknn__sym_ready;
 
 /* The plan (see the opening comment): half[a], a < P/2 (even P), and cut[j], from the
@@ -249,8 +273,13 @@ typedef struct xknn__sym_step {
     int parts;     /* split: the rectangle's parts in step S + 1                         */
     double first;  /* split: the share of the diagonal's rows in step 0's triangle       */
     xknn__sym_ready *rd; /* split, step S + 1: the rows final so far (NULL: none told)   */
-    int64_t pub;   /* ... the rows told so far                                           */
-    int own_dropped; /* split, step S + 1: the own lists' device copy is freed           */
+    int64_t pub, pub2; /* ... the rows told so far (rows, rows2)                         */
+    int own_dropped; /* split, step S + 1, or P = 2's pieces on rank 1: the own lists'
+                      * device copy is freed (every row came to the host before)         */
+    int pieces;    /* P = 2's last pair in pieces of slice 1's rows (0: in one call)     */
+    const void *forget[2]; /* kept rows to forget after the step (xknn_cuda_forget_rows)  */
+    int hparts;    /* P = 2's pieces, rank 0: the last piece in parts of the own rows, each
+                    * ending their lists (told in rows2; the sink takes any order)        */
     /* out */
     int64_t nev;
     xknn_status st;
@@ -311,23 +340,32 @@ static void xknn__sym_pad(int64_t *ids, float *dist, int64_t count, int neg, int
     }
 }
 
-/* Split, step S + 1: own rows [0, hi) are final on this rank's side; their lists come
- * to the host (from the device where kept there) and the main thread is told. */
-static xknn_status xknn__sym_publish(xknn__sym_step *w, int64_t hi)
+/* Rows [0, hi) of the list set ids (kept on the device: dev) are final on this rank's
+ * side: rows [*pub, hi) come to the host (from the device where kept there) and the main
+ * thread is told (w->rd's rows, or rows2 with two: the count w->pub or w->pub2; without
+ * w->rd, the main thread reads the count after the join). */
+static xknn_status xknn__sym_publish(xknn__sym_step *w, int two, const int64_t *ids, int dev, int64_t hi)
 {
-    if (!w->rd || hi <= w->pub) return XKNN_SUCCESS;
+    int64_t *pub = two ? &w->pub2 : &w->pub;
+    (void)ids;
+    (void)dev;
+    if (hi <= *pub) return XKNN_SUCCESS;
 #ifdef XKNN_MPI_HAVE_CUDA
-    if (w->own_dev) {
+    if (dev) {
         xknn_error fe;
-        if (xknn_cuda_copy_lists((xknn_cuda_context *)w->kctx, w->l0, w->pub, hi - w->pub, &fe) != XKNN_SUCCESS) {
+        if (xknn_cuda_copy_lists((xknn_cuda_context *)w->kctx, ids, *pub, hi - *pub, &fe) != XKNN_SUCCESS) {
             w->e = fe;
             return fe.status;
         }
     }
 #endif
-    w->pub = hi;
+    *pub = hi;
+    if (!w->rd) return XKNN_SUCCESS;
     pthread_mutex_lock(&w->rd->mu);
-    w->rd->rows = hi;
+    if (two)
+        w->rd->rows2 = hi;
+    else
+        w->rd->rows = hi;
     pthread_mutex_unlock(&w->rd->mu);
     return XKNN_SUCCESS;
 }
@@ -359,16 +397,16 @@ static void *xknn__sym_work(void *arg)
          * (ref is NULL for an empty slice). Rows [0, c0) are final on this side now,
          * rows [a, b) after their part, rows [mid, nloc) at the end. */
         int part;
-        ss = xknn__sym_publish(w, c0);
+        ss = xknn__sym_publish(w, 0, w->l0, w->own_dev, c0);
         for (part = 0; part < w->parts && ss == XKNN_SUCCESS && nloc > 0; part++) {
             const int64_t a = c0 + (mid - c0) * part / w->parts, b = c0 + (mid - c0) * (part + 1) / w->parts;
             ss = xknn__sym_call(w->p, k, w->ref, a, b - a, r0, w->l0, w->d0, w->ref, mid, nloc - mid, r0, w->l0, w->d0,
                                 w);
-            if (ss == XKNN_SUCCESS) ss = xknn__sym_publish(w, b);
+            if (ss == XKNN_SUCCESS) ss = xknn__sym_publish(w, 0, w->l0, w->own_dev, b);
         }
         if (ss == XKNN_SUCCESS && nloc > 0)
             ss = xknn__sym_call(w->p, k, w->ref, mid, nloc - mid, r0, w->l0, w->d0, NULL, 0, 0, 0, NULL, NULL, w);
-        if (ss == XKNN_SUCCESS) ss = xknn__sym_publish(w, nloc);
+        if (ss == XKNN_SUCCESS) ss = xknn__sym_publish(w, 0, w->l0, w->own_dev, nloc);
 #ifdef XKNN_MPI_HAVE_CUDA
         if (w->own_dev) {
             /* every row came to the host above (or the step failed): the device copy goes */
@@ -389,6 +427,46 @@ static void *xknn__sym_work(void *arg)
             /* reported below */
         } else if (s < P - s) {
             ss = xknn__sym_call(w->p, k, w->ref, 0, nloc, r0, w->l0, w->d0, &cm, 0, mj, j0, w->lj, w->dj, w);
+        } else if (w->pieces > 0) {
+            /* P = 2 in pieces (no cut rows in slice 0; g = m_0 - half[0]): rank 0 computes
+             * its rows [g, m_0) against slice 1, rank 1 slice 0's rows [0, g) against its
+             * own, both in pieces of slice 1's rows. After piece q its rows' lists are
+             * final on this side (rank 0: the held set's, rank 1: the own set's): to the
+             * host and told (rows) while the next piece computes. Rank 1's last piece
+             * runs in pieces of slice 0's rows, each ending their held lists (rows2).
+             * Rank 0 tells rows2 of its own set: rows [0, g), final since step 0, first;
+             * the rest at the end, or (hparts) part by part in its last piece. */
+            const int np = w->pieces;
+            const int64_t m1 = rank == 0 ? mj : nloc, m0 = rank == 0 ? nloc : mj, g = m0 - w->half[0];
+            int q, i;
+            if (rank == 0) ss = xknn__sym_publish(w, 1, w->l0, w->own_dev, g);
+            for (q = 0; q < np && ss == XKNN_SUCCESS; q++) {
+                const int64_t a = xknn__sym_piece(m1, np, q), b = xknn__sym_piece(m1, np, q + 1);
+                if (rank == 0) {
+                    /* (with hparts the last piece in parts of rows [g, m_0), each final after
+                     * its part) */
+                    const int parts = q == np - 1 && w->hparts ? np : 1;
+                    for (i = 0; i < parts && ss == XKNN_SUCCESS; i++) {
+                        const int64_t ha = g + xknn__sym_piece(m0 - g, parts, i);
+                        const int64_t hb = g + xknn__sym_piece(m0 - g, parts, i + 1);
+                        ss = xknn__sym_call(w->p, k, w->ref, ha, hb - ha, r0, w->l0, w->d0, &cm, a, b - a, j0, w->lj,
+                                            w->dj, w);
+                        if (ss == XKNN_SUCCESS && parts > 1) ss = xknn__sym_publish(w, 1, w->l0, w->own_dev, hb);
+                    }
+                } else {
+                    for (i = 0; i < (q < np - 1 ? 1 : np) && ss == XKNN_SUCCESS; i++) {
+                        const int64_t ga = q < np - 1 ? 0 : xknn__sym_piece(g, np, i);
+                        const int64_t gb = q < np - 1 ? g : xknn__sym_piece(g, np, i + 1);
+                        ss = xknn__sym_call(w->p, k, &cm, ga, gb - ga, j0, w->lj, w->dj, w->ref, a, b - a, r0, w->l0,
+                                            w->d0, w);
+                        if (ss == XKNN_SUCCESS && q == np - 1) ss = xknn__sym_publish(w, 1, w->lj, w->fetch_held, gb);
+                    }
+                }
+                if (ss == XKNN_SUCCESS)
+                    ss = rank == 0 ? xknn__sym_publish(w, 0, w->lj, w->fetch_held, b)
+                                   : xknn__sym_publish(w, 0, w->l0, w->own_dev, b);
+            }
+            if (rank == 0 && ss == XKNN_SUCCESS) ss = xknn__sym_publish(w, 1, w->l0, w->own_dev, m0);
         } else if (rank < w->S) {
             /* even P, last step: the first half of the own rows against slice r + P/2 */
             ss = xknn__sym_call(w->p, k, w->ref, 0, w->half[rank], r0, w->l0, w->d0, &cm, 0, mj, j0, w->lj, w->dj,
@@ -407,7 +485,15 @@ static void *xknn__sym_work(void *arg)
          * for the others'); after a failed call they are dropped */
         xknn_cuda_context *kc = (xknn_cuda_context *)w->kctx;
         xknn_error fe;
-        if (w->fetch_held && w->held_from > 0 && ss == XKNN_SUCCESS) {
+        if (w->pieces > 0) {
+            /* every row of both sets came to the host piece by piece (or the step failed):
+             * the device copies go */
+            if (w->fetch_held) (void)xknn_cuda_fetch_lists(kc, w->lj, 0, &fe);
+            if (w->own_dev) {
+                (void)xknn_cuda_fetch_lists(kc, w->l0, 0, &fe);
+                w->own_dropped = 1;
+            }
+        } else if (w->fetch_held && w->held_from > 0 && ss == XKNN_SUCCESS) {
             xknn_error de;
             const xknn_status fs = xknn_cuda_copy_lists(kc, w->lj, w->held_from, w->mj - w->held_from, &fe);
             (void)xknn_cuda_fetch_lists(kc, w->lj, 0, &de);
@@ -430,6 +516,16 @@ static void *xknn__sym_work(void *arg)
     w->tf1 = xknn__sym_now();
     w->st = ss;
     w->t1 = xknn__sym_now();
+#ifdef XKNN_MPI_HAVE_CUDA
+    {
+        /* the rows kept on the device whose last step this is (the own slice's, the held
+         * one's): freed here, beside the main thread's merges and writes (cudaFree of a
+         * gigabyte is tens of milliseconds) */
+        int i;
+        for (i = 0; i < 2; i++)
+            if (w->forget[i]) xknn_cuda_forget_rows((xknn_cuda_context *)w->kctx, w->forget[i]);
+    }
+#endif
     if (w->rd) {
         pthread_mutex_lock(&w->rd->mu);
         w->rd->done = 1;
@@ -539,7 +635,7 @@ xknn_status xknn__sym_ring(xknn_mpi_context *ctx, const xknn_params *params, con
     const int64_t row_bytes = xknn_row_bytes(dtype, d), nloc = rowss[rank];
     const int left = (rank - 1 + P) % P, right = (rank + 1) % P;
     const int nvis = S < 2 ? S : 2; /* list sets of visited slices: the current and the one in flight */
-    const int nacc = S >= 2 ? 3 : S; /* accumulator, receive buffer, merge output               */
+    int nacc = S >= 2 ? 3 : S; /* accumulator, receive buffer, merge output (P = 2 in pieces: 2) */
     xknn_params p = *params, pw; /* pw: the worker's (one core fewer: the main thread polls) */
     xknn_status st = XKNN_SUCCESS;
     int64_t maxrows = 0, done_q = 0, n = 0, nev = 0;
@@ -568,6 +664,7 @@ xknn_status xknn__sym_ring(xknn_mpi_context *ctx, const xknn_params *params, con
     float *bnd = NULL; /* bounds: every row's k-th value after step 0, slices in rank order */
     int *bcnt = NULL;  /* bounds: counts and displacements of the slices */
     int s, j, rc, threaded = 0, split = 0, bounds = 0, parts = 3;
+    int pieces = 4; /* P = 2: the last pair in pieces (0: in one call; agreed, then 0 where off) */
     double first = 0.8;
     int64_t fdone = 0, sunk = 0; /* own rows final so far (in fin), and given to the sink */
     int rd_made = 0;
@@ -608,6 +705,14 @@ xknn_status xknn__sym_ring(xknn_mpi_context *ctx, const xknn_params *params, con
         if (env && atoi(env) >= 1 && atoi(env) <= 16) parts = atoi(env);
         env = getenv("XKNN_MPI_SYM_FIRST");
         if (env && atof(env) > 0.0 && atof(env) <= 1.0) first = atof(env);
+        /* XKNN_MPI_SYM_PIECES (P = 2, default 4, 0 to 16; the same results): the last
+         * pair in that many pieces, whose lists travel, are merged and go to the sink
+         * while the next piece computes (see the opening comment); 0: in one call each,
+         * the lists after it. Not with split, nor with cut rows in slice 0. */
+        env = getenv("XKNN_MPI_SYM_PIECES");
+        if (env && env[0] >= '0' && env[0] <= '9' && atoi(env) >= 0 && atoi(env) <= 16) pieces = atoi(env);
+        if (P != 2 || split) pieces = 0;
+        if (pieces > 0) nacc = 2; /* (the final lists of the own rows, made while the held set is in use) */
 
         /* Bounds (see the opening comment; the same results): on unless
          * XKNN_MPI_SYM_BOUNDS=0. l2/euclidean only, and n within an int count. */
@@ -669,16 +774,17 @@ xknn_status xknn__sym_ring(xknn_mpi_context *ctx, const xknn_params *params, con
          * that could not carries the message to the caller's final agreement. The
          * options read from the environment hold only where every rank has them (the
          * steps and collectives must match). */
-        int have[3], every[3] = {0, 0, 0};
+        int have[4], every[4] = {0, 0, 0, 0};
         have[0] = lid && ldist && slice[0] && slice[1] && plan && (rank != 0 || (all && allev)) &&
                   (!bounds || (bnd && bcnt));
         have[1] = split;
         have[2] = bounds;
+        have[3] = pieces;
         if (!have[0])
             st = xknn__mpi_fail(lerr, XKNN_ERROR_OUT_OF_MEMORY,
                                 "rank %d: out of memory for the symmetric self-join (%d list sets of %lld rows, k=%lld)",
                                 rank, 1 + nvis + nacc, (long long)maxrows, (long long)k);
-        rc = MPI_Allreduce(have, every, 3, MPI_INT, MPI_MIN, ctx->comm);
+        rc = MPI_Allreduce(have, every, 4, MPI_INT, MPI_MIN, ctx->comm);
         if (rc != MPI_SUCCESS) {
             st = xknn__mpi_error(rank, lerr, rc, "MPI_Allreduce");
             *mpi_broken = 1;
@@ -687,6 +793,8 @@ xknn_status xknn__sym_ring(xknn_mpi_context *ctx, const xknn_params *params, con
         if (!every[0]) goto done;
         split = every[1];
         bounds = every[2];
+        /* (with split somewhere, pieces is 0 there; no piece without a row) */
+        pieces = split || P != 2 ? 0 : every[3] < rowss[1] ? every[3] : (int)rowss[1];
     }
     half = plan;
     cut = plan + P;
@@ -695,6 +803,7 @@ xknn_status xknn__sym_ring(xknn_mpi_context *ctx, const xknn_params *params, con
      * travel back (the others are padding), unless it also computes slice 0's first cut
      * rows (step 1 of the plan), whose rectangle reaches every row */
     lfrom = P == 2 && cut[0] == 0 ? half[0] : 0;
+    if (cut[0] != 0) pieces = 0; /* (the plan is the same everywhere) */
 #ifdef XKNN_MPI_HAVE_CUDA
     /* One CUDA context for all the steps of a rank on a GPU: its memory pool keeps the
      * device buffers between the pairs and its pinned staging moves the rows (a temporary
@@ -805,14 +914,15 @@ xknn_status xknn__sym_ring(xknn_mpi_context *ctx, const xknn_params *params, con
         const int t = s - 1;                   /* the step whose lists move now */
         const unsigned char *cur = s == 0 ? ownrows : slice[s & 1];
         unsigned char *nxt = slice[(s + 1) & 1];
-        MPI_Request req[6];
+        MPI_Request req[6], preq[64]; /* preq: P = 2's pieces, 2 a piece: slice 1's, slice 0's */
         xknn__cands *into = NULL; /* where this round's received lists land */
         xknn__sym_step w;
         pthread_t th;
-        int worker = 0, compute = st == XKNN_SUCCESS && (s <= S || split), r;
+        int worker = 0, joined = 0, compute = st == XKNN_SUCCESS && (s <= S || split), r;
         double tw, tc, ta, tu;
 
         for (r = 0; r < 6; r++) req[r] = MPI_REQUEST_NULL;
+        for (r = 0; r < 64; r++) preq[r] = MPI_REQUEST_NULL;
         w = base;
         t0 = MPI_Wtime();
         rc = MPI_SUCCESS;
@@ -823,9 +933,10 @@ xknn_status xknn__sym_ring(xknn_mpi_context *ctx, const xknn_params *params, con
             if (rc == MPI_SUCCESS && rowss[jown] > 0)
                 rc = MPI_Isend(cur, (int)rowss[jown], rowtype, left, XKNN__TAG_SLICE, ctx->comm, &req[1]);
         }
-        if (rc == MPI_SUCCESS && t >= 1) {
+        if (rc == MPI_SUCCESS && t >= 1 && !(pieces > 0 && s == S + 1)) {
             /* step t's lists: the held slice's to its owner, the own rows' from the rank
-             * that held them; the first set lands in the accumulator itself */
+             * that held them; the first set lands in the accumulator itself (P = 2 in
+             * pieces: nothing moves after the last step, its lists moved during it) */
             const int jt = (rank + t) % P, from = (rank - t + P) % P;
             const xknn__cands *v = &vis[t % nvis];
             /* (P = 2: rank 1's set holds rows [lfrom, m_0) of slice 0, padding before) */
@@ -845,13 +956,35 @@ xknn_status xknn__sym_ring(xknn_mpi_context *ctx, const xknn_params *params, con
                                    &req[5]);
             }
         }
+        if (rc == MPI_SUCCESS && pieces > 0 && s == S) {
+            /* P = 2 in pieces: the partner's lists of the own rows, piece by piece, straight
+             * into the accumulator (the only set this rank receives): rank 1 gets slice 1's
+             * pieces (preq 0 ..), rank 0 slice 0's rows [0, g) in pieces (preq 2 pieces ..);
+             * rank 0's rows [g, m_0) take nothing (padding) */
+            const int64_t m = rank == 0 ? rowss[0] - half[0] : nloc;
+            const int o = rank == 0 ? 2 * pieces : 0;
+            int q;
+            for (q = 0; q < pieces && rc == MPI_SUCCESS; q++) {
+                const int64_t a = xknn__sym_piece(m, pieces, q), b = xknn__sym_piece(m, pieces, q + 1);
+                if (b == a) continue;
+                rc = MPI_Irecv(acc[0].ids + a * k, (int)(b - a), idtype, 1 - rank, XKNN__TAG_LIST_IDS, ctx->comm,
+                               &preq[o + 2 * q]);
+                if (rc == MPI_SUCCESS)
+                    rc = MPI_Irecv(acc[0].dist + a * k, (int)(b - a), dtype_k, 1 - rank, XKNN__TAG_LIST_DIST,
+                                   ctx->comm, &preq[o + 2 * q + 1]);
+            }
+            nrecv = 1; /* (rank 0's rows [g, m_0) become padding once the worker runs) */
+        }
         tm->broadcast += MPI_Wtime() - t0;
         if (rc != MPI_SUCCESS) {
             st = xknn__mpi_error(rank, lerr, rc, "MPI_Isend/MPI_Irecv (reference slice or lists)");
             *mpi_broken = 1;
             for (r = 0; r < 6; r += (r == 0 ? 4 : 1)) /* the receives: 0, 4, 5 */
                 if (req[r] != MPI_REQUEST_NULL) MPI_Cancel(&req[r]);
+            for (r = 0; r < 64; r++)
+                if (preq[r] != MPI_REQUEST_NULL) MPI_Cancel(&preq[r]);
             MPI_Waitall(6, req, MPI_STATUSES_IGNORE);
+            MPI_Waitall(64, preq, MPI_STATUSES_IGNORE);
             break;
         }
 
@@ -899,9 +1032,20 @@ xknn_status xknn__sym_ring(xknn_mpi_context *ctx, const xknn_params *params, con
             w.fetch_held = held_dev;
             w.held_from = s == S && P == 2 && rank == 1 ? lfrom : 0;
             /* (split: the worker's step S + 1 brings them part by part) */
-            w.fetch_own = own_dev && s == S && !split;
-            if (s == S + 1 && rd_made) {
+            w.fetch_own = own_dev && s == S && !split && pieces == 0; /* (pieces: piece by piece) */
+#ifdef XKNN_MPI_HAVE_CUDA
+            if (s == S && !split) {
+                /* (the last step that reads the own rows and the held slice) */
+                w.forget[0] = kept[0];
+                w.forget[1] = s >= 1 ? kept[1 + (s & 1)] : NULL;
+            }
+#endif
+            w.pieces = s == S ? pieces : 0;
+            /* (rank 0's own rows [g, m_0) go to the sink as they end: sink-only, any order) */
+            w.hparts = s == S && pieces > 0 && rank == 0 && out->sink && out->gather_root < 0 && out->any_order;
+            if ((s == S + 1 || (s == S && pieces > 0)) && rd_made) {
                 rd.rows = 0;
+                rd.rows2 = 0;
                 rd.done = 0;
                 w.rd = &rd;
             }
@@ -911,7 +1055,12 @@ xknn_status xknn__sym_ring(xknn_mpi_context *ctx, const xknn_params *params, con
                 xknn__sym_work(&w);
             }
         }
-        if (s == S && P == 2 && rank == 0 && lfrom > 0) {
+        if (s == S && pieces > 0 && rank == 0) {
+            /* (rows [g, m_0) of the accumulator take nothing: padding, while the step computes) */
+            const int64_t g = rowss[0] - half[0];
+            xknn__lists_pad(acc[0].ids + g * k, acc[0].dist + g * k, (nloc - g) * k, neg);
+        }
+        if (s == S && P == 2 && rank == 0 && lfrom > 0 && pieces == 0) {
             /* (its partner sends the lists of rows [lfrom, m) of this slice: the rows
              * before take padding, while this step computes) */
             xknn__lists_pad(acc[0].ids, acc[0].dist, lfrom * k, neg);
@@ -925,10 +1074,18 @@ xknn_status xknn__sym_ring(xknn_mpi_context *ctx, const xknn_params *params, con
                 memset(acc[j].ids, 0, (size_t)(maxrows * k) * sizeof(int64_t));
                 memset(acc[j].dist, 0, (size_t)(maxrows * k) * sizeof(float));
             }
+            /* likewise the visited slices' sets where the device keeps their lists (their
+             * host arrays are first written by the lists' copies to the host, on the
+             * worker's path: P = 2 in pieces, after each piece) */
+            for (j = 0; j < nvis && dlists; j++) {
+                memset(vis[j].ids, 0, (size_t)(maxrows * k) * sizeof(int64_t));
+                memset(vis[j].dist, 0, (size_t)(maxrows * k) * sizeof(float));
+            }
         }
         t0 = MPI_Wtime();
         tw = xknn__sym_now();
-        if (s == S + 1 && P == 2 && rank == 0 && lfrom > 0 && !split && out->sink && out->gather_root < 0 &&
+        if (s == S + 1 && P == 2 && rank == 0 && lfrom > 0 && !split && pieces == 0 && out->sink &&
+            out->gather_root < 0 &&
             st == XKNN_SUCCESS && !own_dev) {
             /* P = 2: the partner's last pair held rows [lfrom, m) of this slice (lfrom =
              * half[0]; no cut rows), so rows [0, lfrom) take nothing from the lists now on
@@ -983,6 +1140,131 @@ xknn_status xknn__sym_ring(xknn_mpi_context *ctx, const xknn_params *params, con
             xknn__lists_pad(v->ids, v->dist, rowss[(rank + s + 1) % P] * k, neg);
             padded_next = 1;
         }
+        if (rc == MPI_SUCCESS && pieces > 0 && s == S) {
+            /* P = 2, the last pair in pieces (see the worker), two streams a rank, driven by
+             * the worker's news: each piece of the held set's lists goes to the partner once
+             * told (rank 0: slice 1's pieces, rows; rank 1: slice 0's rows [0, g), rows2),
+             * and each piece of the partner's is merged with the own rows once it is here
+             * and they are told (rank 0: its rows [0, g), rows2; rank 1: the piece's own
+             * rows, rows) and goes to the sink (rows in increasing order). Every piece
+             * travels, also after a failed step (the partner's receives are posted); only
+             * the merges wait on the news. */
+            const int64_t g = rowss[0] - half[0];
+            const int64_t ms = rank == 0 ? rowss[1] : g; /* the sent set's rows   */
+            const int64_t mr = rank == 0 ? g : nloc;     /* the received pieces' */
+            const xknn__cands *v = &vis[S % nvis];
+            const int so = rank == 0 ? 0 : 2 * pieces, ro = rank == 0 ? 2 * pieces : 0; /* in preq */
+            int64_t hsunk = g; /* rank 0, rows [g, hsunk) given to the sink (any order) */
+            int64_t rcur = -1; /* the next row of the received piece qr to merge (-1: not here) */
+            /* (a piece is merged and given to the sink in blocks of about 8 MiB of lists, or
+             * XKNN_MPI_SYM_BLOCK_ROWS rows (a test hook), the sends checked between them) */
+            const char *benv = getenv("XKNN_MPI_SYM_BLOCK_ROWS");
+            const int64_t blk = benv && atoll(benv) > 0                      ? (int64_t)atoll(benv)
+                                : ((int64_t)8 << 20) / (k * 12) > 0 ? ((int64_t)8 << 20) / (k * 12)
+                                                                      : 1;
+            int qs = 0, qr = 0, flag = 0;
+            fin = spare;
+            while ((qs < pieces || qr < pieces) && rc == MPI_SUCCESS) {
+                int64_t hs = 0, hr = 0; /* rows told: of the sent set, of the own set */
+                int over = 1, moved = 0;
+                if (compute && worker && rd_made) {
+                    pthread_mutex_lock(&rd.mu);
+                    hs = rank == 0 ? rd.rows : rd.rows2;
+                    hr = rank == 0 ? rd.rows2 : rd.rows;
+                    over = rd.done;
+                    pthread_mutex_unlock(&rd.mu);
+                } else if (compute) {
+                    /* (inline, the step is over; no news without the mutex: after the join) */
+                    if (worker && !joined) pthread_join(th, NULL);
+                    joined = worker;
+                    hs = rank == 0 ? w.pub : w.pub2;
+                    hr = rank == 0 ? w.pub2 : w.pub;
+                }
+                while (qs < pieces && rc == MPI_SUCCESS) {
+                    const int64_t a = xknn__sym_piece(ms, pieces, qs), b = xknn__sym_piece(ms, pieces, qs + 1);
+                    if (b > hs && !over) break;
+                    if (b > a) {
+                        rc = MPI_Isend(v->ids + a * k, (int)(b - a), idtype, 1 - rank, XKNN__TAG_LIST_IDS, ctx->comm,
+                                       &preq[so + 2 * qs]);
+                        if (rc == MPI_SUCCESS)
+                            rc = MPI_Isend(v->dist + a * k, (int)(b - a), dtype_k, 1 - rank, XKNN__TAG_LIST_DIST,
+                                           ctx->comm, &preq[so + 2 * qs + 1]);
+                        if (trace)
+                            fprintf(stderr, "xknn_mpi: trace rank %d: piece %d of slice %d's lists (rows %lld..%lld) sent %.3f\n",
+                                    rank, qs, 1 - rank, (long long)a, (long long)b - 1, xknn__sym_now() - tr0);
+                    }
+                    qs++;
+                    moved = 1;
+                }
+                while (qr < pieces && rc == MPI_SUCCESS) {
+                    const int64_t a = xknn__sym_piece(mr, pieces, qr), b = xknn__sym_piece(mr, pieces, qr + 1);
+                    const int64_t need = rank == 0 ? g : b; /* the own rows it merges with, told */
+                    if (hr < need && !over) break;
+                    if (rcur < 0) {
+                        rc = MPI_Testall(2, preq + ro + 2 * qr, &flag, MPI_STATUSES_IGNORE);
+                        if (rc != MPI_SUCCESS || !flag) break;
+                        rcur = a;
+                    }
+                    if (b > a && hr >= need && st == XKNN_SUCCESS) {
+                        const int64_t e = b - rcur > blk ? rcur + blk : b;
+                        /* (all threads once the worker is done) */
+                        xknn__sym_final(&own, &acc[0], &fin, 1, rcur, e, k, neg, over ? p.num_threads : 1, tm);
+                        fdone = e;
+                        if (out->sink &&
+                            (st = xknn__sym_sink(out, rank, ref_offset, rcur, e, k, &fin, tm, lerr)) == XKNN_SUCCESS) {
+                            sunk = e;
+                            (*owned)++;
+                        }
+                        if (trace && e == b)
+                            fprintf(stderr, "xknn_mpi: trace rank %d: piece %d, own rows %lld..%lld final%s %.3f\n", rank,
+                                    qr, (long long)a, (long long)b - 1, out->sink ? " and written" : "",
+                                    xknn__sym_now() - tr0);
+                        rcur = e;
+                    } else {
+                        rcur = b;
+                    }
+                    moved = 1;
+                    if (rcur < b) break; /* (one block a round: the sends first) */
+                    qr++;
+                    rcur = -1;
+                }
+                if (rc == MPI_SUCCESS && w.hparts && hr > hsunk && st == XKNN_SUCCESS) {
+                    /* rank 0's rows [g, m_0) take nothing from rank 1: final once told */
+                    if ((st = xknn__sym_sink(out, rank, ref_offset, hsunk, hr, k, &own, tm, lerr)) == XKNN_SUCCESS)
+                        (*owned)++;
+                    if (trace)
+                        fprintf(stderr, "xknn_mpi: trace rank 0: own rows %lld..%lld final and written %.3f\n",
+                                (long long)hsunk, (long long)hr - 1, xknn__sym_now() - tr0);
+                    hsunk = hr;
+                    moved = 1;
+                }
+                if (rc == MPI_SUCCESS && !moved) {
+                    /* (progress for what is posted; Open MPI moves data only inside MPI calls) */
+                    const struct timespec nap = {0, 100000};
+                    rc = MPI_Testall(64, preq, &flag, MPI_STATUSES_IGNORE);
+                    nanosleep(&nap, NULL);
+                }
+            }
+            if (rc == MPI_SUCCESS) rc = xknn__sym_wait(64, preq, worker && !joined);
+            if (rc == MPI_SUCCESS && rank == 0 && compute && st == XKNN_SUCCESS && out->sink && out->gather_root < 0 &&
+                fdone == g && sunk == g) {
+                /* rows [g, m_0) take nothing from rank 1: final in the own set once the worker
+                 * has brought them all, given after rows [0, g) (any order: those left); fin
+                 * holds rows [0, g) only: no gather here */
+                if (worker && !joined) pthread_join(th, NULL);
+                joined = worker;
+                if (w.st == XKNN_SUCCESS && w.pub2 == nloc) {
+                    if (nloc > hsunk &&
+                        (st = xknn__sym_sink(out, rank, ref_offset, hsunk, nloc, k, &own, tm, lerr)) == XKNN_SUCCESS) {
+                        (*owned)++;
+                        if (trace)
+                            fprintf(stderr, "xknn_mpi: trace rank 0: own rows %lld..%lld final and written %.3f\n",
+                                    (long long)hsunk, (long long)nloc - 1, xknn__sym_now() - tr0);
+                    }
+                    if (st == XKNN_SUCCESS) sunk = fdone = nloc;
+                }
+            }
+        }
         if (rc == MPI_SUCCESS && worker && compute && s == S + 1 && w.rd && st == XKNN_SUCCESS) {
             /* split, step S + 1: every list set of the own rows is here; rows whose own
              * lists the worker has finished are final: merged and given to the sink while
@@ -1015,8 +1297,10 @@ xknn_status xknn__sym_ring(xknn_mpi_context *ctx, const xknn_params *params, con
             }
         }
         tc = xknn__sym_now();
-        if (worker) pthread_join(th, NULL);
+        if (worker && !joined) pthread_join(th, NULL);
 #ifdef XKNN_MPI_HAVE_CUDA
+        if (compute && w.forget[0]) kept[0] = NULL; /* (the worker forgot them) */
+        if (compute && w.forget[1]) kept[1 + (s & 1)] = NULL;
         if (s >= 1 && kept[1 + (s & 1)]) {
             /* the held slice's buffer receives another slice later */
             xknn_cuda_forget_rows(kctx, kept[1 + (s & 1)]);
@@ -1179,8 +1463,9 @@ done:
         xknn_error ke;
         for (j = 0; j < nvis; j++) (void)xknn_cuda_fetch_lists(kctx, vis[j].ids, 0, &ke);
     }
+    /* (the ring's own context frees its kept rows when it is destroyed, off the path) */
     for (j = 0; j < 3; j++)
-        if (kept[j]) xknn_cuda_forget_rows(kctx, kept[j]);
+        if (kept[j] && kctx != cuctx) xknn_cuda_forget_rows(kctx, kept[j]);
 #endif
     {
         /* what is the ring's alone, released off the caller's path (xknn__mpi_later):
