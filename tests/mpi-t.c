@@ -168,7 +168,7 @@ static const tcase cases[] = {
      SLICE_STANDARD, 0, 0},
 };
 #define NCASES (int)(sizeof cases / sizeof cases[0])
-#define TESTS_PER_CASE 4
+#define TESTS_PER_CASE 5
 
 static xknn_mpi_context *make_ctx(xknn_mpi_transfer t, int64_t qb)
 {
@@ -356,6 +356,71 @@ static void run_case(const tcase *c)
                          (long long)evs[r], (double)tot / size);
             free(evs);
         }
+    }
+
+    /* 5: sink only, any order (as knn_mpi): each row once, on its owner (symmetric ring:
+     * the slice's owner), equal to the gathered rows; at P = 2 the ring gives rows as
+     * their pieces end, rank 0's own rows among rank 1's */
+    {
+        xknn_mpi_output o2 = XKNN_MPI_OUTPUT_INIT;
+        xknn_mpi_stats s2;
+        sink_rec r2;
+        int64_t *bc = (int64_t *)malloc((size_t)(nq * k + 1) * sizeof(int64_t));
+        float *bd = (float *)malloc((size_t)(nq * k + 1) * sizeof(float));
+        unsigned char *seen = (unsigned char *)calloc((size_t)nq + 1, 1);
+        int64_t b, q, got = 0, tot = 0;
+        int good = st == XKNN_SUCCESS;
+        const int sym = c->self && !c->plain;
+        xknn_status st2;
+        if (rank == 0 && good) {
+            memcpy(bc, gids, (size_t)(nq * k) * sizeof(int64_t));
+            memcpy(bd, gdist, (size_t)(nq * k) * sizeof(float));
+        }
+        MPI_Bcast(bc, (int)(nq * k), MPI_INT64_T, 0, MPI_COMM_WORLD);
+        MPI_Bcast(bd, (int)(nq * k), MPI_FLOAT, 0, MPI_COMM_WORLD);
+        memset(&r2, 0, sizeof r2);
+        r2.k = k;
+        r2.fail_rank = -1;
+        r2.ids = (int64_t *)malloc((size_t)(nq * k + 1) * sizeof(int64_t));
+        r2.dist = (float *)malloc((size_t)(nq * k + 1) * sizeof(float));
+        o2.sink = sink_fn;
+        o2.sink_user = &r2;
+        o2.any_order = 1;
+        if (c->self)
+            st2 = xknn_mpi_self_join(ctx, &p, rows > 0 ? &mref : NULL, row0, k, &o2, &s2, &err);
+        else
+            st2 = xknn_mpi_search(ctx, &p, rows > 0 ? &mref : NULL, row0, rank == 0 ? &mq : NULL, 0, k, &o2, &s2,
+                                  &err);
+        if (st2 != XKNN_SUCCESS) good = 0;
+        for (b = 0; good && b < r2.nblk; b++) {
+            const int64_t q0 = r2.q0s[b], nr = r2.rowsv[b];
+            if (nr < 1 || q0 < 0 || q0 + nr > nq || (sym && (q0 < row0s[rank] || q0 + nr > row0s[rank] + rowss[rank]))) {
+                good = 0;
+                break;
+            }
+            for (q = q0; q < q0 + nr; q++) {
+                if (seen[q]) good = 0;
+                seen[q] = 1;
+            }
+            got += nr;
+            if (memcmp(r2.ids + q0 * k, bc + q0 * k, (size_t)(nr * k) * sizeof(int64_t)) ||
+                memcmp(r2.dist + q0 * k, bd + q0 * k, (size_t)(nr * k) * sizeof(float)))
+                good = 0;
+        }
+        if (sym && got != rowss[rank]) good = 0;
+        MPI_Allreduce(&got, &tot, 1, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD);
+        if (tot != nq) good = 0;
+        good = all_ok(good);
+        if (rank == 0)
+            ok(good, "%s%s: sink only, any order: each row once, on its owner, equal to the gathered rows", label,
+               c->plain ? " plain" : "");
+        free(r2.ids);
+        free(r2.dist);
+        free(r2.q0s);
+        free(r2.rowsv);
+        free(seen);
+        free(bc);
+        free(bd);
     }
 
     xknn_mpi_destroy(ctx);
