@@ -181,6 +181,16 @@ typedef struct xknn__sym_ready {
     int done;      /* the worker's step is over                                         */
 } xknn__sym_ready;
 
+/* The worker's news, read under its mutex (rows2 may be NULL). */
+static void xknn__sym_news(xknn__sym_ready *rd, int64_t *rows, int64_t *rows2, int *done)
+{
+    pthread_mutex_lock(&rd->mu);
+    *rows = rd->rows;
+    if (rows2) *rows2 = rd->rows2;
+    *done = rd->done;
+    pthread_mutex_unlock(&rd->mu);
+}
+
 /* The plan (see the opening comment): half[a], a < P/2 (even P), and cut[j], from the
  * slice sizes m[0..P-1]; integer arithmetic only, so every rank computes the same.
  * g: scratch of P + 1 values. */
@@ -669,6 +679,7 @@ xknn_status xknn__sym_ring(xknn_mpi_context *ctx, const xknn_params *params, con
     int64_t fdone = 0, sunk = 0; /* own rows final so far (in fin), and given to the sink */
     int rd_made = 0;
     int64_t lfrom = 0; /* P = 2: the first row of slice 0 whose lists rank 1 sends back */
+    int64_t pg = 0;    /* P = 2 in pieces: g = m_0 - half[0], rank 0 computes rows [g, m_0) */
     xknn__sym_ready rd;          /* split: the worker's news of final rows in step S + 1 */
     double t0;
     /* XKNN_MPI_SYM_TRACE=1 (a diagnostic, any rank): this rank's timeline on stderr,
@@ -804,6 +815,7 @@ xknn_status xknn__sym_ring(xknn_mpi_context *ctx, const xknn_params *params, con
      * rows (step 1 of the plan), whose rectangle reaches every row */
     lfrom = P == 2 && cut[0] == 0 ? half[0] : 0;
     if (cut[0] != 0) pieces = 0; /* (the plan is the same everywhere) */
+    if (pieces > 0) pg = rowss[0] - half[0];
 #ifdef XKNN_MPI_HAVE_CUDA
     /* One CUDA context for all the steps of a rank on a GPU: its memory pool keeps the
      * device buffers between the pairs and its pinned staging moves the rows (a temporary
@@ -961,7 +973,7 @@ xknn_status xknn__sym_ring(xknn_mpi_context *ctx, const xknn_params *params, con
              * into the accumulator (the only set this rank receives): rank 1 gets slice 1's
              * pieces (preq 0 ..), rank 0 slice 0's rows [0, g) in pieces (preq 2 pieces ..);
              * rank 0's rows [g, m_0) take nothing (padding) */
-            const int64_t m = rank == 0 ? rowss[0] - half[0] : nloc;
+            const int64_t m = rank == 0 ? pg : nloc;
             const int o = rank == 0 ? 2 * pieces : 0;
             int q;
             for (q = 0; q < pieces && rc == MPI_SUCCESS; q++) {
@@ -1057,8 +1069,7 @@ xknn_status xknn__sym_ring(xknn_mpi_context *ctx, const xknn_params *params, con
         }
         if (s == S && pieces > 0 && rank == 0) {
             /* (rows [g, m_0) of the accumulator take nothing: padding, while the step computes) */
-            const int64_t g = rowss[0] - half[0];
-            xknn__lists_pad(acc[0].ids + g * k, acc[0].dist + g * k, (nloc - g) * k, neg);
+            xknn__lists_pad(acc[0].ids + pg * k, acc[0].dist + pg * k, (nloc - pg) * k, neg);
         }
         if (s == S && P == 2 && rank == 0 && lfrom > 0 && pieces == 0) {
             /* (its partner sends the lists of rows [lfrom, m) of this slice: the rows
@@ -1149,7 +1160,7 @@ xknn_status xknn__sym_ring(xknn_mpi_context *ctx, const xknn_params *params, con
              * rows, rows) and goes to the sink (rows in increasing order). Every piece
              * travels, also after a failed step (the partner's receives are posted); only
              * the merges wait on the news. */
-            const int64_t g = rowss[0] - half[0];
+            const int64_t g = pg;
             const int64_t ms = rank == 0 ? rowss[1] : g; /* the sent set's rows   */
             const int64_t mr = rank == 0 ? g : nloc;     /* the received pieces' */
             const xknn__cands *v = &vis[S % nvis];
@@ -1168,11 +1179,8 @@ xknn_status xknn__sym_ring(xknn_mpi_context *ctx, const xknn_params *params, con
                 int64_t hs = 0, hr = 0; /* rows told: of the sent set, of the own set */
                 int over = 1, moved = 0;
                 if (compute && worker && rd_made) {
-                    pthread_mutex_lock(&rd.mu);
-                    hs = rank == 0 ? rd.rows : rd.rows2;
-                    hr = rank == 0 ? rd.rows2 : rd.rows;
-                    over = rd.done;
-                    pthread_mutex_unlock(&rd.mu);
+                    /* (rank 0 sends slice 1's rows, rows; rank 1 slice 0's, rows2) */
+                    xknn__sym_news(&rd, rank == 0 ? &hs : &hr, rank == 0 ? &hr : &hs, &over);
                 } else if (compute) {
                     /* (inline, the step is over; no news without the mutex: after the join) */
                     if (worker && !joined) pthread_join(th, NULL);
@@ -1273,10 +1281,7 @@ xknn_status xknn__sym_ring(xknn_mpi_context *ctx, const xknn_params *params, con
             for (;;) {
                 int64_t hi;
                 int over;
-                pthread_mutex_lock(&rd.mu);
-                hi = rd.rows;
-                over = rd.done;
-                pthread_mutex_unlock(&rd.mu);
+                xknn__sym_news(&rd, &hi, NULL, &over);
                 if (hi > fdone) {
                     xknn__sym_final(&own, &acc[0], &fin, nrecv > 0, fdone, hi, k, neg, p.num_threads, tm);
                     if (out->sink && st == XKNN_SUCCESS && nloc > 0 &&

@@ -194,8 +194,8 @@ static void run_case(const tcase *c)
     float *qry = c->self ? NULL : (float *)malloc((size_t)(nq * c->d) * sizeof(float));
     int64_t row0, rows, i, *row0s, *rowss;
     float *mine;
-    int64_t *gids = NULL, *wids = NULL, *sids = NULL;
-    float *gdist = NULL, *wdist = NULL, *sdist = NULL;
+    int64_t *gids = NULL, *wids = NULL, *sids = NULL, *bc = NULL;
+    float *gdist = NULL, *wdist = NULL, *sdist = NULL, *bd = NULL; /* bc, bd: the gathered rows everywhere */
     xknn_mpi_context *ctx = make_ctx(c->transfer, c->qb);
     xknn_mpi_output out = XKNN_MPI_OUTPUT_INIT;
     xknn_mpi_stats stats;
@@ -281,19 +281,23 @@ static void run_case(const tcase *c)
         }
     }
 
-    /* 3: sink blocks: on rank b mod P (symmetric self-join: the slice's owner, in one
-     * or more blocks that follow each other), each once, in order, equal to the gathered
-     * rows */
+    /* the gathered rows, on every rank (the status is the same everywhere) */
     if (st == XKNN_SUCCESS) {
-        int64_t b, prev = -1, owned_rows = 0, tot = 0, next = row0s[rank];
-        int64_t *bc = (int64_t *)malloc((size_t)(nq * k) * sizeof(int64_t));
-        float *bd = (float *)malloc((size_t)(nq * k) * sizeof(float));
+        bc = (int64_t *)malloc((size_t)(nq * k + 1) * sizeof(int64_t));
+        bd = (float *)malloc((size_t)(nq * k + 1) * sizeof(float));
         if (rank == 0) {
             memcpy(bc, gids, (size_t)(nq * k) * sizeof(int64_t));
             memcpy(bd, gdist, (size_t)(nq * k) * sizeof(float));
         }
         MPI_Bcast(bc, (int)(nq * k), MPI_INT64_T, 0, MPI_COMM_WORLD);
         MPI_Bcast(bd, (int)(nq * k), MPI_FLOAT, 0, MPI_COMM_WORLD);
+    }
+
+    /* 3: sink blocks: on rank b mod P (symmetric self-join: the slice's owner, in one
+     * or more blocks that follow each other), each once, in order, equal to the gathered
+     * rows */
+    if (st == XKNN_SUCCESS) {
+        int64_t b, prev = -1, owned_rows = 0, tot = 0, next = row0s[rank];
         for (b = 0; b < rec.nblk; b++) {
             const int64_t q0 = rec.q0s[b], nr = rec.rowsv[b];
             const int64_t bi = block_index(c->self, q0, stats.query_block, row0s, rowss, size);
@@ -315,8 +319,6 @@ static void run_case(const tcase *c)
         if (c->self && !c->plain && owned_rows != rowss[rank]) good_sink = 0;
         MPI_Allreduce(&owned_rows, &tot, 1, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD);
         if (tot != nq || stats.nq != nq || stats.k != k || stats.n != c->n || stats.ranks != size) good_sink = 0;
-        free(bc);
-        free(bd);
     } else {
         good_sink = 0;
     }
@@ -365,19 +367,11 @@ static void run_case(const tcase *c)
         xknn_mpi_output o2 = XKNN_MPI_OUTPUT_INIT;
         xknn_mpi_stats s2;
         sink_rec r2;
-        int64_t *bc = (int64_t *)malloc((size_t)(nq * k + 1) * sizeof(int64_t));
-        float *bd = (float *)malloc((size_t)(nq * k + 1) * sizeof(float));
         unsigned char *seen = (unsigned char *)calloc((size_t)nq + 1, 1);
         int64_t b, q, got = 0, tot = 0;
         int good = st == XKNN_SUCCESS;
         const int sym = c->self && !c->plain;
         xknn_status st2;
-        if (rank == 0 && good) {
-            memcpy(bc, gids, (size_t)(nq * k) * sizeof(int64_t));
-            memcpy(bd, gdist, (size_t)(nq * k) * sizeof(float));
-        }
-        MPI_Bcast(bc, (int)(nq * k), MPI_INT64_T, 0, MPI_COMM_WORLD);
-        MPI_Bcast(bd, (int)(nq * k), MPI_FLOAT, 0, MPI_COMM_WORLD);
         memset(&r2, 0, sizeof r2);
         r2.k = k;
         r2.fail_rank = -1;
@@ -419,8 +413,6 @@ static void run_case(const tcase *c)
         free(r2.q0s);
         free(r2.rowsv);
         free(seen);
-        free(bc);
-        free(bd);
     }
 
     xknn_mpi_destroy(ctx);
@@ -439,6 +431,8 @@ static void run_case(const tcase *c)
     free(wdist);
     free(sids);
     free(sdist);
+    free(bc);
+    free(bd);
 }
 
 /* Every rank got the same status, and the same message; rank 0 checks and reports. */
