@@ -1076,23 +1076,6 @@ xknn_status xknn__sym_ring(xknn_mpi_context *ctx, const xknn_params *params, con
              * before take padding, while this step computes) */
             xknn__lists_pad(acc[0].ids, acc[0].dist, lfrom * k, neg);
         }
-        if (worker && s == 0) {
-            /* the accumulator sets are first written by the receives of round 2 and on
-             * (for P = 2 only by the last exchange, after the compute): their first touch,
-             * the page faults of a fresh allocation, happens here while step 0 computes
-             * (the 4M graph on 2 H200s: reduce 0.16-0.20 s against 0.37-0.47 s) */
-            for (j = 0; j < nacc; j++) {
-                memset(acc[j].ids, 0, (size_t)(maxrows * k) * sizeof(int64_t));
-                memset(acc[j].dist, 0, (size_t)(maxrows * k) * sizeof(float));
-            }
-            /* likewise the visited slices' sets where the device keeps their lists (their
-             * host arrays are first written by the lists' copies to the host, on the
-             * worker's path: P = 2 in pieces, after each piece) */
-            for (j = 0; j < nvis && dlists; j++) {
-                memset(vis[j].ids, 0, (size_t)(maxrows * k) * sizeof(int64_t));
-                memset(vis[j].dist, 0, (size_t)(maxrows * k) * sizeof(float));
-            }
-        }
         t0 = MPI_Wtime();
         tw = xknn__sym_now();
         if (s == S + 1 && P == 2 && rank == 0 && lfrom > 0 && !split && pieces == 0 && out->sink &&
@@ -1131,6 +1114,25 @@ xknn_status xknn__sym_ring(xknn_mpi_context *ctx, const xknn_params *params, con
         }
 #endif
         tu = xknn__sym_now();
+        if (worker && s == 0) {
+            /* the accumulator sets are first written by the receives of round 2 and on
+             * (for P = 2 only by the last exchange, after the compute): their first touch,
+             * the page faults of a fresh allocation, happens here while step 0 computes
+             * (the 4M graph on 2 H200s: reduce 0.16-0.20 s against 0.37-0.47 s), after
+             * round 0's transfers and the next slice's upload, which it would delay (the
+             * 4M graph on 2 H100s: the upload done at 0.9 s against 1.5 s) */
+            for (j = 0; j < nacc; j++) {
+                memset(acc[j].ids, 0, (size_t)(maxrows * k) * sizeof(int64_t));
+                memset(acc[j].dist, 0, (size_t)(maxrows * k) * sizeof(float));
+            }
+            /* likewise the visited slices' sets where the device keeps their lists (their
+             * host arrays are first written by the lists' copies to the host, on the
+             * worker's path: P = 2 in pieces, after each piece) */
+            for (j = 0; j < nvis && dlists; j++) {
+                memset(vis[j].ids, 0, (size_t)(maxrows * k) * sizeof(int64_t));
+                memset(vis[j].dist, 0, (size_t)(maxrows * k) * sizeof(float));
+            }
+        }
         if (rc == MPI_SUCCESS && into) {
             /* fold the received lists into the accumulator (one thread: the worker has
              * the others) */
@@ -1451,6 +1453,7 @@ xknn_status xknn__sym_ring(xknn_mpi_context *ctx, const xknn_params *params, con
             *mpi_broken = 1;
         }
     }
+    if (trace) fprintf(stderr, "xknn_mpi: trace rank %d: balance gathered %.3f\n", rank, xknn__sym_now() - tr0);
 
 done:
     if (rd_made) pthread_mutex_destroy(&rd.mu);
