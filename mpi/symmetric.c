@@ -95,7 +95,9 @@
  * The tail (what follows the last compute). P = 2 (no cut rows in slice 0), the last
  * pair in pieces (XKNN_MPI_SYM_PIECES, default 4): with g = m_0 - half[0], rank 0
  * computes its rows [g, m_0) against slice 1 and rank 1 slice 0's rows [0, g) against
- * its own, both piece by piece over slice 1's rows. After each piece its rows' lists are
+ * its own, both piece by piece over slice 1's rows (the last piece half the others: what
+ * is left after the compute is its lists' move, merge and write; on two H100s a median
+ * of 73 ms against 101 ms with equal pieces). After each piece its rows' lists are
  * final on that side: rank 0's held ones go to rank 1 while the next piece computes,
  * and rank 1 merges them with its own rows' and gives them to the sink. Rank 1's last
  * piece runs in pieces of slice 0's rows [0, g), whose held lists go to rank 0 as each
@@ -162,11 +164,20 @@ static int64_t xknn__sym_mid(int64_t m, int64_t c0, double first)
     return r > 0 ? c0 + (int64_t)((double)r * first) : c0;
 }
 
-/* P = 2's last pair in pieces (see xknn__sym_ring): piece q of np covers rows
- * [xknn__sym_piece(m, np, q), xknn__sym_piece(m, np, q + 1)) of slice 1 (m rows) */
+/* Part q of np equal parts of m rows: rows [xknn__sym_piece(m, np, q),
+ * xknn__sym_piece(m, np, q + 1)) */
 static int64_t xknn__sym_piece(int64_t m, int np, int q)
 {
     return m / np * q + m % np * q / np;
+}
+
+/* P = 2's last pair in pieces (see xknn__sym_ring): piece q of np covers rows
+ * [xknn__sym_slice1(m, np, q), xknn__sym_slice1(m, np, q + 1)) of slice 1 (m rows), the
+ * last piece half as many as the others: its lists are the last to travel, and their
+ * merge and write are what is left after the compute (2 np - 1 halves) */
+static int64_t xknn__sym_slice1(int64_t m, int np, int q)
+{
+    return q >= np ? m : m / (2 * np - 1) * 2 * q + m % (2 * np - 1) * 2 * q / (2 * np - 1);
 }
 
 /* The worker's news to the main thread: rows [0, rows) of a list set are final on this
@@ -451,7 +462,7 @@ static void *xknn__sym_work(void *arg)
             int q, i;
             if (rank == 0) ss = xknn__sym_publish(w, 1, w->l0, w->own_dev, g);
             for (q = 0; q < np && ss == XKNN_SUCCESS; q++) {
-                const int64_t a = xknn__sym_piece(m1, np, q), b = xknn__sym_piece(m1, np, q + 1);
+                const int64_t a = xknn__sym_slice1(m1, np, q), b = xknn__sym_slice1(m1, np, q + 1);
                 if (rank == 0) {
                     /* (with hparts the last piece in parts of rows [g, m_0), each final after
                      * its part) */
@@ -977,7 +988,8 @@ xknn_status xknn__sym_ring(xknn_mpi_context *ctx, const xknn_params *params, con
             const int o = rank == 0 ? 2 * pieces : 0;
             int q;
             for (q = 0; q < pieces && rc == MPI_SUCCESS; q++) {
-                const int64_t a = xknn__sym_piece(m, pieces, q), b = xknn__sym_piece(m, pieces, q + 1);
+                const int64_t a = rank == 0 ? xknn__sym_piece(m, pieces, q) : xknn__sym_slice1(m, pieces, q);
+                const int64_t b = rank == 0 ? xknn__sym_piece(m, pieces, q + 1) : xknn__sym_slice1(m, pieces, q + 1);
                 if (b == a) continue;
                 rc = MPI_Irecv(acc[0].ids + a * k, (int)(b - a), idtype, 1 - rank, XKNN__TAG_LIST_IDS, ctx->comm,
                                &preq[o + 2 * q]);
@@ -1191,7 +1203,10 @@ xknn_status xknn__sym_ring(xknn_mpi_context *ctx, const xknn_params *params, con
                     hr = rank == 0 ? w.pub2 : w.pub;
                 }
                 while (qs < pieces && rc == MPI_SUCCESS) {
-                    const int64_t a = xknn__sym_piece(ms, pieces, qs), b = xknn__sym_piece(ms, pieces, qs + 1);
+                    /* (rank 0 sends slice 1's pieces, rank 1 the parts of slice 0's rows [0, g)) */
+                    const int64_t a = rank == 0 ? xknn__sym_slice1(ms, pieces, qs) : xknn__sym_piece(ms, pieces, qs);
+                    const int64_t b = rank == 0 ? xknn__sym_slice1(ms, pieces, qs + 1)
+                                                : xknn__sym_piece(ms, pieces, qs + 1);
                     if (b > hs && !over) break;
                     if (b > a) {
                         rc = MPI_Isend(v->ids + a * k, (int)(b - a), idtype, 1 - rank, XKNN__TAG_LIST_IDS, ctx->comm,
@@ -1207,7 +1222,9 @@ xknn_status xknn__sym_ring(xknn_mpi_context *ctx, const xknn_params *params, con
                     moved = 1;
                 }
                 while (qr < pieces && rc == MPI_SUCCESS) {
-                    const int64_t a = xknn__sym_piece(mr, pieces, qr), b = xknn__sym_piece(mr, pieces, qr + 1);
+                    const int64_t a = rank == 0 ? xknn__sym_piece(mr, pieces, qr) : xknn__sym_slice1(mr, pieces, qr);
+                    const int64_t b = rank == 0 ? xknn__sym_piece(mr, pieces, qr + 1)
+                                                : xknn__sym_slice1(mr, pieces, qr + 1);
                     const int64_t need = rank == 0 ? g : b; /* the own rows it merges with, told */
                     if (hr < need && !over) break;
                     if (rcur < 0) {
