@@ -180,6 +180,13 @@ static int64_t xknn__sym_slice1(int64_t m, int np, int q)
     return q >= np ? m : m / (2 * np - 1) * 2 * q + m % (2 * np - 1) * 2 * q / (2 * np - 1);
 }
 
+/* The first row of piece q of np of a set of m rows that travels piece by piece: slice
+ * 1's (s1), or slice 0's rows [0, g) (m = g) in equal parts */
+static int64_t xknn__sym_at(int s1, int64_t m, int np, int q)
+{
+    return s1 ? xknn__sym_slice1(m, np, q) : xknn__sym_piece(m, np, q);
+}
+
 /* The worker's news to the main thread: rows [0, rows) of a list set are final on this
  * rank's side and on the host (split, after the last pair: the own rows'; P = 2's last
  * pair in pieces: slice 1's rows, the held set's on rank 0, the own set's on rank 1;
@@ -988,8 +995,7 @@ xknn_status xknn__sym_ring(xknn_mpi_context *ctx, const xknn_params *params, con
             const int o = rank == 0 ? 2 * pieces : 0;
             int q;
             for (q = 0; q < pieces && rc == MPI_SUCCESS; q++) {
-                const int64_t a = rank == 0 ? xknn__sym_piece(m, pieces, q) : xknn__sym_slice1(m, pieces, q);
-                const int64_t b = rank == 0 ? xknn__sym_piece(m, pieces, q + 1) : xknn__sym_slice1(m, pieces, q + 1);
+                const int64_t a = xknn__sym_at(rank == 1, m, pieces, q), b = xknn__sym_at(rank == 1, m, pieces, q + 1);
                 if (b == a) continue;
                 rc = MPI_Irecv(acc[0].ids + a * k, (int)(b - a), idtype, 1 - rank, XKNN__TAG_LIST_IDS, ctx->comm,
                                &preq[o + 2 * q]);
@@ -1204,9 +1210,8 @@ xknn_status xknn__sym_ring(xknn_mpi_context *ctx, const xknn_params *params, con
                 }
                 while (qs < pieces && rc == MPI_SUCCESS) {
                     /* (rank 0 sends slice 1's pieces, rank 1 the parts of slice 0's rows [0, g)) */
-                    const int64_t a = rank == 0 ? xknn__sym_slice1(ms, pieces, qs) : xknn__sym_piece(ms, pieces, qs);
-                    const int64_t b = rank == 0 ? xknn__sym_slice1(ms, pieces, qs + 1)
-                                                : xknn__sym_piece(ms, pieces, qs + 1);
+                    const int64_t a = xknn__sym_at(rank == 0, ms, pieces, qs);
+                    const int64_t b = xknn__sym_at(rank == 0, ms, pieces, qs + 1);
                     if (b > hs && !over) break;
                     if (b > a) {
                         rc = MPI_Isend(v->ids + a * k, (int)(b - a), idtype, 1 - rank, XKNN__TAG_LIST_IDS, ctx->comm,
@@ -1222,9 +1227,8 @@ xknn_status xknn__sym_ring(xknn_mpi_context *ctx, const xknn_params *params, con
                     moved = 1;
                 }
                 while (qr < pieces && rc == MPI_SUCCESS) {
-                    const int64_t a = rank == 0 ? xknn__sym_piece(mr, pieces, qr) : xknn__sym_slice1(mr, pieces, qr);
-                    const int64_t b = rank == 0 ? xknn__sym_piece(mr, pieces, qr + 1)
-                                                : xknn__sym_slice1(mr, pieces, qr + 1);
+                    const int64_t a = xknn__sym_at(rank == 1, mr, pieces, qr);
+                    const int64_t b = xknn__sym_at(rank == 1, mr, pieces, qr + 1);
                     const int64_t need = rank == 0 ? g : b; /* the own rows it merges with, told */
                     if (hr < need && !over) break;
                     if (rcur < 0) {
