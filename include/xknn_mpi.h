@@ -111,12 +111,13 @@ typedef struct xknn_mpi_context xknn_mpi_context;
 
 /*
  * Result sink: called on the owner rank of each finished block, and only there, in
- * increasing q0 order (in any order where the output sets any_order). ids/dist are rows x k, host memory, ld = k, rows q0..q0+rows-1 of
- * the query set (global query numbering; in a self-join also the global reference ids
- * of those rows); valid only during the call. Return XKNN_SUCCESS, or a status and a
- * message in *err (pre-cleared): the search then stops on every rank after at most one
- * more block and returns that status everywhere. Not collective: do not call collective
- * MPI operations from a sink (independent MPI-IO such as MPI_File_write_at is fine).
+ * increasing q0 order (in any order where the output sets any_order). ids/dist are rows
+ * x k, host memory, ld = k, rows q0..q0+rows-1 of the query set (global query
+ * numbering; in a self-join also the global reference ids of those rows); valid only
+ * during the call. Return XKNN_SUCCESS, or a status and a message in *err
+ * (pre-cleared): the search then stops on every rank after at most one more block and
+ * returns that status everywhere. Not collective: do not call collective MPI operations
+ * from a sink (independent MPI-IO such as MPI_File_write_at is fine).
  */
 typedef xknn_status (*xknn_mpi_sink_fn)(void *user, int64_t q0, int64_t rows, int64_t k, const int64_t *ids,
                                         const float *dist, xknn_error *err);
@@ -275,8 +276,8 @@ XKNN_API xknn_status xknn_mpi_search(xknn_mpi_context *ctx, const xknn_params *p
  * pieces whose rows go to the sink as they end; the gather gets whole slices); the
  * ring's large buffers are freed in a thread of their own after the results are
  * delivered (joined by the next call on the context and by xknn_mpi_destroy); memory per
- * rank 4 (P = 2), 3 (P = 3) or 6 list sets of
- * (n/P) * k * 12 bytes plus two slices. On a GPU each rank keeps its own slice, the slice it holds and the running
+ * rank 4 (P = 2), 3 (P = 3) or 6 list sets of (n/P) * k * 12 bytes plus two slices. On
+ * a GPU each rank keeps its own slice, the slice it holds and the running
  * lists of both on the device (xknn_cuda_keep_rows, xknn_cuda_keep_lists): rows cross
  * to the device once, lists once back. Plain (XKNN_SELF_JOIN_PLAIN, or a backend without
  * a pair kernel for the metric and dtype): each query block is broadcast by the rank that owns

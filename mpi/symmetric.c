@@ -112,10 +112,9 @@
  * once at the set-up, the visited slices' (kept on the device) during step 0, on all
  * threads or beside the compute, so the copies to the host do not take their page
  * faults; the last step's kept rows are freed by the worker beside the main thread's
- * merges and writes. With split, the
- * rows become final part by part in step S + 1 (the worker tells the main thread, which
- * merges them with the accumulator and gives them to the sink while the next part
- * computes). The ring's buffers (gigabytes of list sets and slices, and a CUDA context
+ * merges and writes. With split, the rows become final part by part in step S + 1 (the
+ * worker tells the main thread, which merges them with the accumulator and gives them to
+ * the sink while the next part computes). The ring's buffers (gigabytes of list sets and slices, and a CUDA context
  * it made itself) are freed in a thread of their own (xknn__mpi_later) after the
  * results are delivered; device copies on a caller's context are released before the
  * return. The 4M graph on two H100s: the ring ends with the last write, and the tail
@@ -185,6 +184,15 @@ static int64_t xknn__sym_slice1(int64_t m, int np, int q)
 static int64_t xknn__sym_at(int s1, int64_t m, int np, int q)
 {
     return s1 ? xknn__sym_slice1(m, np, q) : xknn__sym_piece(m, np, q);
+}
+
+/* Rows of k-wide lists (12 bytes an entry) in about 8 MiB: the block in which final rows
+ * go to the sink while transfers are in flight, MPI_Testall between blocks (Open MPI
+ * moves data only inside MPI calls) */
+static int64_t xknn__sym_block(int64_t k)
+{
+    const int64_t rows = ((int64_t)8 << 20) / (k * 12);
+    return rows > 0 ? rows : 1;
 }
 
 /* The worker's news to the main thread: rows [0, rows) of a list set are final on this
@@ -1102,9 +1110,8 @@ xknn_status xknn__sym_ring(xknn_mpi_context *ctx, const xknn_params *params, con
             /* P = 2: the partner's last pair held rows [lfrom, m) of this slice (lfrom =
              * half[0]; no cut rows), so rows [0, lfrom) take nothing from the lists now on
              * their way: they are final, and go to the sink while the exchange runs, in
-             * pieces of about 8 MiB with MPI_Testall between them (Open MPI moves data
-             * only inside MPI calls) */
-            const int64_t piece = ((int64_t)8 << 20) / (k * 12) > 0 ? ((int64_t)8 << 20) / (k * 12) : 1;
+             * blocks (xknn__sym_block) */
+            const int64_t piece = xknn__sym_block(k);
             int flag = 0;
             while (sunk < lfrom) {
                 const int64_t b = lfrom - sunk < piece ? lfrom : sunk + piece;
@@ -1190,9 +1197,7 @@ xknn_status xknn__sym_ring(xknn_mpi_context *ctx, const xknn_params *params, con
             /* (a piece is merged and given to the sink in blocks of about 8 MiB of lists, or
              * XKNN_MPI_SYM_BLOCK_ROWS rows (a test hook), the sends checked between them) */
             const char *benv = getenv("XKNN_MPI_SYM_BLOCK_ROWS");
-            const int64_t blk = benv && atoll(benv) > 0                      ? (int64_t)atoll(benv)
-                                : ((int64_t)8 << 20) / (k * 12) > 0 ? ((int64_t)8 << 20) / (k * 12)
-                                                                      : 1;
+            const int64_t blk = benv && atoll(benv) > 0 ? (int64_t)atoll(benv) : xknn__sym_block(k);
             int qs = 0, qr = 0, flag = 0;
             fin = spare;
             while ((qs < pieces || qr < pieces) && rc == MPI_SUCCESS) {
