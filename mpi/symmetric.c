@@ -199,18 +199,52 @@ static int64_t xknn__sym_block(int64_t k)
  * rank's side and on the host (split, after the last pair: the own rows'; P = 2's last
  * pair in pieces: slice 1's rows, the held set's on rank 0, the own set's on rank 1;
  * and in rows2 slice 0's, the own set's on rank 0, the held set's on rank 1) */
+#define XKNN__SYM_QUEUE 40
 typedef struct xknn__sym_ready {
     pthread_mutex_t mu;
     int64_t rows;  /* the set told by w->pub                                           */
     int64_t rows2; /* P = 2's pieces, the other set (w->pub2): rank 0's own set's rows,
                     * rank 1's held set's (slice 0's rows)                              */
     int done;      /* the worker's step is over                                         */
+    /* the worker's copies to the host still running (xknn_cuda_copy_lists_start), in
+     * order, for rows (set 0) and rows2 (set 1): the rows each ends and its ticket; the
+     * rows are told once the copy is over (the main thread asks, xknn__sym_news) */
+    void *kctx;
+    int64_t qhi[2][XKNN__SYM_QUEUE], qtk[2][XKNN__SYM_QUEUE];
+    int qh[2], qt[2];
 } xknn__sym_ready;
+
+/* The copies of rd's queues that are over (the oldest first): their rows are told.
+ * wait = 1 waits for every one. Under rd's mutex. Returns 0, or -1 where a copy
+ * failed (its rows and the ones after are not told). */
+static int xknn__sym_landed(xknn__sym_ready *rd, int wait)
+{
+    int i;
+    for (i = 0; i < 2; i++) {
+        while (rd->qh[i] < rd->qt[i]) {
+            int over = 1;
+#ifdef XKNN_MPI_HAVE_CUDA
+            xknn_error e;
+            if (xknn_cuda_copy_lists_test((xknn_cuda_context *)rd->kctx, rd->qtk[i][rd->qh[i] % XKNN__SYM_QUEUE], wait,
+                                          &over, &e) != XKNN_SUCCESS)
+                return -1;
+#endif
+            if (!over) break;
+            if (i == 0)
+                rd->rows = rd->qhi[i][rd->qh[i] % XKNN__SYM_QUEUE];
+            else
+                rd->rows2 = rd->qhi[i][rd->qh[i] % XKNN__SYM_QUEUE];
+            rd->qh[i]++;
+        }
+    }
+    return 0;
+}
 
 /* The worker's news, read under its mutex (rows2 may be NULL). */
 static void xknn__sym_news(xknn__sym_ready *rd, int64_t *rows, int64_t *rows2, int *done)
 {
     pthread_mutex_lock(&rd->mu);
+    (void)xknn__sym_landed(rd, 0);
     *rows = rd->rows;
     if (rows2) *rows2 = rd->rows2;
     *done = rd->done;
@@ -316,6 +350,8 @@ typedef struct xknn__sym_step {
     const void *forget[2]; /* kept rows to forget after the step (xknn_cuda_forget_rows)  */
     int hparts;    /* P = 2's pieces, rank 0: the last piece in parts of the own rows, each
                     * ending their lists (told in rows2; the sink takes any order)        */
+    int async;     /* the lists' copies to the host beside the next call (publish)      */
+    int queued;    /* such copies were started (xknn_cuda_copy_lists_start)             */
     /* out */
     int64_t nev;
     xknn_status st;
@@ -387,6 +423,37 @@ static xknn_status xknn__sym_publish(xknn__sym_step *w, int two, const int64_t *
     (void)dev;
     if (hi <= *pub) return XKNN_SUCCESS;
 #ifdef XKNN_MPI_HAVE_CUDA
+    if (dev && w->rd && w->async) {
+        /* the copy runs beside the next call (xknn_cuda_copy_lists_start: the context's
+         * copier thread, on its own stream), and the main thread is told once it is over
+         * (xknn__sym_news) */
+        xknn__sym_ready *rd = w->rd;
+        xknn_error fe;
+        int64_t ticket = 0;
+        int full;
+        pthread_mutex_lock(&rd->mu);
+        full = rd->qt[two] - rd->qh[two] >= XKNN__SYM_QUEUE;
+        if (full && xknn__sym_landed(rd, 1) != 0) full = -1;
+        pthread_mutex_unlock(&rd->mu);
+        if (full < 0 || xknn_cuda_copy_lists_start((xknn_cuda_context *)w->kctx, ids, *pub, hi - *pub, &ticket, &fe) !=
+                            XKNN_SUCCESS) {
+            if (full < 0) {
+                fe.status = XKNN_ERROR_DEVICE;
+                snprintf(fe.message, sizeof fe.message, "the copy of a piece's lists to the host failed");
+            }
+            w->e = fe;
+            return fe.status;
+        }
+        pthread_mutex_lock(&rd->mu);
+        rd->kctx = w->kctx;
+        rd->qhi[two][rd->qt[two] % XKNN__SYM_QUEUE] = hi;
+        rd->qtk[two][rd->qt[two] % XKNN__SYM_QUEUE] = ticket;
+        rd->qt[two]++;
+        pthread_mutex_unlock(&rd->mu);
+        *pub = hi;
+        w->queued = 1;
+        return XKNN_SUCCESS;
+    }
     if (dev) {
         xknn_error fe;
         if (xknn_cuda_copy_lists((xknn_cuda_context *)w->kctx, ids, *pub, hi - *pub, &fe) != XKNN_SUCCESS) {
@@ -514,6 +581,19 @@ static void *xknn__sym_work(void *arg)
         }
     }
     w->tf0 = xknn__sym_now();
+    if (w->queued) {
+        /* the copies started by publish: over before the device lists go; their rows are
+         * told (all of them, unless one failed) */
+        int bad;
+        pthread_mutex_lock(&w->rd->mu);
+        bad = xknn__sym_landed(w->rd, 1);
+        pthread_mutex_unlock(&w->rd->mu);
+        if (bad && ss == XKNN_SUCCESS) {
+            ss = XKNN_ERROR_DEVICE;
+            w->e.status = ss;
+            snprintf(w->e.message, sizeof w->e.message, "the copy of a piece's lists to the host failed");
+        }
+    }
 #ifdef XKNN_MPI_HAVE_CUDA
     {
         /* lists kept on the device whose last step this is: to the host, here, with the
@@ -935,6 +1015,12 @@ xknn_status xknn__sym_ring(xknn_mpi_context *ctx, const xknn_params *params, con
     base.neg = neg;
     base.split = split;
     base.parts = parts;
+    {
+        /* XKNN_MPI_SYM_ASYNC=0 (a diagnostic; the same results): the worker copies each
+         * piece's lists to the host itself, between its calls */
+        const char *env = getenv("XKNN_MPI_SYM_ASYNC");
+        base.async = !(env && env[0] == '0');
+    }
     base.first = first;
     memset(&rd, 0, sizeof rd);
     rd_made = pthread_mutex_init(&rd.mu, NULL) == 0; /* (else no news: rows final after the loop) */
@@ -1085,6 +1171,7 @@ xknn_status xknn__sym_ring(xknn_mpi_context *ctx, const xknn_params *params, con
                 rd.rows = 0;
                 rd.rows2 = 0;
                 rd.done = 0;
+                rd.qh[0] = rd.qh[1] = rd.qt[0] = rd.qt[1] = 0;
                 w.rd = &rd;
             }
             worker = threaded && pthread_create(&th, NULL, xknn__sym_work, &w) == 0;
@@ -1151,8 +1238,8 @@ xknn_status xknn__sym_ring(xknn_mpi_context *ctx, const xknn_params *params, con
                 memset(acc[j].dist, 0, (size_t)(maxrows * k) * sizeof(float));
             }
             /* likewise the visited slices' sets where the device keeps their lists (their
-             * host arrays are first written by the lists' copies to the host, on the
-             * worker's path: P = 2 in pieces, after each piece) */
+             * host arrays are first written by the lists' copies to the host: P = 2 in
+             * pieces, after each piece) */
             for (j = 0; j < nvis && dlists; j++) {
                 memset(vis[j].ids, 0, (size_t)(maxrows * k) * sizeof(int64_t));
                 memset(vis[j].dist, 0, (size_t)(maxrows * k) * sizeof(float));

@@ -392,7 +392,8 @@ static void run_pair_case(const pcase *c)
     free(wd);
 }
 
-/* xknn_cuda_keep_lists' refusals and its limit: four TAP lines. */
+/* xknn_cuda_keep_lists' refusals and its limit, copy_lists and copy_lists_start: five TAP
+ * lines. */
 static void run_lists_errors(void)
 {
     static int64_t ids[6][4 * 2];
@@ -439,6 +440,61 @@ static void run_lists_errors(void)
         ok(good, "copy_lists: the rows asked for come to the host and no others; rows outside the set or a set not "
                  "kept are INVALID_ARGUMENT; the set stays kept (%s)", e.message);
     }
+    {
+        /* copy_lists_start: the rows asked for, and no others, once tested over; into
+         * page-locked arrays (one copy each) 20 starts, more than the copier's 16 slots;
+         * into pageable ones (through the copier's pinned 16 MiB buffers) one start of
+         * 3 chunks and a row; a ticket not issued is INVALID_ARGUMENT */
+        enum { R = 3000, K = 4, RP = 1200000 };
+        int64_t *hid = NULL, *pid = (int64_t *)malloc((size_t)RP * K * sizeof(int64_t)), t[20], tp[2];
+        float *hd = NULL, *pd = (float *)malloc((size_t)RP * K * sizeof(float));
+        int good = pid && pd && posix_memalign((void **)&hid, 4096, (size_t)R * K * sizeof(int64_t)) == 0 &&
+                   posix_memalign((void **)&hd, 4096, (size_t)R * K * sizeof(float)) == 0;
+        int over = 0, locked = 0, q;
+        for (i = 0; good && i < RP * K; i++) {
+            if (i < R * K) {
+                hid[i] = 7;
+                hd[i] = 7.0f;
+            }
+            pid[i] = 7;
+            pd[i] = 7.0f;
+        }
+        locked = good && xknn_cuda_host_register(cx, hid, (size_t)R * K * sizeof(int64_t), &e) == XKNN_SUCCESS &&
+                 xknn_cuda_host_register(cx, hd, (size_t)R * K * sizeof(float), &e) == XKNN_SUCCESS;
+        good = locked &&
+               xknn_cuda_keep_lists(cx, XKNN_METRIC_L2, hid, hd, R, K, XKNN_CUDA_LISTS_PADDING, NULL, &e) ==
+                   XKNN_SUCCESS &&
+               xknn_cuda_keep_lists(cx, XKNN_METRIC_L2, pid, pd, RP, K, XKNN_CUDA_LISTS_PADDING, NULL, &e) ==
+                   XKNN_SUCCESS;
+        /* rows 1000..2999 in 20 pieces of 100 */
+        for (q = 0; good && q < 20; q++)
+            good = xknn_cuda_copy_lists_start(cx, hid, 1000 + 100 * q, 100, &t[q], &e) == XKNN_SUCCESS && t[q] > 0;
+        /* rows 100000..1199998 (17.6 MB of distances, 35.2 MB of ids) and row 5 */
+        good = good && xknn_cuda_copy_lists_start(cx, pid, 100000, RP - 100001, &tp[0], &e) == XKNN_SUCCESS &&
+               xknn_cuda_copy_lists_start(cx, pid, 5, 1, &tp[1], &e) == XKNN_SUCCESS && tp[1] > tp[0];
+        good = good && xknn_cuda_copy_lists_test(cx, tp[1], 1, &over, &e) == XKNN_SUCCESS && over == 1 &&
+               xknn_cuda_copy_lists_test(cx, t[0], 0, &over, &e) == XKNN_SUCCESS && over == 1;
+        for (i = 0; good && i < R * K; i++)
+            good = i < 1000 * K ? hid[i] == 7 && hd[i] == 7.0f : hid[i] == -1 && hd[i] == INFINITY;
+        for (i = 0; good && i < RP * K; i++) {
+            const int64_t row = i / K;
+            const int copied = row == 5 || (row >= 100000 && row < RP - 1);
+            good = copied ? pid[i] == -1 && pd[i] == INFINITY : pid[i] == 7 && pd[i] == 7.0f;
+        }
+        good = good && xknn_cuda_copy_lists_start(cx, hid, 2990, 11, &t[0], &e) == XKNN_ERROR_INVALID_ARGUMENT &&
+               xknn_cuda_copy_lists_test(cx, tp[1] + 1, 0, &over, &e) == XKNN_ERROR_INVALID_ARGUMENT;
+        (void)xknn_cuda_fetch_lists(cx, hid, 0, &e);
+        (void)xknn_cuda_fetch_lists(cx, pid, 0, &e);
+        xknn_cuda_host_unregister(cx, hid);
+        xknn_cuda_host_unregister(cx, hd);
+        ok(good, "copy_lists_start: the rows asked for and no others once over, into page-locked arrays (20 starts) "
+                 "and pageable ones (3 chunks); rows outside or a ticket not issued are INVALID_ARGUMENT (%s)",
+           e.message);
+        free(hid);
+        free(hd);
+        free(pid);
+        free(pd);
+    }
     for (i = 0; i < 5; i++)
         if (xknn_cuda_keep_lists(cx, XKNN_METRIC_L2, ids[i], dist[i], 4, 2, XKNN_CUDA_LISTS_PADDING, NULL, &e) ==
             XKNN_SUCCESS)
@@ -482,7 +538,7 @@ int main(void)
     if (!xknn_backend_built(XKNN_BACKEND_CUDA) || xknn_cuda_device_count() == 0) skip_all("no CUDA device");
     const char *only = getenv("XKNN_CUDA_TEST_ONLY");
     quick = getenv("XKNN_CUDA_TEST_QUICK") ? atoi(getenv("XKNN_CUDA_TEST_QUICK")) : 0;
-    plan(3 * NCASES + 2 * NPCASES + 7);
+    plan(3 * NCASES + 2 * NPCASES + 8);
     run_keep_errors();
     run_lists_errors();
     for (i = 0; i < NCASES; i++) {

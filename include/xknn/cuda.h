@@ -217,6 +217,33 @@ XKNN_API xknn_status xknn_cuda_fetch_lists(xknn_cuda_context *ctx, int64_t *ids,
 XKNN_API xknn_status xknn_cuda_copy_lists(xknn_cuda_context *ctx, const int64_t *ids, int64_t row0, int64_t rows,
                                           xknn_error *err);
 
+/* Starts copying rows [row0, row0 + rows) of the kept set that begins at ids into those
+ * rows of its host arrays, after the work enqueued on the context so far (the calls that
+ * wrote them), and returns at once with *ticket for xknn_cuda_copy_lists_test: a caller
+ * can run its next call on the context meanwhile, as long as that call merges into other
+ * rows and nothing else writes these host rows. The copies run in ticket order in a
+ * thread of the context's own (made by the first start) on a stream of its own: into
+ * page-locked host arrays (cudaHostRegister, xknn_cuda_host_register) as one copy, into
+ * pageable ones through two pinned 16 MiB buffers. fetch_lists waits for the copies
+ * started before it. INVALID_ARGUMENT where no set begins at ids or the rows lie outside
+ * it; DEVICE. */
+XKNN_API xknn_status xknn_cuda_copy_lists_start(xknn_cuda_context *ctx, const int64_t *ids, int64_t row0,
+                                                int64_t rows, int64_t *ticket, xknn_error *err);
+
+/* *done = 1 where the copy with this ticket is over (ticket 0: always), 0 where it has not
+ * ended yet; wait = 1 returns once it is over. Callable from any thread. INVALID_ARGUMENT
+ * for a ticket not issued; DEVICE where a copy up to this ticket failed. */
+XKNN_API xknn_status xknn_cuda_copy_lists_test(xknn_cuda_context *ctx, int64_t ticket, int wait, int *done,
+                                               xknn_error *err);
+
+/* Page-locks bytes of host memory from p (cudaHostRegister, on the context's device), so
+ * that the device's copy engines write it while the compute runs
+ * (xknn_cuda_copy_lists_start); locking takes about a tenth of a second a gigabyte.
+ * xknn_cuda_host_unregister(ctx, p) undoes it, before the memory is freed and the context
+ * destroyed. INVALID_ARGUMENT, DEVICE (it cannot be locked), NOT_BUILT. */
+XKNN_API xknn_status xknn_cuda_host_register(xknn_cuda_context *ctx, void *p, size_t bytes, xknn_error *err);
+XKNN_API void xknn_cuda_host_unregister(xknn_cuda_context *ctx, void *p);
+
 /* Each row's k-th distance in the kept set that begins at ids, into kth (rows floats, host
  * memory): the last entry's distance where the row holds k references, +inf where it does
  * not (the host arrays stay untouched). INVALID_ARGUMENT where no set begins at ids. */

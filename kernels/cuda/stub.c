@@ -96,6 +96,40 @@ xknn_status xknn_cuda_copy_lists(xknn_cuda_context *ctx, const int64_t *ids, int
     return xknn__cuda_not_built(err);
 }
 
+xknn_status xknn_cuda_copy_lists_start(xknn_cuda_context *ctx, const int64_t *ids, int64_t row0, int64_t rows,
+                                       int64_t *ticket, xknn_error *err)
+{
+    (void)ctx;
+    (void)ids;
+    (void)row0;
+    (void)rows;
+    if (ticket) *ticket = 0;
+    return xknn__cuda_not_built(err);
+}
+
+xknn_status xknn_cuda_copy_lists_test(xknn_cuda_context *ctx, int64_t ticket, int wait, int *done, xknn_error *err)
+{
+    (void)ctx;
+    (void)ticket;
+    (void)wait;
+    if (done) *done = 0;
+    return xknn__cuda_not_built(err);
+}
+
+xknn_status xknn_cuda_host_register(xknn_cuda_context *ctx, void *p, size_t bytes, xknn_error *err)
+{
+    (void)ctx;
+    (void)p;
+    (void)bytes;
+    return xknn__cuda_not_built(err);
+}
+
+void xknn_cuda_host_unregister(xknn_cuda_context *ctx, void *p)
+{
+    (void)ctx;
+    (void)p;
+}
+
 xknn_status xknn_cuda_lists_kth(xknn_cuda_context *ctx, const int64_t *ids, float *kth, xknn_error *err)
 {
     (void)ctx;
