@@ -100,17 +100,16 @@
  * of 73 ms against 101 ms with equal pieces). After each piece its rows' lists are
  * final on that side: rank 0's held ones go to rank 1 while the next piece computes,
  * and rank 1 merges them with its own rows' and gives them to the sink. Rank 1's last
- * piece runs in parts of slice 0's rows [0, g), whose held lists go to rank 0 as each
+ * piece runs in pieces of slice 0's rows [0, g), whose held lists go to rank 0 as each
  * ends; rank 0 merges them with its own rows [0, g) (final since step 0, brought to the
  * host first) and gives them to the sink. Rank 0's rows [g, m_0) take nothing from rank
  * 1: with a sink that takes any order (xknn_mpi_output.any_order, knn_mpi) its last
- * piece runs in parts of those rows, each given to the sink as it ends; else they go
- * after rows [0, g). The parts, too, are uneven, the last half the others. So nothing
- * moves after the last step, and what is left at its end is a piece of each side. Each
- * piece's lists come to the host in a copier thread of the CUDA context
- * (xknn_cuda_copy_lists_start) while the next piece computes; the main thread moves them
- * once the copy is over (XKNN_MPI_SYM_ASYNC=0, a diagnostic: the worker copies them
- * between its calls). (XKNN_MPI_SYM_PIECES=0: the last pair in one call each; rank
+ * piece runs in pieces of those rows, each given to the sink as it ends; else they go
+ * after rows [0, g). So nothing moves after the last step, and what is left at its end
+ * is a piece of each side. Each piece's lists come to the host in a copier thread of the
+ * CUDA context (xknn_cuda_copy_lists_start) while the next piece computes; the main
+ * thread moves them once the copy is over (XKNN_MPI_SYM_ASYNC=0, a diagnostic: the
+ * worker copies them between its calls). (XKNN_MPI_SYM_PIECES=0: the last pair in one call each; rank
  * 1 then sends back only the lists of the rows [half, m) it held, and rank 0's rows
  * [0, half) go to the sink during that exchange.) The own lists' host arrays are touched
  * once at the set-up, the visited slices' (kept on the device) during step 0, on all
@@ -167,15 +166,27 @@ static int64_t xknn__sym_mid(int64_t m, int64_t c0, double first)
     return r > 0 ? c0 + (int64_t)((double)r * first) : c0;
 }
 
-/* P = 2's last pair in pieces (see xknn__sym_ring): piece q of np of a set of m rows that
- * travels piece by piece (slice 1's rows; slice 0's rows [0, g), the parts of rank 1's
- * last piece; rank 0's rows [g, m_0), the parts of its last piece) covers rows
- * [xknn__sym_piece(m, np, q), xknn__sym_piece(m, np, q + 1)), the last piece half as
- * many as the others (2 np - 1 halves): its lists are the last to travel, and their
- * merge and write are what is left after the compute */
+/* Part q of np equal parts of m rows: rows [xknn__sym_piece(m, np, q),
+ * xknn__sym_piece(m, np, q + 1)) */
 static int64_t xknn__sym_piece(int64_t m, int np, int q)
 {
+    return m / np * q + m % np * q / np;
+}
+
+/* P = 2's last pair in pieces (see xknn__sym_ring): piece q of np covers rows
+ * [xknn__sym_slice1(m, np, q), xknn__sym_slice1(m, np, q + 1)) of slice 1 (m rows), the
+ * last piece half as many as the others: its lists are the last to travel, and their
+ * merge and write are what is left after the compute (2 np - 1 halves) */
+static int64_t xknn__sym_slice1(int64_t m, int np, int q)
+{
     return q >= np ? m : m / (2 * np - 1) * 2 * q + m % (2 * np - 1) * 2 * q / (2 * np - 1);
+}
+
+/* The first row of piece q of np of a set of m rows that travels piece by piece: slice
+ * 1's (s1), or slice 0's rows [0, g) (m = g) in equal parts */
+static int64_t xknn__sym_at(int s1, int64_t m, int np, int q)
+{
+    return s1 ? xknn__sym_slice1(m, np, q) : xknn__sym_piece(m, np, q);
 }
 
 /* Rows of k-wide lists (12 bytes an entry) in about 8 MiB: the block in which final rows
@@ -536,7 +547,7 @@ static void *xknn__sym_work(void *arg)
             int q, i;
             if (rank == 0) ss = xknn__sym_publish(w, 1, w->l0, w->own_dev, g);
             for (q = 0; q < np && ss == XKNN_SUCCESS; q++) {
-                const int64_t a = xknn__sym_piece(m1, np, q), b = xknn__sym_piece(m1, np, q + 1);
+                const int64_t a = xknn__sym_slice1(m1, np, q), b = xknn__sym_slice1(m1, np, q + 1);
                 if (rank == 0) {
                     /* (with hparts the last piece in parts of rows [g, m_0), each final after
                      * its part) */
@@ -1081,7 +1092,7 @@ xknn_status xknn__sym_ring(xknn_mpi_context *ctx, const xknn_params *params, con
             const int o = rank == 0 ? 2 * pieces : 0;
             int q;
             for (q = 0; q < pieces && rc == MPI_SUCCESS; q++) {
-                const int64_t a = xknn__sym_piece(m, pieces, q), b = xknn__sym_piece(m, pieces, q + 1);
+                const int64_t a = xknn__sym_at(rank == 1, m, pieces, q), b = xknn__sym_at(rank == 1, m, pieces, q + 1);
                 if (b == a) continue;
                 rc = MPI_Irecv(acc[0].ids + a * k, (int)(b - a), idtype, 1 - rank, XKNN__TAG_LIST_IDS, ctx->comm,
                                &preq[o + 2 * q]);
@@ -1294,8 +1305,8 @@ xknn_status xknn__sym_ring(xknn_mpi_context *ctx, const xknn_params *params, con
                 }
                 while (qs < pieces && rc == MPI_SUCCESS) {
                     /* (rank 0 sends slice 1's pieces, rank 1 the parts of slice 0's rows [0, g)) */
-                    const int64_t a = xknn__sym_piece(ms, pieces, qs);
-                    const int64_t b = xknn__sym_piece(ms, pieces, qs + 1);
+                    const int64_t a = xknn__sym_at(rank == 0, ms, pieces, qs);
+                    const int64_t b = xknn__sym_at(rank == 0, ms, pieces, qs + 1);
                     if (b > hs && !over) break;
                     if (b > a) {
                         rc = MPI_Isend(v->ids + a * k, (int)(b - a), idtype, 1 - rank, XKNN__TAG_LIST_IDS, ctx->comm,
@@ -1311,8 +1322,8 @@ xknn_status xknn__sym_ring(xknn_mpi_context *ctx, const xknn_params *params, con
                     moved = 1;
                 }
                 while (qr < pieces && rc == MPI_SUCCESS) {
-                    const int64_t a = xknn__sym_piece(mr, pieces, qr);
-                    const int64_t b = xknn__sym_piece(mr, pieces, qr + 1);
+                    const int64_t a = xknn__sym_at(rank == 1, mr, pieces, qr);
+                    const int64_t b = xknn__sym_at(rank == 1, mr, pieces, qr + 1);
                     const int64_t need = rank == 0 ? g : b; /* the own rows it merges with, told */
                     if (hr < need && !over) break;
                     if (rcur < 0) {
