@@ -97,32 +97,33 @@
  * computes its rows [g, m_0) against slice 1 and rank 1 slice 0's rows [0, g) against
  * its own, both piece by piece over slice 1's rows (the last piece half the others: what
  * is left after the compute is its lists' move, merge and write; on two H100s a median
- * of 73 ms against 101 ms with equal pieces). After each piece its rows' lists are
- * final on that side: rank 0's held ones go to rank 1 while the next piece computes,
- * and rank 1 merges them with its own rows' and gives them to the sink. Rank 1's last
- * piece runs in pieces of slice 0's rows [0, g), whose held lists go to rank 0 as each
- * ends; rank 0 merges them with its own rows [0, g) (final since step 0, brought to the
- * host first) and gives them to the sink. Rank 0's rows [g, m_0) take nothing from rank
- * 1: with a sink that takes any order (xknn_mpi_output.any_order, knn_mpi) its last
- * piece runs in pieces of those rows, each given to the sink as it ends; else they go
- * after rows [0, g). So nothing moves after the last step, and what is left at its end
- * is a piece of each side. Each piece's lists come to the host in a copier thread of the
- * CUDA context (xknn_cuda_copy_lists_start) while the next piece computes; the main
- * thread moves them once the copy is over (XKNN_MPI_SYM_ASYNC=0, a diagnostic: the
- * worker copies them between its calls). (XKNN_MPI_SYM_PIECES=0: the last pair in one call each; rank
- * 1 then sends back only the lists of the rows [half, m) it held, and rank 0's rows
- * [0, half) go to the sink during that exchange.) The own lists' host arrays are touched
- * once at the set-up, the visited slices' (kept on the device) during step 0, on all
- * threads or beside the compute, so the copies to the host do not take their page
- * faults; the last step's kept rows are freed by the worker beside the main thread's
- * merges and writes. With split, the rows become final part by part in step S + 1 (the
- * worker tells the main thread, which merges them with the accumulator and gives them to
- * the sink while the next part computes). The ring's buffers (gigabytes of list sets and
- * slices, and a CUDA context it made itself) are freed in a thread of their own (xknn__mpi_later) after the
- * results are delivered; device copies on a caller's context are released before the
- * return. The 4M graph on two H100s: the ring ends with the last write, and the tail
- * from the end of the last call to the end of the ring went from 0.57-0.60 s to
- * 0.33-0.34 s (the one-call exchange above), then to about 0.1 s in pieces.
+ * of 73 ms against 101 ms with equal pieces). After each piece its rows' lists are final
+ * on that side: rank 0's held ones go to rank 1 while the next piece computes, and rank
+ * 1 merges them with its own rows' and gives them to the sink. Rank 1's last piece runs
+ * in pieces of slice 0's rows [0, g), whose held lists go to rank 0 as each ends; rank 0
+ * merges them with its own rows [0, g) (final since step 0, brought to the host first)
+ * and gives them to the sink. Rank 0's rows [g, m_0) take nothing from rank 1: with a
+ * sink that takes any order (xknn_mpi_output.any_order, knn_mpi) its last piece runs in
+ * pieces of those rows, each given to the sink as it ends; else they go after rows
+ * [0, g). So nothing moves after the last step, and what is left at its end is a piece
+ * of each side. Each piece's lists come to the host in a copier thread of the CUDA
+ * context (xknn_cuda_copy_lists_start) while the next piece computes; the main thread
+ * moves them once the copy is over (XKNN_MPI_SYM_ASYNC=0, a diagnostic: the worker
+ * copies them between its calls). (XKNN_MPI_SYM_PIECES=0: the last pair in one call
+ * each; rank 1 then sends back only the lists of the rows [half, m) it held, and rank
+ * 0's rows [0, half) go to the sink during that exchange.) The own lists' host arrays
+ * are touched once at the set-up, the visited slices' (kept on the device) during step
+ * 0, on all threads or beside the compute, so the copies to the host do not take their
+ * page faults; the last step's kept rows are freed by the worker beside the main
+ * thread's merges and writes. With split, the rows become final part by part in step S +
+ * 1 (the worker tells the main thread, which merges them with the accumulator and gives
+ * them to the sink while the next part computes). The ring's buffers (gigabytes of list
+ * sets and slices, and a CUDA context it made itself) are freed in a thread of their own
+ * (xknn__mpi_later) after the results are delivered; device copies on a caller's context
+ * are released before the return. The 4M graph on two H100s: the ring ends with the last
+ * write, and the tail from the end of the last call to the end of the ring went from
+ * 0.57-0.60 s to 0.33-0.34 s (the one-call exchange above), then to about 0.1 s in
+ * pieces.
  */
 #define _GNU_SOURCE /* sched_yield, clock_gettime */
 #include <limits.h>
