@@ -19,20 +19,12 @@ KNN=$1
 MK=$2
 MPIRUN=${3:-none}
 FI=${4:-none}     # tests/fault_inject.c: writes to chosen files fail with ENOSPC
-T=$(mktemp -d "${TMPDIR:-/tmp}/faults-t.XXXXXX") || exit 1
-trap 'chmod -R u+rwx "$T" 2>/dev/null; rm -rf "$T"' EXIT
-trap 'exit 1' INT TERM
+. "$(dirname "$0")/tap.sh"
+tap_begin faults-t 129
+TAP_DIAG=tap_run_diag
 O=$T/outdir       # the output directory of every case: must stay empty
 D=$T/data
 mkdir "$O" "$D" || exit 1
-
-PLAN=129
-NUM=0
-FAILED=0
-echo "1..$PLAN"
-
-diag() { echo "# $*"; }
-mk() { "$MK" "$@" >/dev/null || { echo "Bail out! mkdata $*"; exit 1; }; }
 
 # ---- bytes (dash's printf has no \x: octal escapes) -------------------------------------
 byte() { printf "\\$(printf %03o "$1")"; }
@@ -119,24 +111,6 @@ mkdir "$T/isfile"; : >"$T/isfile/f"
 # names the known bug that a failure of this case shows (cleared after each case).
 TODO=
 ONLY_NP1=
-ok_() { # ok_ STATUS DESCRIPTION [TODO]
-    NUM=$((NUM + 1))
-    if [ "$1" -eq 0 ]; then
-        echo "ok $NUM - $2"
-        [ -n "$3" ] && diag "known bug not reproduced any more: $3"
-    elif [ -n "$3" ]; then
-        echo "not ok $NUM - $2 # TODO $3"
-        diag "$WHY"
-        sed 's/^/#   stderr: /' "$T/err" 2>/dev/null | head -n 6
-    else
-        echo "not ok $NUM - $2"
-        FAILED=$((FAILED + 1))
-        diag "$WHY"
-        diag "exit status $RC; stderr:"
-        sed 's/^/#   /' "$T/err" 2>/dev/null | head -n 15
-    fi
-}
-skip_() { NUM=$((NUM + 1)); echo "ok $NUM # SKIP $1"; }
 # XENV: "VAR=VALUE ..." (no blanks inside) set for knn_mpi on every rank: in its
 # environment on 1 rank, through mpirun -x on more (not for mpirun itself).
 XENV=
@@ -174,23 +148,23 @@ case_() {
     shift 3
     for np in 1 4; do
         if [ "$np" -ne 1 ] && [ "$MPIRUN" = none ]; then
-            skip_ "MPI not built: $desc (4 ranks)"
+            skip "MPI not built: $desc (4 ranks)"
             continue
         fi
         if [ "$np" -ne 1 ] && [ -n "$ONLY_NP1" ]; then
-            skip_ "$ONLY_NP1: $desc (4 ranks)"
+            skip "$ONLY_NP1: $desc (4 ranks)"
             continue
         fi
         rm -rf "$O"/* "$O"/.[!.]* 2>/dev/null
         run_ $np "$@"
         verdict "$want" "$keys"
-        ok_ $? "$desc ($np rank$([ $np -gt 1 ] && echo s))" "$TODO"
+        ok $? "$desc ($np rank$([ $np -gt 1 ] && echo s))" "$TODO"
     done
     rm -rf "$O"/* "$O"/.[!.]* 2>/dev/null
     TODO=
     ONLY_NP1=
 }
-skip2() { skip_ "$1 (1 rank)"; skip_ "$1 (4 ranks)"; }
+skip2() { skip "$1 (1 rank)"; skip "$1 (4 ranks)"; }
 
 # ---- truncated files and headers that promise more than the file holds (exit 2) ---------------
 case_ 2 "$D/trunc.fbin" "truncated .fbin reference" -o "$O/r.bin" "$D/trunc.fbin" "$D/q.fbin"
@@ -311,7 +285,7 @@ KNN=$KNN_REAL
 # a copy of the node (root only) is the target, never /dev/full itself.
 if mknod "$T/full" c 1 7 2>/dev/null; then
     for np in 1 4; do
-        if [ "$np" -ne 1 ] && [ "$MPIRUN" = none ]; then skip_ "MPI not built"; continue; fi
+        if [ "$np" -ne 1 ] && [ "$MPIRUN" = none ]; then skip "MPI not built"; continue; fi
         [ -c "$T/full" ] || { rm -f "$T/full"; mknod "$T/full" c 1 7; }
         run_ $np -o "$T/full" "$D/ref.fbin" "$D/q.fbin"
         WHY=
@@ -321,7 +295,7 @@ if mknod "$T/full" c 1 7 2>/dev/null; then
         elif [ "$(grep -c '^knn_mpi: ' "$T/err")" -ne 1 ]; then WHY="not exactly one knn_mpi line"
         fi
         [ -z "$WHY" ]
-        ok_ $? "output to a copy of /dev/full: nonzero exit, the device node kept ($np rank$([ $np -gt 1 ] && echo s))"
+        ok $? "output to a copy of /dev/full: nonzero exit, the device node kept ($np rank$([ $np -gt 1 ] && echo s))"
         rm -f "$T"/.full.xknn-tmp.*
     done
 else
@@ -364,7 +338,7 @@ fi
 # by the killed job (nobody is alive to remove it) is allowed, but only under the name
 # that knn_mpi --help documents for it: .kill.bin.xknn-tmp.PID.XXXXXX.
 if [ "$MPIRUN" = none ]; then
-    skip_ "MPI not built: rank killed mid-run"
+    skip "MPI not built: rank killed mid-run"
 else
     mk data gaussian 200000 64 5 "$D/kref.fbin"
     mk data gaussian 20000 64 6 "$D/kq.fbin"
@@ -405,7 +379,7 @@ else
         WHY="left in the output directory, not the documented temporary: $(ls -A "$O" | tr '\n' ' ')"
     fi
     [ -z "$WHY" ]
-    ok_ $? "rank killed mid-run (4 ranks): mpirun exits nonzero in time, no result file, only a recognisable temporary"
+    ok $? "rank killed mid-run (4 ranks): mpirun exits nonzero in time, no result file, only a recognisable temporary"
     diag "killed pid $victim once the search ran; mpirun exit $RC after $((waited / 10)).$((waited % 10)) s"
     diag "left in the output directory: '$(ls -A "$O" | tr '\n' ' ')'"
     diag "what the user sees (stderr, first lines):"
@@ -413,5 +387,4 @@ else
     rm -rf "$O"/*
 fi
 
-[ $NUM -eq $PLAN ] || echo "# planned $PLAN tests, ran $NUM"
-[ $FAILED -eq 0 ] && [ $NUM -eq $PLAN ]
+tap_end
