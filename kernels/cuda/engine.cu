@@ -3748,13 +3748,14 @@ void xknn_cuda_context_destroy(xknn_cuda_context *ctx)
     if (!ctx) return;
     DeviceScope scope;
     if (scope.enter(ctx->device) == cudaSuccess) {
+        /* (first: a copy still running reads the kept lists) */
+        copier_destroy(ctx->copier);
         for (int i = 0; i < 8; ++i) kept_free(ctx->kept[i]);
         for (int i = 0; i < 4; ++i) {
             if (ctx->lists[i].ids) cudaFree(ctx->lists[i].ids);
             if (ctx->lists[i].dist) cudaFree(ctx->lists[i].dist);
         }
         if (ctx->keep_stream) cudaStreamDestroy(ctx->keep_stream);
-        copier_destroy(ctx->copier);
         if (ctx->pair_out) cudaFreeHost(ctx->pair_out);
         for (int b = 1; b >= 0; --b) {
             if (ctx->stage_done[b]) cudaEventDestroy(ctx->stage_done[b]);
@@ -3985,6 +3986,21 @@ static int kept_lists_find(xknn_cuda_context *ctx, const int64_t *ids, int take,
     return slot >= 0;
 }
 
+/* The kept set that begins at ids (into *m; it stays kept) and rows [row0, row0 + rows)
+ * inside it, for the copies to the host: INVALID_ARGUMENT otherwise, the message led by
+ * what (the public function's name). */
+static xknn_status kept_lists_rows(xknn_cuda_context *ctx, const int64_t *ids, int64_t row0, int64_t rows,
+                                   const char *what, ListMirror *m, Err er)
+{
+    if (!ctx || !ids) return failf(er, XKNN_ERROR_INVALID_ARGUMENT, "%s: NULL argument", what);
+    if (!kept_lists_find(ctx, ids, 0, m))
+        return failf(er, XKNN_ERROR_INVALID_ARGUMENT, "%s: the context keeps no lists that begin there", what);
+    if (row0 < 0 || rows < 0 || row0 > m->rows || rows > m->rows - row0)
+        return failf(er, XKNN_ERROR_INVALID_ARGUMENT, "%s: rows %lld..%lld outside the set's %lld rows", what,
+                     (long long)row0, (long long)(row0 + rows - 1), (long long)m->rows);
+    return XKNN_SUCCESS;
+}
+
 xknn_status xknn_cuda_fetch_lists(xknn_cuda_context *ctx, int64_t *ids, int download, xknn_error *err)
 {
     Err er = err_of(err);
@@ -4018,20 +4034,12 @@ xknn_status xknn_cuda_copy_lists(xknn_cuda_context *ctx, const int64_t *ids, int
     Err er = err_of(err);
     xknn_status st = XKNN_SUCCESS;
     DeviceScope scope;
-    ListMirror m;
+    ListMirror m = {}; /* (filled by kept_lists_rows) */
     int piece = 0;
-    if (!ctx || !ids)
-        return finish_err(err, failf(er, XKNN_ERROR_INVALID_ARGUMENT, "xknn_cuda_copy_lists: NULL argument"));
     /* (the set stays in the table: the caller runs neither fetch_lists nor a call that
      * merges into these rows meanwhile) */
-    if (!kept_lists_find(ctx, ids, 0, &m))
-        return finish_err(err, failf(er, XKNN_ERROR_INVALID_ARGUMENT,
-                                     "xknn_cuda_copy_lists: the context keeps no lists that begin there"));
-    if (row0 < 0 || rows < 0 || row0 > m.rows || rows > m.rows - row0)
-        return finish_err(err, failf(er, XKNN_ERROR_INVALID_ARGUMENT,
-                                     "xknn_cuda_copy_lists: rows %lld..%lld outside the set's %lld rows",
-                                     (long long)row0, (long long)(row0 + rows - 1), (long long)m.rows));
-    if (rows == 0) return finish_err(err, st);
+    if ((st = kept_lists_rows(ctx, ids, row0, rows, "xknn_cuda_copy_lists", &m, er)) != XKNN_SUCCESS || rows == 0)
+        return finish_err(err, st);
     XKNN__CUDA_CHECK(scope.enter(ctx->device));
     XKNN__CUDA_CHECK(stage_make(ctx));
     XKNN__TRY(results_out(ctx, 1, m.host_ids + row0 * m.k, m.ids + row0 * m.k, m.host_dist + row0 * m.k,
@@ -4228,21 +4236,16 @@ xknn_status xknn_cuda_copy_lists_start(xknn_cuda_context *ctx, const int64_t *id
     Err er = err_of(err);
     xknn_status st = XKNN_SUCCESS;
     DeviceScope scope;
-    ListMirror m;
+    ListMirror m = {}; /* (filled by kept_lists_rows) */
     xknn_cuda_copier *c = NULL;
     CopyJob j;
     cudaError_t e = cudaSuccess;
-    if (!ctx || !ids || !ticket)
+    if (!ticket)
         return finish_err(err, failf(er, XKNN_ERROR_INVALID_ARGUMENT, "xknn_cuda_copy_lists_start: NULL argument"));
     *ticket = 0;
-    if (!kept_lists_find(ctx, ids, 0, &m))
-        return finish_err(err, failf(er, XKNN_ERROR_INVALID_ARGUMENT,
-                                     "xknn_cuda_copy_lists_start: the context keeps no lists that begin there"));
-    if (row0 < 0 || rows < 0 || row0 > m.rows || rows > m.rows - row0)
-        return finish_err(err, failf(er, XKNN_ERROR_INVALID_ARGUMENT,
-                                     "xknn_cuda_copy_lists_start: rows %lld..%lld outside the set's %lld rows",
-                                     (long long)row0, (long long)(row0 + rows - 1), (long long)m.rows));
-    if (rows == 0) return finish_err(err, st);
+    if ((st = kept_lists_rows(ctx, ids, row0, rows, "xknn_cuda_copy_lists_start", &m, er)) != XKNN_SUCCESS ||
+        rows == 0)
+        return finish_err(err, st);
     XKNN__CUDA_CHECK(scope.enter(ctx->device));
     memset(&j, 0, sizeof j);
     j.dst[0] = (char *)(m.host_ids + row0 * m.k);
