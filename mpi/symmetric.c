@@ -355,7 +355,7 @@ typedef struct xknn__sym_step {
     int hparts;    /* P = 2's pieces, rank 0: the last piece in parts of the own rows, each
                     * ending their lists (told in rows2; the sink takes any order)        */
     int async;     /* the lists' copies to the host beside the next call (publish)      */
-    int queued;    /* such copies were started (xknn_cuda_copy_lists_start)             */
+    int64_t last_ticket; /* the last such copy started (0: none)                       */
     /* out */
     int64_t nev;
     xknn_status st;
@@ -449,13 +449,12 @@ static xknn_status xknn__sym_publish(xknn__sym_step *w, int two, const int64_t *
             return fe.status;
         }
         pthread_mutex_lock(&rd->mu);
-        rd->kctx = w->kctx;
         rd->qhi[two][rd->qt[two] % XKNN__SYM_QUEUE] = hi;
         rd->qtk[two][rd->qt[two] % XKNN__SYM_QUEUE] = ticket;
         rd->qt[two]++;
         pthread_mutex_unlock(&rd->mu);
         *pub = hi;
-        w->queued = 1;
+        w->last_ticket = ticket;
         return XKNN_SUCCESS;
     }
     if (dev) {
@@ -585,12 +584,18 @@ static void *xknn__sym_work(void *arg)
         }
     }
     w->tf0 = xknn__sym_now();
-    if (w->queued) {
-        /* the copies started by publish: over before the device lists go; their rows are
-         * told (all of them, unless one failed) */
-        int bad;
+    if (w->last_ticket > 0) {
+        /* the copies started by publish: over before the device lists go (the copier runs
+         * them in order: waiting for the last, without the mutex the main thread reads its
+         * news under); their rows are told (all of them, unless one failed) */
+        int bad = 0, over = 0;
+#ifdef XKNN_MPI_HAVE_CUDA
+        xknn_error ce;
+        bad = xknn_cuda_copy_lists_test((xknn_cuda_context *)w->kctx, w->last_ticket, 1, &over, &ce) != XKNN_SUCCESS;
+#endif
+        (void)over;
         pthread_mutex_lock(&w->rd->mu);
-        bad = xknn__sym_landed(w->rd, 1);
+        bad = xknn__sym_landed(w->rd, 0) != 0 || bad;
         pthread_mutex_unlock(&w->rd->mu);
         if (bad && ss == XKNN_SUCCESS) {
             ss = XKNN_ERROR_DEVICE;
@@ -1176,6 +1181,9 @@ xknn_status xknn__sym_ring(xknn_mpi_context *ctx, const xknn_params *params, con
                 rd.rows2 = 0;
                 rd.done = 0;
                 rd.qh[0] = rd.qh[1] = rd.qt[0] = rd.qt[1] = 0;
+#ifdef XKNN_MPI_HAVE_CUDA
+                rd.kctx = kctx;
+#endif
                 w.rd = &rd;
             }
             worker = threaded && pthread_create(&th, NULL, xknn__sym_work, &w) == 0;
