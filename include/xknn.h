@@ -264,11 +264,17 @@ typedef struct xknn_params {
                                     memory; NULL otherwise                            */
     int64_t weights_count;       /* number of weights: must equal the bit count d     */
     xknn_self_join self_join;    /* XKNN_SELF_JOIN_AUTO (see SELF-JOIN above)         */
+    int values_checked;          /* 1: the caller has checked the rows' values
+                                    (xknn_check_input) and they have not changed:
+                                    xknn_search and xknn_search_pair skip their
+                                    NaN/Inf (and hellinger sign) scan of every row.
+                                    Unchecked values with 1: undefined results.
+                                    0 (INIT): scanned on every call                   */
 } xknn_params;
 
 #define XKNN_PARAMS_INIT                                                                                  \
     { XKNN_BACKEND_AUTO, XKNN_METRIC_L2, 0, 0, 0, 0, 0, 0, 0, XKNN_CPU_PATH_AUTO, -1, 0, 0, 0, NULL, 0.0, NULL, 0, \
-      XKNN_SELF_JOIN_AUTO }
+      XKNN_SELF_JOIN_AUTO, 0 }
 
 /* Error report filled by calls that take one (may be NULL). message is one line,
  * without a trailing newline, naming the argument, row and column at fault. */
@@ -850,6 +856,18 @@ static xknn__sym_side xknn__sym_side_of(const xknn_matrix *m, int64_t id0, int64
     return s;
 }
 
+/* A side of xknn_search_pair: the matrix and the metric, and the values unless the
+ * caller has checked them (values_checked: a ring calls the pair on the same rows many
+ * times; the scan of a million rows of d = 128 is about 10 ms of each call). */
+static xknn_status xknn__check_pair_side(const xknn_params *p, const char *what, const xknn_matrix *m,
+                                         int64_t row_offset, xknn_error *err)
+{
+    xknn_status st;
+    if ((st = xknn__check_matrix(what, m, err)) != XKNN_SUCCESS) return st;
+    if ((st = xknn__check_metric(p, m->dtype, m->cols, err)) != XKNN_SUCCESS) return st;
+    return p->values_checked ? XKNN_SUCCESS : xknn__check_values(p, what, m, row_offset, err);
+}
+
 xknn_status xknn_search_pair(const xknn_params *params, const xknn_matrix *a, int64_t a_id0, const xknn_matrix *b,
                              int64_t b_id0, int64_t k, int64_t *a_ids, float *a_dist, int64_t *b_ids, float *b_dist,
                              xknn_error *err)
@@ -867,9 +885,9 @@ xknn_status xknn_search_pair(const xknn_params *params, const xknn_matrix *a, in
     if (k < 1) return xknn__fail(err, XKNN_ERROR_INVALID_ARGUMENT, "k=%lld: need k >= 1", (long long)k);
     if ((int)p.cpu_path < 0 || p.cpu_path >= XKNN_CPU_PATH_COUNT || p.num_threads < 0 || p.query_block < 0)
         return xknn__fail(err, XKNN_ERROR_INVALID_ARGUMENT, "xknn_search_pair: bad cpu_path, num_threads or query_block");
-    if ((st = xknn_check_input(&p, "a", a, a_id0, err)) != XKNN_SUCCESS) return st;
+    if ((st = xknn__check_pair_side(&p, "a", a, a_id0, err)) != XKNN_SUCCESS) return st;
     if (b) {
-        if ((st = xknn_check_input(&p, "b", b, b_id0, err)) != XKNN_SUCCESS) return st;
+        if ((st = xknn__check_pair_side(&p, "b", b, b_id0, err)) != XKNN_SUCCESS) return st;
         if (b->cols != a->cols || b->dtype != a->dtype)
             return xknn__fail(err, XKNN_ERROR_INVALID_ARGUMENT,
                               "xknn_search_pair: a is %s d=%lld, b is %s d=%lld: need the same dtype and d",
@@ -962,8 +980,9 @@ xknn_status xknn_search(const xknn_params *params, const xknn_matrix *ref, const
                               : "k=%lld is larger than the number of references n=%lld",
                           (long long)k, (long long)avail);
 
-    if ((st = xknn__check_values(&p, "reference", ref, 0, err)) != XKNN_SUCCESS) return st;
-    if (query && (st = xknn__check_values(&p, "query", query, 0, err)) != XKNN_SUCCESS) return st;
+    if (!p.values_checked && (st = xknn__check_values(&p, "reference", ref, 0, err)) != XKNN_SUCCESS) return st;
+    if (!p.values_checked && query && (st = xknn__check_values(&p, "query", query, 0, err)) != XKNN_SUCCESS)
+        return st;
 
     memset(&job, 0, sizeof job);
     job.dtype = ref->dtype;

@@ -501,6 +501,9 @@ agree_setup:
         st = agreed;
         goto finish;
     }
+    /* every rank's slice and the query root's queries passed the checks above: the
+     * calls below (rows that travel included) do not scan them again */
+    p.values_checked = 1;
     if (self) {
         /* Symmetric when every rank's backend allows it (the device count may differ
          * between ranks): one more agreement, on a flag. */

@@ -103,7 +103,7 @@ static void check(const mcase *mc, xknn_dtype dt, const shape *sh, xknn_cpu_path
  * in an arbitrary order, lists starting as padding: equal to the oracle (1 test).
  * bounded: the padding's last entry carries each row's true k-th distance as the bound
  * (ties at it must be kept; duplicates make many). */
-static void check_pair(const mcase *mc, xknn_dtype dt, int64_t k, int bounded)
+static void check_pair(const mcase *mc, xknn_dtype dt, int64_t k, int bounded, int checked)
 {
     const int64_t n = 57, d = 9, cut[4] = {0, 20, 21, 57};
     const size_t eb = (size_t)ref_elem_bytes((int)dt), row = (size_t)ref_row_elems((int)dt, d) * eb;
@@ -134,6 +134,7 @@ static void check_pair(const mcase *mc, xknn_dtype dt, int64_t k, int bounded)
     p.metric = mc->metric;
     p.p = mc->p;
     p.query_block = 4;
+    p.values_checked = checked;
     for (j = 2; j >= 0; j--)
         for (i = 0; i <= j; i++) {
             xknn_matrix a = XKNN_MATRIX_TYPED(x + (size_t)cut[i] * row, cut[i + 1] - cut[i], d, dt);
@@ -145,9 +146,9 @@ static void check_pair(const mcase *mc, xknn_dtype dt, int64_t k, int bounded)
             }
         }
     if (bad) memset(ids, 0, (size_t)(n * k) * sizeof(int64_t));
-    is_knn_equal(ids, dist, wi, wd, n, k, "xknn_search_pair %s %s k=%lld over blocks 20+1+36%s == oracle",
+    is_knn_equal(ids, dist, wi, wd, n, k, "xknn_search_pair %s %s k=%lld over blocks 20+1+36%s%s == oracle",
                  xknn_metric_name(mc->metric), xknn_dtype_name(dt), (long long)k,
-                 bounded ? ", bounds at the k-th distances" : "");
+                 bounded ? ", bounds at the k-th distances" : "", checked ? ", values_checked" : "");
     free(dist);
     free(wd);
     free(ids);
@@ -164,9 +165,9 @@ int main(void)
     };
     const mcase l2 = {XKNN_METRIC_L2, 0}, eu = {XKNN_METRIC_EUCLIDEAN, 0};
     /* every real metric x dtype x shape, the bit metrics x shape (2 tests each), the
-     * loop kernel for f32 l2/euclidean, two larger BLAS cases, pairs (two with bounds),
-     * path choice */
-    plan((9 * NDT * NSHAPES + 2 * NSHAPES) * 2 + 2 * NSHAPES * 2 + 2 * 2 + 6 + 12);
+     * loop kernel for f32 l2/euclidean, two larger BLAS cases, pairs (two with bounds,
+     * one of them values_checked), the skipped scan, path choice */
+    plan((9 * NDT * NSHAPES + 2 * NSHAPES) * 2 + 2 * NSHAPES * 2 + 2 * 2 + 7 + 4 + 12);
 
     for (mi = 0; mi < NMETRICS; mi++) {
         const int bin = metrics[mi].metric == XKNN_METRIC_HAMMING || metrics[mi].metric == XKNN_METRIC_WHAMMING;
@@ -180,12 +181,40 @@ int main(void)
     check(&l2, XKNN_DTYPE_F32, &big[0], XKNN_CPU_PATH_AUTO, "");
     check(&eu, XKNN_DTYPE_F32, &big[1], XKNN_CPU_PATH_AUTO, "");
 
-    check_pair(&metrics[0], XKNN_DTYPE_F32, 1, 0);
-    check_pair(&metrics[0], XKNN_DTYPE_F32, 56, 0);
-    check_pair(&metrics[2], XKNN_DTYPE_F16, 7, 0);
-    check_pair(&metrics[6], XKNN_DTYPE_I8, 5, 0);
-    check_pair(&l2, XKNN_DTYPE_F32, 7, 1);
-    check_pair(&eu, XKNN_DTYPE_F32, 5, 1);
+    check_pair(&metrics[0], XKNN_DTYPE_F32, 1, 0, 0);
+    check_pair(&metrics[0], XKNN_DTYPE_F32, 56, 0, 0);
+    check_pair(&metrics[2], XKNN_DTYPE_F16, 7, 0, 0);
+    check_pair(&metrics[6], XKNN_DTYPE_I8, 5, 0, 0);
+    check_pair(&l2, XKNN_DTYPE_F32, 7, 1, 0);
+    check_pair(&eu, XKNN_DTYPE_F32, 5, 1, 0);
+    check_pair(&l2, XKNN_DTYPE_F32, 7, 1, 1);
+
+    {
+        /* values_checked: the caller's word that the values were checked; the scan for
+         * NaN/Inf is skipped (an Inf row is then an error only without it) */
+        float x[4 * 3] = {0, 0, 0, 1, 0, 0, 0, 2, 0, 3, 3, 3};
+        int64_t ia[4 * 2], ib[4 * 2];
+        float da[4 * 2], db[4 * 2];
+        xknn_matrix a = XKNN_MATRIX_F32(x, 2, 3), b = XKNN_MATRIX_F32(x + 6, 2, 3), r = XKNN_MATRIX_F32(x, 4, 3);
+        xknn_params p = XKNN_PARAMS_INIT;
+        xknn_error e;
+        int64_t t;
+        p.backend = XKNN_BACKEND_CPU;
+        x[7] = INFINITY;
+        for (t = 0; t < 4; t++) {
+            ia[t] = ib[t] = -1;
+            da[t] = db[t] = INFINITY;
+        }
+        ok(xknn_search_pair(&p, &a, 0, &b, 2, 2, ia, da, ib, db, &e) == XKNN_ERROR_INVALID_VALUE &&
+               strstr(e.message, "b row 2 column 1 is Inf"),
+           "xknn_search_pair: an Inf is INVALID_VALUE (%s)", e.message);
+        ok(xknn_search(&p, &r, NULL, 1, ia, da, &e) == XKNN_ERROR_INVALID_VALUE, "xknn_search: an Inf is INVALID_VALUE");
+        p.values_checked = 1;
+        ok(xknn_search_pair(&p, &a, 0, &b, 2, 2, ia, da, ib, db, &e) == XKNN_SUCCESS,
+           "xknn_search_pair with values_checked: no scan (%s)", e.message);
+        ok(xknn_search(&p, &r, NULL, 1, ia, da, &e) == XKNN_SUCCESS, "xknn_search with values_checked: no scan (%s)",
+           e.message);
+    }
 
     {
         xknn_params p = XKNN_PARAMS_INIT;
