@@ -802,6 +802,7 @@ xknn_status xknn__sym_ring(xknn_mpi_context *ctx, const xknn_params *params, con
     const char *trace_env = getenv("XKNN_MPI_SYM_TRACE");
     const int trace = trace_env && trace_env[0] == '1';
     const double tr0 = xknn__sym_now();
+    double trr = 0.0, trw = 0.0; /* trace: tm's reduce and write seconds at the last line */
 
     for (j = 0; j < P; j++) {
         if (rowss[j] > maxrows) maxrows = rowss[j];
@@ -1298,6 +1299,19 @@ xknn_status xknn__sym_ring(xknn_mpi_context *ctx, const xknn_params *params, con
             const char *benv = getenv("XKNN_MPI_SYM_BLOCK_ROWS");
             const int64_t blk = benv && atoll(benv) > 0 ? (int64_t)atoll(benv) : xknn__sym_block(k);
             int qs = 0, qr = 0, flag = 0;
+            /* The threads of a merge while the worker computes (all of them once it is
+             * done): one where the worker computes on the CPU with the others; half where
+             * it waits on a GPU (two H200s, 16 threads a rank: the merges of rank 0's
+             * last 1M rows took 120-130 ms on one thread, 63-82 ms on four, 72-78 ms on
+             * eight; the tail after the compute 53-71 ms on one, 36-52 ms on four).
+             * XKNN_MPI_SYM_MERGE_THREADS=N (a diagnostic) sets it. */
+            const char *menv = getenv("XKNN_MPI_SYM_MERGE_THREADS");
+            int mt = 1;
+#if defined(XKNN_MPI_HAVE_CUDA) && defined(_OPENMP)
+            if (kctx) mt = (p.num_threads > 0 ? p.num_threads : omp_get_max_threads()) / 2;
+#endif
+            if (menv && atoi(menv) > 0) mt = atoi(menv);
+            if (mt < 1) mt = 1;
             fin = spare;
             while ((qs < pieces || qr < pieces) && rc == MPI_SUCCESS) {
                 int64_t hs = 0, hr = 0; /* rows told: of the sent set, of the own set */
@@ -1343,17 +1357,22 @@ xknn_status xknn__sym_ring(xknn_mpi_context *ctx, const xknn_params *params, con
                     if (b > a && hr >= need && st == XKNN_SUCCESS) {
                         const int64_t e = b - rcur > blk ? rcur + blk : b;
                         /* (all threads once the worker is done) */
-                        xknn__sym_final(&own, &acc[0], &fin, 1, rcur, e, k, neg, over ? p.num_threads : 1, tm);
+                        xknn__sym_final(&own, &acc[0], &fin, 1, rcur, e, k, neg, over ? p.num_threads : mt, tm);
                         fdone = e;
                         if (out->sink &&
                             (st = xknn__sym_sink(out, rank, ref_offset, rcur, e, k, &fin, tm, lerr)) == XKNN_SUCCESS) {
                             sunk = e;
                             (*owned)++;
                         }
-                        if (trace && e == b)
-                            fprintf(stderr, "xknn_mpi: trace rank %d: piece %d, own rows %lld..%lld final%s %.3f\n", rank,
-                                    qr, (long long)a, (long long)b - 1, out->sink ? " and written" : "",
-                                    xknn__sym_now() - tr0);
+                        if (trace && e == b) {
+                            fprintf(stderr,
+                                    "xknn_mpi: trace rank %d: piece %d, own rows %lld..%lld final%s %.3f (merge %.1f ms, "
+                                    "sink %.1f ms)\n",
+                                    rank, qr, (long long)a, (long long)b - 1, out->sink ? " and written" : "",
+                                    xknn__sym_now() - tr0, 1e3 * (tm->reduce - trr), 1e3 * (tm->write - trw));
+                            trr = tm->reduce;
+                            trw = tm->write;
+                        }
                         rcur = e;
                     } else {
                         rcur = b;
@@ -1367,9 +1386,11 @@ xknn_status xknn__sym_ring(xknn_mpi_context *ctx, const xknn_params *params, con
                     /* rank 0's rows [g, m_0) take nothing from rank 1: final once told */
                     if ((st = xknn__sym_sink(out, rank, ref_offset, hsunk, hr, k, &own, tm, lerr)) == XKNN_SUCCESS)
                         (*owned)++;
-                    if (trace)
-                        fprintf(stderr, "xknn_mpi: trace rank 0: own rows %lld..%lld final and written %.3f\n",
-                                (long long)hsunk, (long long)hr - 1, xknn__sym_now() - tr0);
+                    if (trace) {
+                        fprintf(stderr, "xknn_mpi: trace rank 0: own rows %lld..%lld final and written %.3f (sink %.1f ms)\n",
+                                (long long)hsunk, (long long)hr - 1, xknn__sym_now() - tr0, 1e3 * (tm->write - trw));
+                        trw = tm->write;
+                    }
                     hsunk = hr;
                     moved = 1;
                 }
