@@ -219,9 +219,9 @@ typedef struct xknn__sym_ready {
 } xknn__sym_ready;
 
 /* The copies of rd's queues that are over (the oldest first): their rows are told.
- * wait = 1 waits for every one. Under rd's mutex. Returns 0, or -1 where a copy
- * failed (its rows and the ones after are not told). */
-static int xknn__sym_landed(xknn__sym_ready *rd, int wait)
+ * Under rd's mutex (it does not wait). Returns 0, or -1 where a copy failed (its rows
+ * and the ones after are not told). */
+static int xknn__sym_landed(xknn__sym_ready *rd)
 {
     int i;
     for (i = 0; i < 2; i++) {
@@ -229,15 +229,12 @@ static int xknn__sym_landed(xknn__sym_ready *rd, int wait)
             int over = 1;
 #ifdef XKNN_MPI_HAVE_CUDA
             xknn_error e;
-            if (xknn_cuda_copy_lists_test((xknn_cuda_context *)rd->kctx, rd->qtk[i][rd->qh[i] % XKNN__SYM_QUEUE], wait,
-                                          &over, &e) != XKNN_SUCCESS)
+            const int64_t ticket = rd->qtk[i][rd->qh[i] % XKNN__SYM_QUEUE];
+            if (xknn_cuda_copy_lists_test((xknn_cuda_context *)rd->kctx, ticket, 0, &over, &e) != XKNN_SUCCESS)
                 return -1;
 #endif
             if (!over) break;
-            if (i == 0)
-                rd->rows = rd->qhi[i][rd->qh[i] % XKNN__SYM_QUEUE];
-            else
-                rd->rows2 = rd->qhi[i][rd->qh[i] % XKNN__SYM_QUEUE];
+            *(i == 0 ? &rd->rows : &rd->rows2) = rd->qhi[i][rd->qh[i] % XKNN__SYM_QUEUE];
             rd->qh[i]++;
         }
     }
@@ -248,7 +245,7 @@ static int xknn__sym_landed(xknn__sym_ready *rd, int wait)
 static void xknn__sym_news(xknn__sym_ready *rd, int64_t *rows, int64_t *rows2, int *done)
 {
     pthread_mutex_lock(&rd->mu);
-    (void)xknn__sym_landed(rd, 0);
+    (void)xknn__sym_landed(rd);
     *rows = rd->rows;
     if (rows2) *rows2 = rd->rows2;
     *done = rd->done;
@@ -416,6 +413,14 @@ static void xknn__sym_pad(int64_t *ids, float *dist, int64_t count, int neg, int
     }
 }
 
+/* A copy of the worker's lists to the host failed: its error (DEVICE) into w->e. */
+static xknn_status xknn__sym_copy_failed(xknn__sym_step *w)
+{
+    w->e.status = XKNN_ERROR_DEVICE;
+    snprintf(w->e.message, sizeof w->e.message, "the copy of a piece's lists to the host failed");
+    return w->e.status;
+}
+
 /* Rows [0, hi) of the list set ids (kept on the device: dev) are final on this rank's
  * side: rows [*pub, hi) come to the host (from the device where kept there) and the main
  * thread is told (w->rd's rows, or rows2 with two: the count w->pub or w->pub2; without
@@ -433,18 +438,22 @@ static xknn_status xknn__sym_publish(xknn__sym_step *w, int two, const int64_t *
          * (xknn__sym_news) */
         xknn__sym_ready *rd = w->rd;
         xknn_error fe;
-        int64_t ticket = 0;
-        int full;
+        int64_t ticket = 0, oldest = 0;
+        int bad = 0, over = 0;
         pthread_mutex_lock(&rd->mu);
-        full = rd->qt[two] - rd->qh[two] >= XKNN__SYM_QUEUE;
-        if (full && xknn__sym_landed(rd, 1) != 0) full = -1;
+        if (rd->qt[two] - rd->qh[two] >= XKNN__SYM_QUEUE) oldest = rd->qtk[two][rd->qh[two] % XKNN__SYM_QUEUE];
         pthread_mutex_unlock(&rd->mu);
-        if (full < 0 || xknn_cuda_copy_lists_start((xknn_cuda_context *)w->kctx, ids, *pub, hi - *pub, &ticket, &fe) !=
-                            XKNN_SUCCESS) {
-            if (full < 0) {
-                fe.status = XKNN_ERROR_DEVICE;
-                snprintf(fe.message, sizeof fe.message, "the copy of a piece's lists to the host failed");
-            }
+        if (oldest > 0) {
+            /* the queue is full: its oldest copy over first (waited for outside the mutex
+             * the main thread reads its news under), then told */
+            bad = xknn_cuda_copy_lists_test((xknn_cuda_context *)w->kctx, oldest, 1, &over, &fe) != XKNN_SUCCESS;
+            pthread_mutex_lock(&rd->mu);
+            bad = xknn__sym_landed(rd) != 0 || bad;
+            pthread_mutex_unlock(&rd->mu);
+        }
+        if (bad) return xknn__sym_copy_failed(w);
+        if (xknn_cuda_copy_lists_start((xknn_cuda_context *)w->kctx, ids, *pub, hi - *pub, &ticket, &fe) !=
+            XKNN_SUCCESS) {
             w->e = fe;
             return fe.status;
         }
@@ -595,13 +604,9 @@ static void *xknn__sym_work(void *arg)
 #endif
         (void)over;
         pthread_mutex_lock(&w->rd->mu);
-        bad = xknn__sym_landed(w->rd, 0) != 0 || bad;
+        bad = xknn__sym_landed(w->rd) != 0 || bad;
         pthread_mutex_unlock(&w->rd->mu);
-        if (bad && ss == XKNN_SUCCESS) {
-            ss = XKNN_ERROR_DEVICE;
-            w->e.status = ss;
-            snprintf(w->e.message, sizeof w->e.message, "the copy of a piece's lists to the host failed");
-        }
+        if (bad && ss == XKNN_SUCCESS) ss = xknn__sym_copy_failed(w);
     }
 #ifdef XKNN_MPI_HAVE_CUDA
     {

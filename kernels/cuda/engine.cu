@@ -3772,12 +3772,25 @@ void xknn_cuda_context_destroy(xknn_cuda_context *ctx)
 
 int xknn_cuda_context_device(const xknn_cuda_context *ctx) { return ctx ? ctx->device : -1; }
 
+/* The context's upload stream for kept rows (made by the first keep that needs it, under
+ * kept_lock: another thread may run a call on the context meanwhile) into *ks. */
+static cudaError_t keep_stream_of(xknn_cuda_context *ctx, cudaStream_t *ks)
+{
+    pthread_mutex_lock(&ctx->kept_lock);
+    const cudaError_t e =
+        ctx->keep_stream ? cudaSuccess : cudaStreamCreateWithFlags(&ctx->keep_stream, cudaStreamNonBlocking);
+    *ks = ctx->keep_stream;
+    pthread_mutex_unlock(&ctx->kept_lock);
+    return e;
+}
+
 xknn_status xknn_cuda_keep_rows(xknn_cuda_context *ctx, const xknn_matrix *rows, int upload_now, xknn_error *err)
 {
     Err er = err_of(err);
     xknn_status st = XKNN_SUCCESS;
     xknn_cuda_kept *kp = NULL;
     DeviceScope scope;
+    cudaStream_t ks = NULL; /* the upload stream (keep_stream_of) */
     int slot = -1;
     if (!ctx || !rows || !rows->data || rows->rows <= 0 || rows->cols <= 0)
         return finish_err(err, failf(er, XKNN_ERROR_INVALID_ARGUMENT,
@@ -3811,17 +3824,15 @@ xknn_status xknn_cuda_keep_rows(xknn_cuda_context *ctx, const xknn_matrix *rows,
          * call is over (on two H200s, 2.4 s into the 4M graph's ring, not 0.7 s) */
         cudaError_t e = cudaErrorMemoryAllocation;
         if (ctx->pool) {
-            pthread_mutex_lock(&ctx->kept_lock);
-            e = ctx->keep_stream ? cudaSuccess : cudaStreamCreateWithFlags(&ctx->keep_stream, cudaStreamNonBlocking);
-            pthread_mutex_unlock(&ctx->kept_lock);
+            e = keep_stream_of(ctx, &ks);
             if (e == cudaSuccess)
-                e = cudaMallocFromPoolAsync((void **)&kp->dev, (size_t)kp->rows * row_bytes, ctx->pool, ctx->keep_stream);
-            if (e == cudaSuccess) e = cudaStreamSynchronize(ctx->keep_stream);
+                e = cudaMallocFromPoolAsync((void **)&kp->dev, (size_t)kp->rows * row_bytes, ctx->pool, ks);
+            if (e == cudaSuccess) e = cudaStreamSynchronize(ks);
             if (e == cudaSuccess) {
                 kp->freed_on = ctx->stream;
             } else {
                 (void)cudaGetLastError();
-                if (kp->dev) (void)cudaFreeAsync(kp->dev, ctx->keep_stream);
+                if (kp->dev) (void)cudaFreeAsync(kp->dev, ks);
                 kp->dev = NULL;
             }
         }
@@ -3837,10 +3848,7 @@ xknn_status xknn_cuda_keep_rows(xknn_cuda_context *ctx, const xknn_matrix *rows,
     }
     if (upload_now) {
         /* on a stream of its own: another thread may run a call on the context meanwhile */
-        pthread_mutex_lock(&ctx->kept_lock);
-        cudaError_t e = ctx->keep_stream ? cudaSuccess : cudaStreamCreateWithFlags(&ctx->keep_stream, cudaStreamNonBlocking);
-        const cudaStream_t ks = ctx->keep_stream;
-        pthread_mutex_unlock(&ctx->kept_lock);
+        cudaError_t e = keep_stream_of(ctx, &ks);
         /* a chunk a copy: from pageable memory each copy holds the calling thread while
          * the driver stages it, and a call on the context in another thread gets its
          * turn between them */
