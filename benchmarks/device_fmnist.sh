@@ -10,7 +10,7 @@ ngpu=$(nvidia-smi -L 2>/dev/null | wc -l)
 rc=0
 for np in 1 2; do
     [ "$np" -le "$ngpu" ] || continue
-    timeout 300 mpirun --allow-run-as-root --oversubscribe --bind-to none -np "$np" "$build/mpi/knn_mpi" \
+    timeout 300 mpirun --allow-run-as-root --oversubscribe --bind-to none -np "$np" "$build/tools/knn_mpi" \
         --backend cuda -k 100 --json "$out/fmnist_gpu_np$np.json" -o "/tmp/fmnist_gpu_np$np.bin" \
         "$data/train-images-idx3-ubyte.gz" "$data/t10k-images-idx3-ubyte.gz" || rc=1
     if cmp "/tmp/fmnist_gpu_np$np.bin" "$cpu_result"; then

@@ -53,7 +53,7 @@ if [ ! -f "$BUILD/build.ninja" ]; then
     meson setup "$BUILD" -Dbuildtype=release -Dcuda=enabled "-Dgpu_arch=$GPU_ARCH" > "$WORK/setup.log" 2>&1 ||
         { tail -20 "$WORK/setup.log"; exit 1; }
 fi
-ninja -C "$BUILD" benchmarks/bench_selfjoin mpi/knn_mpi tests/mkdata > "$WORK/build.log" 2>&1 ||
+ninja -C "$BUILD" benchmarks/bench_selfjoin tools/knn_mpi tests/mkdata > "$WORK/build.log" 2>&1 ||
     { tail -20 "$WORK/build.log"; exit 1; }
 rc=0
 
@@ -77,7 +77,7 @@ if has_step mpi; then
         echo "=== mpi: knn_mpi, $np rank(s), backend $BACKEND (cuda: one GPU a rank)"
         # shellcheck disable=SC2086 # MPI_ARGS: words
         timeout 300 mpirun --allow-run-as-root --oversubscribe --bind-to none $MPI_ARGS -np "$np" \
-            "$BUILD/mpi/knn_mpi" "$D" -k 16 -o "$WORK/sj_np$np.bin" --backend "$BACKEND" -v \
+            "$BUILD/tools/knn_mpi" "$D" -k 16 -o "$WORK/sj_np$np.bin" --backend "$BACKEND" -v \
             --json "$OUT/knn_mpi_np$np.json" || { rc=1; continue; }
         if [ -z "$first" ]; then
             first=$WORK/sj_np$np.bin

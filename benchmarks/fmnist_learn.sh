@@ -16,7 +16,7 @@ lab=$data/train-labels-idx1-ubyte.gz
 qlab=$data/t10k-labels-idx1-ubyte.gz
 mkdir -p "$out"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-knn() { mpirun --allow-run-as-root --oversubscribe --bind-to none -np "$1" "$build/mpi/knn_mpi" "${@:2}"; }
+knn() { mpirun --allow-run-as-root --oversubscribe --bind-to none -np "$1" "$build/tools/knn_mpi" "${@:2}"; }
 for k in 1 5 9; do
     for v in uniform distance; do
         knn 1 -k "$k" --vote "$v" --labels "$lab" --query-labels "$qlab" --predict "$out/p_${k}_$v.txt" "$ref" "$qry"
@@ -25,8 +25,8 @@ done
 knn 2 -k 5 --vote distance --labels "$lab" --query-labels "$qlab" --predict "$out/p2_5_distance.txt" "$ref" "$qry"
 if cmp -s "$out/p2_5_distance.txt" "$out/p_5_distance.txt"; then echo "2 ranks: identical predictions"; else
     echo "2 ranks: predictions DIFFER"; exit 1; fi
-"$build/mpi/knn_prune" --cnn -k 1 --labels "$lab" -o "$out/cnn.txt" "$ref"
-"$build/mpi/knn_prune" --enn -k 3 --labels "$lab" -o "$out/enn.txt" "$ref"
+"$build/tools/knn_prune" --cnn -k 1 --labels "$lab" -o "$out/cnn.txt" "$ref"
+"$build/tools/knn_prune" --enn -k 3 --labels "$lab" -o "$out/enn.txt" "$ref"
 for s in cnn enn; do
     knn 1 -k 1 --labels "$out/$s.labels.txt" --query-labels "$qlab" --predict "$out/p_$s.txt" "$out/$s.fbin" "$qry"
 done

@@ -15,7 +15,7 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 cores=$(nproc)
 for np in 1 2 3 4 5; do
     t=$(( cores / np )); [ "$t" -ge 1 ] || t=1
-    mpirun --allow-run-as-root --oversubscribe --bind-to none -np "$np" "$build/mpi/knn_mpi" -k 100 \
+    mpirun --allow-run-as-root --oversubscribe --bind-to none -np "$np" "$build/tools/knn_mpi" -k 100 \
         --threads "$t" --json "$out/np$np.json" -o "$out/np$np.bin" "$ref" "$qry"
 done
 for np in 2 3 4 5; do

@@ -1,12 +1,12 @@
-/* libFuzzer target: knn_mpi's command-line parser. mpi/knn_mpi.c is compiled in this
+/* libFuzzer target: knn_mpi's command-line parser. tools/knn_mpi.c is compiled in this
  * translation unit without XKNN_HAVE_MPI (its serial build) and with its main renamed,
  * so the static knn__parse() and knn__default_output() are called directly; no file is
  * touched. The bytes are split at NUL into argv[1..]. */
 #define XKNN_IMPLEMENTATION
 #define main knn_mpi_main_unused
-#include "../../mpi/knn_mpi.c"
+#include "../../tools/knn_mpi.c"
 #undef main
-#include "../../mpi/knn_predict.c" /* the parser checks the learning options with it */
+#include "../../tools/knn_predict.c" /* the parser checks the learning options with it */
 
 #include "xknn/impl/backend.h"
 

@@ -46,7 +46,7 @@ ok() { # ok STATUS DESCRIPTION [LOG]
 
 for t in $TARGETS; do
     bin=$OUT/fuzz_$t
-    # -Wno-unused-function: the option target compiles all of mpi/knn_mpi.c for its parser
+    # -Wno-unused-function: the option target compiles all of tools/knn_mpi.c for its parser
     # shellcheck disable=SC2086
     "$CC" -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
         -D_POSIX_C_SOURCE=200809L -I"$SRC/include" -Wno-unused-function \

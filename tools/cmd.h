@@ -1,7 +1,7 @@
 /*
- * mpi/cmd.h -- what the commands (knn_mpi, its prediction writer, knn_prune) share: the
+ * tools/cmd.h -- what the commands (knn_mpi, its prediction writer, knn_prune) share: the
  * documented exit statuses, the mapping from a status to them, printf-style error
- * messages into an xknn_error (MPI failures included), and small parsers. Private to mpi/; not installed.
+ * messages into an xknn_error (MPI failures included), and small parsers. Private to tools/; not installed.
  */
 #ifndef XKNN_MPI_CMD_H
 #define XKNN_MPI_CMD_H
