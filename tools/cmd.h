@@ -53,6 +53,15 @@ static inline xknn_status knn__fail(xknn_error *err, xknn_status st, const char 
     return st;
 }
 
+/* Prefixes the message with "rank R: " (rank-local failures in a multi-rank run). */
+static inline void knn__prefix_rank(xknn_error *err, int rank, int size)
+{
+    char m[sizeof err->message];
+    if (size <= 1) return;
+    snprintf(m, sizeof m, "%s", err->message);
+    snprintf(err->message, sizeof err->message, "rank %d: %.480s", rank, m);
+}
+
 /* Parses a whole decimal integer in [lo, hi]; 0 on success. */
 static inline int knn__parse_int(const char *s, int64_t lo, int64_t hi, int64_t *v)
 {

@@ -4,11 +4,11 @@
  *
  * Built with MPI (XKNN_HAVE_MPI): each rank reads only its slice of REF, rank 0 reads
  * QUERY, the search runs through xknn_mpi.h and every block's owner writes its rows of
- * the result with MPI-IO into a temporary file (".NAME.xknn-tmp.PID.XXXXXX" beside the
- * output) that rank 0 renames once all ranks agree. Without MPI the same source runs
- * as one process: the few collectives below have serial stand-ins (knn__agree and
- * friends), the search is one xknn_search() and the result goes through
- * xknn_result_write().
+ * the result at their offsets. Every output (result, predictions, JSON) goes through
+ * tools/outputs.h: checked against the inputs first, written to temporaries, renamed
+ * together once complete everywhere. Without MPI the same source runs as one process:
+ * the few collectives below have serial stand-ins (knn__agree and friends) and the
+ * search is one xknn_search().
  *
  * Exit codes: 0 ok, 1 usage, 2 input, 3 resource, 4 internal; every rank exits with the
  * same code, and only rank 0 prints.
@@ -40,6 +40,7 @@
 
 #include "cmd.h"
 #include "knn_predict.h"
+#include "outputs.h"
 #include "xknn.h"
 #include "xknn/io.h"
 #include "xknn/learn.h"
@@ -494,24 +495,6 @@ static char *knn__default_output(const char *ref, int64_t k)
 
 
 
-/* Prefixes the message with "rank R: " (rank-local failures in a multi-rank run). */
-static void knn__prefix_rank(xknn_error *err, int rank, int size)
-{
-    char m[sizeof err->message];
-    if (size <= 1) return;
-    snprintf(m, sizeof m, "%s", err->message);
-    snprintf(err->message, sizeof err->message, "rank %d: %.480s", rank, m);
-}
-
-/* errno values that mean "no room for the output": exit status 3 (resource). */
-static int knn__is_no_space(int e)
-{
-#ifdef EDQUOT
-    if (e == EDQUOT) return 1;
-#endif
-    return e == ENOSPC || e == EFBIG;
-}
-
 static double knn__now(void)
 {
     struct timespec ts;
@@ -542,9 +525,8 @@ typedef struct knn_run {
     int rank, size;
     knn_opts o;
     char *output;           /* resolved output path (malloc)                      */
-    char tmp[4096];         /* temporary output name (MPI build)                  */
-    int tmp_exists;         /* rank 0 created it                                  */
-    int no_space;           /* a write failed for want of space (exit 3)          */
+    knn_outs outs;          /* every output of the run (tools/outputs.h)         */
+    int slot_result, slot_json; /* their slots; -1: not written                   */
     xknn_result_format fmt;
     xknn_result_layout lay;
     xknn_read_opts ropts;
@@ -559,6 +541,8 @@ typedef struct knn_run {
     double t_read, t_bcast, t_search, t_reduce, t_write, t_total, t_query; /* max over ranks */
     int64_t query_block, blocks;
     const char *transfer;
+    unsigned char *wbuf;    /* the sink's encoding buffer                         */
+    size_t wcap;
     double t_start, last_progress;
     knn_predict pred;       /* --labels/--targets/--predict (knn_predict.c)       */
     int no_result;          /* --predict without -o: no neighbour file            */
@@ -569,25 +553,9 @@ typedef struct knn_run {
 #ifdef XKNN_HAVE_MPI
     MPI_Comm comm; /* the command's own duplicate of MPI_COMM_WORLD                  */
     xknn_mpi_context *ctx;
-    MPI_File fh;
-    int fh_open;
-    unsigned char *wbuf;
-    size_t wcap;
     xknn_cuda_context *cuctx; /* the rank's CUDA context, made while the input is read */
 #endif
 } knn_run;
-
-/* Fills r->tmp with the mkstemp() template of the output's temporary, hidden beside it
- * and recognisable after a crash: "DIR/.NAME.xknn-tmp.PID.XXXXXX" (PID: this process, rank
- * 0 in an MPI run). 0 on success, -1 if the name does not fit. */
-static int knn__tmp_template(knn_run *r)
-{
-    const char *slash = strrchr(r->output, '/');
-    const size_t dir_len = slash ? (size_t)(slash - r->output) + 1 : 0;
-    const int len = snprintf(r->tmp, sizeof r->tmp, "%.*s.%s.xknn-tmp.%ld.XXXXXX", (int)dir_len, r->output,
-                             r->output + dir_len, (long)getpid());
-    return len > 0 && (size_t)len < sizeof r->tmp ? 0 : -1;
-}
 
 #ifdef XKNN_HAVE_MPI
 static xknn_status knn__mpi_error(knn_run *r, xknn_error *err, int rc, const char *what)
@@ -799,8 +767,6 @@ static xknn_status knn__plan(knn_run *r, xknn_error *err)
                        (long long)o->k, o->ref, (long long)r->n);
     if (st != XKNN_SUCCESS) return knn__agree(r, st, err);
 
-    r->output = o->output ? strdup(o->output) : knn__default_output(o->ref, o->k);
-    if (!r->output) return knn__agree(r, knn__fail(err, XKNN_ERROR_OUT_OF_MEMORY, "out of memory"), err);
     r->fmt = xknn_result_format_from_path(r->output);
     if (o->ids64) {
         if (r->fmt == XKNN_RESULT_IVECS)
@@ -890,144 +856,21 @@ static xknn_status knn__read(knn_run *r, xknn_error *err)
     return knn__agree(r, st, err);
 }
 
-#ifdef XKNN_HAVE_MPI
-/* ---- MPI: temporary output, written block by block with MPI-IO --------------------- */
-
-/* Not collective. Repeats a write that MPI-IO did not complete with pwrite() on the
- * same file, to learn the operating system's reason: MPI reports a full disk as a short
- * count (Open MPI's ompio) or an error class without errno. Returns that errno value,
- * or 0 when the direct write went through (then the MPI-IO failure stays unexplained). */
-static int knn__os_write_errno(const char *path, int64_t off, const unsigned char *p, int64_t bytes)
-{
-    int fd, e = 0;
-    do fd = open(path, O_WRONLY);
-    while (fd < 0 && errno == EINTR);
-    if (fd < 0) return errno;
-    while (bytes > 0) {
-        const size_t c = (size_t)(bytes < ((int64_t)1 << 30) ? bytes : ((int64_t)1 << 30));
-        const ssize_t w = pwrite(fd, p, c, (off_t)off);
-        if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) {
-            e = w < 0 ? errno : EIO;
-            break;
-        }
-        off += w;
-        p += w;
-        bytes -= w;
-    }
-    close(fd);
-    return e;
-}
-
-/* Not collective. Writes bytes at off of the temporary through MPI-IO. On failure the
- * message is "WHAT of OUTPUT (temporary TMP): REASON", REASON from the operating system
- * where it can be found ("No space left on device"), and r->no_space is set when it
- * means a full disk, a quota or a file size limit. */
-static xknn_status knn__write_at(knn_run *r, int64_t off, const unsigned char *p, int64_t bytes, const char *what,
-                                 xknn_error *err)
-{
-    const char *tmp_name = strrchr(r->tmp, '/') ? strrchr(r->tmp, '/') + 1 : r->tmp;
-    int rc = MPI_SUCCESS, done = 0, e = 0, cls = 0;
-    int64_t c = 0;
-    while (bytes > 0) {
-        MPI_Status status;
-        c = bytes < ((int64_t)1 << 30) ? bytes : ((int64_t)1 << 30);
-        done = 0;
-        rc = MPI_File_write_at(r->fh, (MPI_Offset)off, (void *)p, (int)c, MPI_BYTE, &status);
-        if (rc != MPI_SUCCESS) break;
-        if (MPI_Get_count(&status, MPI_BYTE, &done) != MPI_SUCCESS || done < 0 || done > (int)c) done = 0;
-        off += done;
-        p += done;
-        bytes -= done;
-        if (done != (int)c) break; /* short write */
-    }
-    if (bytes == 0) return XKNN_SUCCESS;
-    if (rc != MPI_SUCCESS && MPI_Error_class(rc, &cls) == MPI_SUCCESS) {
-        if (cls == MPI_ERR_NO_SPACE) e = ENOSPC;
-#ifdef EDQUOT
-        if (cls == MPI_ERR_QUOTA) e = EDQUOT;
-#endif
-    }
-    if (e == 0) e = knn__os_write_errno(r->tmp, off, p, bytes);
-    if (e != 0) {
-        r->no_space = knn__is_no_space(e);
-        return knn__fail(err, XKNN_ERROR_IO, "%s of %s (temporary %s): %s", what, r->output, tmp_name, strerror(e));
-    }
-    if (rc != MPI_SUCCESS) {
-        char text[MPI_MAX_ERROR_STRING];
-        int len = 0;
-        if (MPI_Error_string(rc, text, &len) != MPI_SUCCESS) snprintf(text, sizeof text, "MPI error %d", rc);
-        return knn__fail(err, XKNN_ERROR_IO, "%s of %s (temporary %s): %s", what, r->output, tmp_name, text);
-    }
-    return knn__fail(err, XKNN_ERROR_IO,
-                     "%s of %s (temporary %s): MPI-IO wrote %d of %lld bytes (disk full or file too large?)", what,
-                     r->output, tmp_name, done, (long long)c);
-}
-
-/* Collective. Rank 0 creates a unique temporary next to the output; all open it. */
+/* ---- outputs -------------------------------------------------------------------------- */
+/* Collective. Creates the run's temporaries and writes the result's header (rank 0). */
 static xknn_status knn__open_output(knn_run *r, xknn_error *err)
 {
-    xknn_status st = XKNN_SUCCESS;
-    int64_t len = 0;
-    int rc;
-    if (r->no_result) return XKNN_SUCCESS; /* --predict without -o */
-    if (r->rank == 0) {
-        int fd;
-        mode_t um;
-        struct stat sb;
-        if (knn__tmp_template(r) != 0) {
-            st = knn__fail(err, XKNN_ERROR_INVALID_ARGUMENT, "output name %s is too long", r->output);
-        } else if (stat(r->output, &sb) == 0 && !S_ISREG(sb.st_mode)) {
-            /* a device, directory or FIFO would be replaced by the final rename */
-            st = knn__fail(err, XKNN_ERROR_IO, "output %s exists and is not a regular file", r->output);
-        } else {
-            fd = mkstemp(r->tmp);
-            if (fd < 0) {
-                st = knn__fail(err, XKNN_ERROR_IO, "cannot write output %s: %s", r->output, strerror(errno));
-            } else {
-                r->tmp_exists = 1;
-                um = umask(0);
-                umask(um);
-                if (fchmod(fd, 0666 & ~um) != 0 || close(fd) != 0)
-                    st = knn__fail(err, XKNN_ERROR_IO, "cannot write output %s: %s", r->output, strerror(errno));
-            }
-        }
-        len = st == XKNN_SUCCESS ? (int64_t)strlen(r->tmp) : 0;
-    }
-    if ((st = knn__agree(r, st, err)) != XKNN_SUCCESS) return st;
-    rc = MPI_Bcast(&len, 1, MPI_INT64_T, 0, r->comm);
-    if (rc == MPI_SUCCESS) rc = MPI_Bcast(r->tmp, (int)len + 1, MPI_CHAR, 0, r->comm);
-    if (rc != MPI_SUCCESS) return knn__agree(r, knn__mpi_error(r, err, rc, "MPI_Bcast"), err);
-
-    rc = MPI_File_open(r->comm, r->tmp, MPI_MODE_WRONLY, MPI_INFO_NULL, &r->fh);
-    if (rc == MPI_SUCCESS) {
-        r->fh_open = 1;
-        MPI_File_set_errhandler(r->fh, MPI_ERRORS_RETURN);
-    } else {
-        st = knn__mpi_error(r, err, rc, "MPI_File_open");
-        snprintf(err->message + strlen(err->message), sizeof err->message - strlen(err->message), " (output %s)",
-                 r->tmp);
-        st = XKNN_ERROR_IO;
-    }
-    st = knn__agree(r, st, err);
-    /* MPI_File_open is collective: it either opened everywhere or failed everywhere,
-     * but if it opened on some ranks only, close those (collective once more). */
-    if (st != XKNN_SUCCESS && r->fh_open) {
-        MPI_File_close(&r->fh);
-        r->fh_open = 0;
-    }
-    if (st == XKNN_SUCCESS && r->rank == 0 && r->lay.header_bytes > 0) {
+    xknn_status st = knn_outs_open(&r->outs, err);
+    if (st == XKNN_SUCCESS && r->slot_result >= 0 && r->rank == 0 && r->lay.header_bytes > 0) {
         unsigned char hdr[8];
         xknn_result_header(r->fmt, r->nq, r->o.k, hdr);
-        st = knn__write_at(r, 0, hdr, r->lay.header_bytes, "writing the header", err);
-        if (st != XKNN_SUCCESS) knn__prefix_rank(err, r->rank, r->size);
+        st = knn_outs_write(&r->outs, r->slot_result, 0, hdr, r->lay.header_bytes, "the header", err);
     }
     return knn__agree(r, st, err);
 }
 
 /* Sink: on the block's owner, encode its rows (in parallel: xknn_result_encode_rows)
- * and write them at their offsets, in pieces of about 32 MiB: one buffer, reused (a
- * slice of millions of rows used to be encoded into a fresh buffer of its full size). */
+ * and write them at their offsets, in pieces of about 32 MiB through one reused buffer. */
 static xknn_status knn__sink(void *user, int64_t q0, int64_t rows, int64_t k, const int64_t *ids,
                              const float *dist, xknn_error *err)
 {
@@ -1054,15 +897,18 @@ static xknn_status knn__sink(void *user, int64_t q0, int64_t rows, int64_t k, co
         st = xknn_result_encode_rows(r->fmt, nr, k, ids + i0 * k, dist ? dist + i0 * k : NULL, r->wbuf, r->wbuf + ib,
                                      err);
         if (st != XKNN_SUCCESS) return st;
-        snprintf(what, sizeof what, "writing rows %lld..%lld", (long long)(q0 + i0), (long long)(q0 + i0 + nr - 1));
-        st = knn__write_at(r, r->lay.ids_offset + (q0 + i0) * r->lay.ids_row_bytes, r->wbuf, ib, what, err);
+        snprintf(what, sizeof what, "rows %lld..%lld", (long long)(q0 + i0), (long long)(q0 + i0 + nr - 1));
+        st = knn_outs_write(&r->outs, r->slot_result, r->lay.ids_offset + (q0 + i0) * r->lay.ids_row_bytes, r->wbuf,
+                            ib, what, err);
         if (st == XKNN_SUCCESS && db > 0)
-            st = knn__write_at(r, r->lay.dist_offset + (q0 + i0) * r->lay.dist_row_bytes, r->wbuf + ib, db, what, err);
+            st = knn_outs_write(&r->outs, r->slot_result, r->lay.dist_offset + (q0 + i0) * r->lay.dist_row_bytes,
+                                r->wbuf + ib, db, what, err);
         if (st != XKNN_SUCCESS) return st; /* the search prefixes the rank */
     }
     return XKNN_SUCCESS;
 }
 
+#ifdef XKNN_HAVE_MPI
 /* ---- MPI: the search ---------------------------------------------------------------- */
 /* Collective. For --json: every rank's distance evaluations, busy seconds (the phase the
  * library counts as search: the ring's compute in the symmetric self-join) and whether
@@ -1099,7 +945,6 @@ static xknn_status knn__search_and_write(knn_run *r, xknn_error *err)
     xknn_matrix qm = XKNN_MATRIX_TYPED(r->query, r->nq, r->dsearch, r->dtype);
     xknn_status st;
     double t0, v[2];
-    int rc;
 
     out.sink = knn__sink;
     out.sink_user = r;
@@ -1124,35 +969,10 @@ static xknn_status knn__search_and_write(knn_run *r, xknn_error *err)
     /* the search's status is agreed: every rank takes this branch or none does */
     if (st == XKNN_SUCCESS && r->o.json) st = knn__gather_ranks(r, &stats, err);
 
-    /* Close (collective), agree, then rank 0 renames. */
+    /* predictions: collective, written after the search (their offsets need every row) */
     t0 = knn__now();
-    if (r->fh_open) {
-        xknn_error cerr;
-        rc = MPI_File_close(&r->fh);
-        r->fh_open = 0;
-        if (rc != MPI_SUCCESS && st == XKNN_SUCCESS) {
-            st = knn__mpi_error(r, &cerr, rc, "MPI_File_close");
-            *err = cerr;
-        }
-    }
     st = knn__agree(r, st, err);
-    if (st == XKNN_SUCCESS) st = knn_predict_finish(&r->pred, err); /* collective */
-    if (st == XKNN_SUCCESS) st = knn__agree(r, knn_predict_commit(&r->pred, err), err);
-    if (st == XKNN_SUCCESS && r->rank == 0 && !r->no_result) {
-        /* the file must be complete before it takes the output's name */
-        struct stat sb;
-        if (stat(r->tmp, &sb) != 0 || (int64_t)sb.st_size != r->lay.total_bytes)
-            st = knn__fail(err, XKNN_ERROR_IO, "output %s is incomplete (%lld of %lld bytes written): disk full?",
-                           r->tmp, stat(r->tmp, &sb) == 0 ? (long long)sb.st_size : -1LL,
-                           (long long)r->lay.total_bytes);
-        else if (rename(r->tmp, r->output) != 0) {
-            st = knn__fail(err, XKNN_ERROR_IO, "cannot rename %s to %s: %s", r->tmp, r->output, strerror(errno));
-            if (r->pred.out_path) unlink(r->pred.out_path); /* no partial set of outputs */
-        }
-        else
-            r->tmp_exists = 0;
-    }
-    st = knn__agree(r, st, err);
+    if (st == XKNN_SUCCESS) st = knn_predict_finish(&r->pred, err);
     v[0] = stats.local.write + (knn__now() - t0);
     v[1] = 0;
     knn__max_doubles(r, v, 1);
@@ -1186,14 +1006,8 @@ static xknn_status knn__search_and_write(knn_run *r, xknn_error *err)
     r->t_search = knn__now() - t0;
     r->t_query = r->t_search;
     t0 = knn__now();
-    if (st == XKNN_SUCCESS) st = knn_predict_rows(&r->pred, 0, r->nq, r->o.k, ids, dist, err);
+    if (st == XKNN_SUCCESS) st = knn__sink(r, 0, r->nq, r->o.k, ids, dist, err);
     if (st == XKNN_SUCCESS) st = knn_predict_finish(&r->pred, err);
-    if (st == XKNN_SUCCESS && !r->no_result) {
-        st = xknn_result_write(r->output, r->fmt, r->nq, r->o.k, ids, dist, err);
-        /* the writer's message names the system's reason; errno still holds it */
-        if (st == XKNN_ERROR_IO && knn__is_no_space(errno)) r->no_space = 1;
-    }
-    if (st == XKNN_SUCCESS) st = knn_predict_commit(&r->pred, err);
     r->t_write = knn__now() - t0;
     r->t_query += r->t_write;
     free(dist);
@@ -1201,19 +1015,6 @@ static xknn_status knn__search_and_write(knn_run *r, xknn_error *err)
     return st;
 }
 
-/* Serial: fail early if the output directory is not writable (no file is left). */
-static xknn_status knn__open_output(knn_run *r, xknn_error *err)
-{
-    int fd;
-    if (r->no_result) return XKNN_SUCCESS; /* --predict without -o */
-    if (knn__tmp_template(r) != 0)
-        return knn__fail(err, XKNN_ERROR_INVALID_ARGUMENT, "output name %s is too long", r->output);
-    fd = mkstemp(r->tmp);
-    if (fd < 0) return knn__fail(err, XKNN_ERROR_IO, "cannot write output %s: %s", r->output, strerror(errno));
-    close(fd);
-    unlink(r->tmp);
-    return XKNN_SUCCESS;
-}
 #endif
 
 static void knn__print_version(void)
@@ -1252,10 +1053,14 @@ static const char *knn__result_format_name(xknn_result_format f)
     }
 }
 
-static xknn_status knn__write_json(const knn_run *r, double qps, xknn_error *err)
+/* Rank 0: the JSON report, composed in memory and written to its output. */
+static xknn_status knn__write_json(knn_run *r, double qps, xknn_error *err)
 {
-    FILE *f = fopen(r->o.json, "w");
-    if (!f) return knn__fail(err, XKNN_ERROR_IO, "--json: cannot write %s: %s", r->o.json, strerror(errno));
+    char *buf = NULL;
+    size_t len = 0;
+    xknn_status st;
+    FILE *f = open_memstream(&buf, &len);
+    if (!f) return knn__fail(err, XKNN_ERROR_OUT_OF_MEMORY, "out of memory composing --json");
     fprintf(f, "{\n  \"program\": \"knn_mpi\",\n  \"version\": \"%s\",\n", XKNN_VERSION_STRING);
 #ifdef XKNN_HAVE_MPI
     fprintf(f, "  \"mpi\": true,\n");
@@ -1306,8 +1111,82 @@ static xknn_status knn__write_json(const knn_run *r, double qps, xknn_error *err
         fprintf(f, "\n  ],\n");
     }
     fprintf(f, "  \"queries_per_s\": %.3f\n}\n", qps);
-    if (fclose(f) != 0) return knn__fail(err, XKNN_ERROR_IO, "--json: cannot write %s: %s", r->o.json, strerror(errno));
-    return XKNN_SUCCESS;
+    if (fclose(f) != 0) {
+        free(buf);
+        return knn__fail(err, XKNN_ERROR_OUT_OF_MEMORY, "out of memory composing --json");
+    }
+    st = knn_outs_write(&r->outs, r->slot_json, 0, buf, (int64_t)len, "the report", err);
+    free(buf);
+    return st;
+}
+
+/* Not collective. Every output of the run, checked against the inputs and each other
+ * before any work: EXIT_USAGE and msg on a collision. */
+static int knn__declare_outputs(knn_run *r, char *msg, size_t msz)
+{
+    const knn_opts *o = &r->o;
+    const char *in_opt[6] = {"REF", "QUERY", "--labels", "--targets", "--query-labels", "--weights"};
+    const char *in_path[6];
+    r->no_result = o->predict && !o->output;
+    r->output = o->output ? strdup(o->output) : knn__default_output(o->ref, o->k);
+    if (!r->output) {
+        snprintf(msg, msz, "out of memory");
+        return EXIT_RESOURCE;
+    }
+    knn_outs_init(&r->outs);
+    r->slot_result = r->no_result ? -1 : knn_outs_add(&r->outs, "output", r->output, 0);
+    r->pred.slot = o->predict ? knn_outs_add(&r->outs, "--predict", o->predict, 0) : -1;
+    r->slot_json = o->json ? knn_outs_add(&r->outs, "--json", o->json, 1) : -1;
+    r->pred.outs = &r->outs;
+    in_path[0] = o->ref;
+    in_path[1] = o->query;
+    in_path[2] = o->labels;
+    in_path[3] = o->targets;
+    in_path[4] = o->query_labels;
+    in_path[5] = o->weights;
+    return knn_outs_collision(&r->outs, in_opt, in_path, 6, msg, msz) ? EXIT_USAGE : EXIT_OK;
+}
+
+/* Collective over every process. Ranks may have been given different arguments: a usage
+ * error on any rank ends all of them with the lowest such rank's message (copied into
+ * msg), and --help or --version given to some ranks only is a usage error too. */
+static int knn__agree_usage(knn_run *r, int code, char *msg, size_t msz)
+{
+#ifdef XKNN_HAVE_MPI
+    const int info = r->o.help || r->o.version;
+    int in[3], out[3];
+    in[0] = code != EXIT_OK ? r->rank : r->size; /* the lowest failing rank */
+    in[1] = -info;                               /* min: -(any rank asked)  */
+    in[2] = info;                                /* min: every rank asked   */
+    if (MPI_Allreduce(in, out, 3, MPI_INT, MPI_MIN, MPI_COMM_WORLD) != MPI_SUCCESS) return EXIT_INTERNAL;
+    if (out[0] < r->size) {
+        MPI_Bcast(msg, (int)msz, MPI_CHAR, out[0], MPI_COMM_WORLD);
+        msg[msz - 1] = '\0';
+        return code != EXIT_OK ? code : EXIT_USAGE;
+    }
+    if (out[1] != 0 && out[2] == 0) {
+        snprintf(msg, msz, "--help or --version reached some ranks only: every rank must get the same arguments");
+        return EXIT_USAGE;
+    }
+#else
+    (void)r;
+    (void)msg;
+    (void)msz;
+#endif
+    return code;
+}
+
+/* Collective. The JSON report (rank 0), then every output renamed into place together. */
+static xknn_status knn__commit_outputs(knn_run *r, xknn_status st, xknn_error *err)
+{
+    int64_t size[KNN_OUTS_MAX];
+    int i;
+    if (st == XKNN_SUCCESS && r->slot_json >= 0 && r->rank == 0)
+        st = knn__write_json(r, r->t_query > 0 ? (double)r->nq / r->t_query : 0.0, err);
+    for (i = 0; i < r->outs.n; i++) size[i] = -1;
+    if (r->slot_result >= 0) size[r->slot_result] = r->lay.total_bytes;
+    if (r->pred.slot >= 0) size[r->pred.slot] = r->pred.bytes;
+    return knn_outs_commit(&r->outs, st, size, err);
 }
 
 int main(int argc, char **argv)
@@ -1337,9 +1216,15 @@ int main(int argc, char **argv)
     MPI_Comm_size(MPI_COMM_WORLD, &r->size);
 #endif
 
-    /* Every rank parses the same argv: same verdict everywhere, rank 0 speaks. */
+    knn_outs_catch_signals();
+    r->slot_result = r->slot_json = -1;
+    r->pred.slot = -1;
+    /* Every rank parses its argv and checks the outputs; the verdict is agreed, rank 0
+     * speaks. */
     msg[0] = '\0';
     code = knn__parse(argc, argv, &r->o, msg, sizeof msg);
+    if (code == EXIT_OK && !r->o.help && !r->o.version) code = knn__declare_outputs(r, msg, sizeof msg);
+    code = knn__agree_usage(r, code, msg, sizeof msg);
     if (code != EXIT_OK || r->o.help || r->o.version) {
         if (r->rank == 0) {
             if (code != EXIT_OK)
@@ -1381,6 +1266,7 @@ int main(int argc, char **argv)
         cfg.verbose = r->o.verbose;
         st = xknn_mpi_create(r->comm, &cfg, &r->ctx, &err);
         if (st != XKNN_SUCCESS) goto report;
+        knn_outs_attach(&r->outs, r->ctx, r->comm);
         /* Ranks that share a node share its cores: without --threads or OMP_NUM_THREADS,
          * each takes its share (OpenMP's default of every core per rank oversubscribes
          * them, and each parallel region then waits out scheduler ticks). */
@@ -1430,7 +1316,6 @@ int main(int argc, char **argv)
     r->pred.out_path = r->o.predict;
     r->pred.vote = r->o.vote;
     r->pred.verbose = r->o.verbose;
-    r->no_result = r->o.predict && !r->o.output;
 #ifdef XKNN_HAVE_MPI
     st = knn_predict_open(&r->pred, r->comm, r->ctx, r->n, r->nq, r->o.metric, &err);
 #else
@@ -1447,10 +1332,10 @@ int main(int argc, char **argv)
             fprintf(stderr, "knn_mpi: no neighbour file (--predict without -o)\n");
         else
             fprintf(stderr, "knn_mpi: output %s (%s), temporary %s\n", r->output, knn__result_format_name(r->fmt),
-                    r->tmp[0] ? r->tmp : "(by the writer)");
+                    r->outs.f[r->slot_result].tmp);
         if (r->pred.out_path)
             fprintf(stderr, "knn_mpi: predictions %s (%s vote), temporary %s\n", r->pred.out_path,
-                    xknn_vote_name(r->pred.vote), r->pred.tmp);
+                    xknn_vote_name(r->pred.vote), r->outs.f[r->pred.slot].tmp);
     }
 #ifdef XKNN_HAVE_MPI
     {
@@ -1482,24 +1367,20 @@ int main(int argc, char **argv)
     st = knn__search_and_write(r, &err);
 
 report:
-    code = knn__exit_code(st);
     r->t_total = knn__now() - t_begin;
+    knn__max_doubles(r, &r->t_total, 1);
+    if (st == XKNN_SUCCESS) st = knn__commit_outputs(r, st, &err);
+    code = knn__exit_code(st);
     {
-        /* the time, and whether any rank ran out of space: a write error is a resource
-         * error (exit 3) then, on every rank */
-        double v[2];
-        v[0] = r->t_total;
-        v[1] = r->no_space;
-        knn__max_doubles(r, v, 2);
-        r->t_total = v[0];
-        if (st == XKNN_ERROR_IO && v[1] > 0) code = EXIT_RESOURCE;
+        /* whether any rank ran out of room: a write error is a resource error (exit 3)
+         * then, on every rank */
+        double v = r->outs.no_space;
+        knn__max_doubles(r, &v, 1);
+        if (st == XKNN_ERROR_IO && v > 0) code = EXIT_RESOURCE;
     }
     if (st == XKNN_SUCCESS) {
         const double qps = r->t_query > 0 ? (double)r->nq / r->t_query : 0.0;
-        if (r->o.json && r->rank == 0) st = knn__write_json(r, qps, &err);
-        if ((st = knn__agree(r, st, &err)) != XKNN_SUCCESS) {
-            code = knn__exit_code(st);
-        } else if (r->rank == 0 && !r->o.quiet) {
+        if (r->rank == 0 && !r->o.quiet) {
             char acc[32] = "";
             knn_predict_print_confusion(&r->pred, stdout);
             if (r->pred.qlabels) snprintf(acc, sizeof acc, " accuracy=%.4f", r->pred.accuracy);
@@ -1514,16 +1395,15 @@ report:
     if (st != XKNN_SUCCESS && r->rank == 0) fprintf(stderr, "knn_mpi: %s\n", err.message);
 
 finalize:
+    knn_outs_discard(&r->outs); /* temporaries a failure left (rank 0 removes them) */
     knn_predict_free(&r->pred);
 #ifdef XKNN_HAVE_MPI
-    if (r->fh_open) MPI_File_close(&r->fh);
-    if (r->tmp_exists) unlink(r->tmp); /* rank 0 only: it created it */
     xknn_cuda_context_destroy(r->cuctx);
     if (r->ctx) xknn_mpi_destroy(r->ctx);
     if (r->comm != MPI_COMM_NULL) MPI_Comm_free(&r->comm);
-    free(r->wbuf);
     MPI_Finalize();
 #endif
+    free(r->wbuf);
     free(r->rank_busy);
     free(r->rank_work);
     free(r->ref);

@@ -23,9 +23,6 @@ enum { KNN_PREDICT_MAX_CLASSES = 1000 }; /* confusion matrix: up to C x C int64 
 void knn_predict_init(knn_predict *p)
 {
     memset(p, 0, sizeof *p);
-#ifndef XKNN_HAVE_MPI
-    p->fd = -1;
-#endif
 }
 
 int knn_predict_active(const knn_predict *p)
@@ -74,28 +71,10 @@ static xknn_status knn__pagree(knn_predict *p, xknn_status st, xknn_error *err)
 #endif
 }
 
-/* Writes len bytes at off of the temporary file. */
+/* Writes len bytes at off of the --predict output. */
 static xknn_status knn__pwrite(knn_predict *p, int64_t off, const unsigned char *buf, int64_t len, xknn_error *err)
 {
-    while (len > 0) {
-        const int64_t c = len < ((int64_t)1 << 30) ? len : ((int64_t)1 << 30);
-#ifdef XKNN_HAVE_MPI
-        MPI_Status status;
-        int done = 0, rc = MPI_File_write_at(p->fh, (MPI_Offset)off, (void *)buf, (int)c, MPI_BYTE, &status);
-        if (rc != MPI_SUCCESS) return knn__pmpi(p, err, rc, "MPI_File_write_at (predictions)");
-        if (MPI_Get_count(&status, MPI_BYTE, &done) != MPI_SUCCESS || done != (int)c)
-            return knn__fail(err, XKNN_ERROR_IO, "writing %s: short write (disk full?)", p->tmp);
-#else
-        ssize_t done = pwrite(p->fd, buf, (size_t)c, (off_t)off);
-        if (done < 0 && errno == EINTR) continue;
-        if (done < 0) return knn__fail(err, XKNN_ERROR_IO, "writing %s: %s", p->tmp, strerror(errno));
-        if (done != (ssize_t)c) return knn__fail(err, XKNN_ERROR_IO, "writing %s: short write (disk full?)", p->tmp);
-#endif
-        off += c;
-        buf += c;
-        len -= c;
-    }
-    return XKNN_SUCCESS;
+    return knn_outs_write(p->outs, p->slot, off, buf, len, "predictions", err);
 }
 
 /* ---- open: read labels, create the temporary -------------------------------------- */
@@ -147,35 +126,6 @@ static xknn_status knn__pread_inputs(knn_predict *p, xknn_error *err)
     return XKNN_SUCCESS;
 }
 
-static xknn_status knn__pcreate(knn_predict *p, xknn_error *err)
-{
-    struct stat sb;
-    int fd;
-    mode_t um;
-    if (strlen(p->out_path) + 16 > sizeof p->tmp)
-        return knn__fail(err, XKNN_ERROR_INVALID_ARGUMENT, "--predict: file name %s is too long", p->out_path);
-    if (stat(p->out_path, &sb) == 0 && !S_ISREG(sb.st_mode))
-        return knn__fail(err, XKNN_ERROR_IO, "--predict: %s exists and is not a regular file", p->out_path);
-    snprintf(p->tmp, sizeof p->tmp, "%s.tmp.XXXXXX", p->out_path);
-    fd = mkstemp(p->tmp);
-    if (fd < 0) return knn__fail(err, XKNN_ERROR_IO, "--predict: cannot write %s: %s", p->out_path, strerror(errno));
-    p->tmp_exists = 1;
-    um = umask(0);
-    umask(um);
-    if (fchmod(fd, 0666 & ~um) != 0) {
-        int e = errno;
-        close(fd);
-        return knn__fail(err, XKNN_ERROR_IO, "--predict: cannot write %s: %s", p->out_path, strerror(e));
-    }
-#ifdef XKNN_HAVE_MPI
-    if (close(fd) != 0)
-        return knn__fail(err, XKNN_ERROR_IO, "--predict: cannot write %s: %s", p->out_path, strerror(errno));
-#else
-    p->fd = fd;
-#endif
-    return XKNN_SUCCESS;
-}
-
 #ifdef XKNN_HAVE_MPI
 xknn_status knn_predict_open(knn_predict *p, MPI_Comm comm, xknn_mpi_context *ctx, int64_t n, int64_t nq,
                              xknn_metric metric, xknn_error *err)
@@ -185,8 +135,6 @@ xknn_status knn_predict_open(knn_predict *p, int64_t n, int64_t nq, xknn_metric 
 {
     xknn_status st;
 #ifdef XKNN_HAVE_MPI
-    int64_t len = 0;
-    int rc;
     p->comm = comm;
     p->ctx = ctx;
     MPI_Comm_rank(comm, &p->rank);
@@ -194,7 +142,6 @@ xknn_status knn_predict_open(knn_predict *p, int64_t n, int64_t nq, xknn_metric 
 #else
     p->rank = 0;
     p->size = 1;
-    p->fd = -1;
 #endif
     p->n = n;
     p->nq = nq;
@@ -203,28 +150,7 @@ xknn_status knn_predict_open(knn_predict *p, int64_t n, int64_t nq, xknn_metric 
     if (!knn_predict_active(p)) return XKNN_SUCCESS;
     /* every rank reads the same (small) files: one verdict, agreed below */
     st = knn__pread_inputs(p, err);
-    if ((st = knn__pagree(p, st, err)) != XKNN_SUCCESS || !p->out_path) return st;
-    st = p->rank == 0 ? knn__pcreate(p, err) : XKNN_SUCCESS;
-    if ((st = knn__pagree(p, st, err)) != XKNN_SUCCESS) return st;
-#ifdef XKNN_HAVE_MPI
-    len = p->rank == 0 ? (int64_t)strlen(p->tmp) : 0;
-    rc = MPI_Bcast(&len, 1, MPI_INT64_T, 0, comm);
-    if (rc == MPI_SUCCESS) rc = MPI_Bcast(p->tmp, (int)len + 1, MPI_CHAR, 0, comm);
-    if (rc != MPI_SUCCESS) return knn__pagree(p, knn__pmpi(p, err, rc, "MPI_Bcast"), err);
-    rc = MPI_File_open(comm, p->tmp, MPI_MODE_WRONLY, MPI_INFO_NULL, &p->fh);
-    if (rc == MPI_SUCCESS) {
-        p->fh_open = 1;
-        MPI_File_set_errhandler(p->fh, MPI_ERRORS_RETURN);
-    } else {
-        st = knn__pmpi(p, err, rc, "MPI_File_open (predictions)");
-    }
-    st = knn__pagree(p, st, err);
-    if (st != XKNN_SUCCESS && p->fh_open) {
-        MPI_File_close(&p->fh);
-        p->fh_open = 0;
-    }
-#endif
-    return st;
+    return knn__pagree(p, st, err);
 }
 
 /* ---- rows: the vote on the owner of a block --------------------------------------- */
@@ -387,37 +313,8 @@ xknn_status knn_predict_finish(knn_predict *p, xknn_error *err)
     }
     if (st == XKNN_SUCCESS) st = knn__pwrite_rows(p, hdr, offs, err);
     free(offs);
-#ifdef XKNN_HAVE_MPI
-    if (p->fh_open) {
-        int rc = MPI_File_close(&p->fh);
-        p->fh_open = 0;
-        if (rc != MPI_SUCCESS && st == XKNN_SUCCESS) st = knn__pmpi(p, err, rc, "MPI_File_close (predictions)");
-    }
-#else
-    if (p->fd >= 0) {
-        if (fsync(p->fd) != 0 && st == XKNN_SUCCESS)
-            st = knn__fail(err, XKNN_ERROR_IO, "writing %s: %s", p->tmp, strerror(errno));
-        if (close(p->fd) != 0 && st == XKNN_SUCCESS)
-            st = knn__fail(err, XKNN_ERROR_IO, "writing %s: %s", p->tmp, strerror(errno));
-        p->fd = -1;
-    }
-#endif
-    if (st == XKNN_SUCCESS && p->rank == 0) { /* complete before it takes the name */
-        struct stat sb;
-        if (stat(p->tmp, &sb) != 0 || (int64_t)sb.st_size != total)
-            st = knn__fail(err, XKNN_ERROR_IO, "--predict: %s is incomplete (%lld of %lld bytes written): disk full?",
-                            p->tmp, stat(p->tmp, &sb) == 0 ? (long long)sb.st_size : -1LL, (long long)total);
-    }
+    p->bytes = total;
     return knn__pagree(p, st, err);
-}
-
-xknn_status knn_predict_commit(knn_predict *p, xknn_error *err)
-{
-    if (!p->out_path || p->rank != 0 || !p->tmp_exists) return XKNN_SUCCESS;
-    if (rename(p->tmp, p->out_path) != 0)
-        return knn__fail(err, XKNN_ERROR_IO, "cannot rename %s to %s: %s", p->tmp, p->out_path, strerror(errno));
-    p->tmp_exists = 0;
-    return XKNN_SUCCESS;
 }
 
 void knn_predict_print_confusion(const knn_predict *p, FILE *f)
@@ -441,15 +338,6 @@ void knn_predict_print_confusion(const knn_predict *p, FILE *f)
 
 void knn_predict_free(knn_predict *p)
 {
-#ifdef XKNN_HAVE_MPI
-    if (p->fh_open) MPI_File_close(&p->fh);
-    p->fh_open = 0;
-#else
-    if (p->fd >= 0) close(p->fd);
-    p->fd = -1;
-#endif
-    if (p->tmp_exists && p->rank == 0) unlink(p->tmp);
-    p->tmp_exists = 0;
     free(p->labels);
     free(p->qlabels);
     free(p->targets);

@@ -4,15 +4,14 @@
  *
  * Flow (every function but knn_predict_rows is collective over the command's ranks):
  *   knn_predict_open     every rank reads the reference labels (or targets) and the
- *                        query labels and checks their lengths; rank 0 creates the
- *                        temporary prediction file next to --predict; all open it.
+ *                        query labels and checks their lengths.
  *   knn_predict_rows     in the search's sink, on the owner rank of a query block: the
  *                        vote of each row (include/xknn/learn.h), kept on that rank.
  *   knn_predict_finish   accuracy (and confusion matrix) summed over ranks; each rank
- *                        writes its rows at their offsets (MPI-IO; for .txt the offsets
- *                        come from every line's length, summed over ranks), closes.
- *   knn_predict_commit   rank 0 renames the temporary to --predict.
- *   knn_predict_free     closes, removes a temporary left by a failure (rank 0), frees.
+ *                        writes its rows at their offsets into the run's --predict
+ *                        output (tools/outputs.h: for .txt the offsets come from every
+ *                        line's length, summed over ranks); bytes holds its size.
+ *   knn_predict_free     frees.
  * The prediction file is byte-identical for any number of ranks.
  */
 #ifndef XKNN_MPI_KNN_PREDICT_H
@@ -23,6 +22,8 @@
 
 #include "xknn.h"
 #include "xknn/learn.h"
+
+#include "outputs.h"
 
 #ifdef XKNN_HAVE_MPI
 #include <mpi.h>
@@ -40,11 +41,10 @@ typedef struct knn_predict {
 #ifdef XKNN_HAVE_MPI
     MPI_Comm comm;
     xknn_mpi_context *ctx;
-    MPI_File fh;
-    int fh_open;
-#else
-    int fd;
 #endif
+    knn_outs *outs;            /* the run's outputs; slot: --predict's        */
+    int slot;
+    int64_t bytes;             /* size of the --predict file (after finish)   */
     xknn_metric metric;
     int64_t n, nq;
     int32_t *labels, *qlabels; /* n, nq                                     */
@@ -52,8 +52,6 @@ typedef struct knn_predict {
     uint32_t *pred;            /* nq: int32 label or float bits, owned rows */
     unsigned char *owned;      /* nq: 1 where this rank computed the row    */
     int npy;                   /* 1: .npy output, 0: text                   */
-    char tmp[4096];
-    int tmp_exists;
     int64_t correct;           /* summed over ranks after finish            */
     double accuracy;
     int32_t *classes;          /* confusion (rank 0, -v)                    */
@@ -77,7 +75,6 @@ xknn_status knn_predict_open(knn_predict *p, int64_t n, int64_t nq, xknn_metric 
 xknn_status knn_predict_rows(knn_predict *p, int64_t q0, int64_t rows, int64_t k, const int64_t *ids,
                              const float *dist, xknn_error *err);
 xknn_status knn_predict_finish(knn_predict *p, xknn_error *err);
-xknn_status knn_predict_commit(knn_predict *p, xknn_error *err);
 /* Rank 0: the confusion matrix (after finish, with verbose and query labels). */
 void knn_predict_print_confusion(const knn_predict *p, FILE *f);
 void knn_predict_free(knn_predict *p);

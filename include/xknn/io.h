@@ -112,7 +112,9 @@ typedef struct xknn_file_info {
  * read later is checked again by xknn_file_read_rows().
  * .gz files are decompressed once, from start to end, to count their size.
  * Errors: INVALID_ARGUMENT (NULL path/info, bad opts), NOT_BUILT (.gz without zlib),
- * IO (cannot open/read, names the path and strerror), FORMAT (names the path and what is
+ * IO (cannot open/read, names the path and strerror; also for anything but a regular file:
+ * a FIFO, device or directory is refused before any read, so none can block), OUT_OF_MEMORY
+ * (also when no file descriptor is left: EMFILE, ENFILE), FORMAT (names the path and what is
  * wrong: "file is empty", "truncated header", "size 1000 bytes does not match header
  * n=10 d=3 (expected 128 bytes)", "row 5 has d=7, row 0 has d=8", "d = 0", "n = 0",
  * "overflows", "bad IDX magic", "npy dtype", "Fortran order", "unknown file extension"
@@ -507,20 +509,27 @@ static xknn_status xknn__src_open(xknn__src *s, const char *path, int compressed
                           "development files and reconfigure, or gunzip the file)",
                           path);
 #endif
-    do s->fd = open(path, O_RDONLY | XKNN__O_CLOEXEC);
+    /* O_NONBLOCK: a FIFO without a writer must not block the open; only regular files,
+     * whose size is known, are read. */
+    do s->fd = open(path, O_RDONLY | O_NONBLOCK | XKNN__O_CLOEXEC);
     while (s->fd < 0 && errno == EINTR);
     if (s->fd < 0) {
         e = errno;
-        return xknn__fail(err, XKNN_ERROR_IO, "%s: cannot open: %s", path, strerror(e));
+        /* no descriptor left is a resource fault, not a bad file */
+        return xknn__fail(err, (e == EMFILE || e == ENFILE) ? XKNN_ERROR_OUT_OF_MEMORY : XKNN_ERROR_IO,
+                          "%s: cannot open: %s", path, strerror(e));
     }
     if (fstat(s->fd, &sb) != 0) {
         e = errno;
         xknn__src_close(s);
         return xknn__fail(err, XKNN_ERROR_IO, "%s: cannot stat: %s", path, strerror(e));
     }
-    if (S_ISDIR(sb.st_mode)) {
+    if (!S_ISREG(sb.st_mode)) {
         xknn__src_close(s);
-        return xknn__fail(err, XKNN_ERROR_IO, "%s: cannot read: %s", path, strerror(EISDIR));
+        return xknn__fail(err, XKNN_ERROR_IO, "%s: not a regular file (%s): inputs must be files", path,
+                          S_ISDIR(sb.st_mode) ? "a directory" : S_ISFIFO(sb.st_mode) ? "a FIFO"
+                          : S_ISCHR(sb.st_mode) ? "a character device" : S_ISSOCK(sb.st_mode) ? "a socket"
+                                                                                : "a special file");
     }
     s->size = (int64_t)sb.st_size;
 #ifdef XKNN_HAVE_ZLIB
