@@ -15,7 +15,7 @@
  *
  * ORACLE
  *   The exact answer for a few sampled queries, written here independently of the
- *   library with the canonical definition (DESIGN.md section 2): per pair
+ *   library with the canonical definition (docs/DESIGN.md section 2.2): per pair
  *   diff = (double)a - (double)b, acc = fma(diff, diff, acc) in dimension order, rounded
  *   once to float; neighbours ordered by (distance, id). Brute force over all rows,
  *   OpenMP over tiles of rows, a bounded max-heap per (thread, sampled query).

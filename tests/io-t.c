@@ -1,4 +1,4 @@
-/* io-t: the file readers and result writers of xknn/io.h (DESIGN.md section 3).
+/* io-t: the file readers and result writers of xknn/io.h (docs/DESIGN.md section 3).
  * Every file is written byte by byte here, into a fresh directory under /tmp, and read
  * back through the library; values are compared bit for bit. Malformed files must give
  * their status with a message that starts with the path and names the fault. */

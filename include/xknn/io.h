@@ -1,5 +1,5 @@
 /*
- * xknn/io.h -- readers and writers of the data formats (DESIGN.md section 3).
+ * xknn/io.h -- readers and writers of the data formats (docs/DESIGN.md section 3).
  * Host code; the implementation is compiled behind XKNN_IMPLEMENTATION (libxknn does).
  * Nothing here knows about MPI: a rank reads its rows with xknn_file_read_rows().
  *

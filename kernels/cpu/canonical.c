@@ -1,5 +1,5 @@
 /*
- * Canonical distances on the CPU: the value every backend reports (DESIGN.md section 2).
+ * Canonical distances on the CPU: the value every backend reports (docs/DESIGN.md section 2.2).
  *
  *   acc = 0 (double); for t in 0..d-1: diff = (double)a[t] - (double)b[t];
  *                                      acc = fma(diff, diff, acc);

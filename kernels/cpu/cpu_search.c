@@ -1,7 +1,7 @@
 /*
  * CPU backend: exact k-NN on host arrays.
  *
- * Two paths, identical results (the canonical distance decides, DESIGN.md section 2):
+ * Two paths, identical results (the canonical distance decides, docs/DESIGN.md section 2.3):
  *
  * BLAS path (default when CBLAS is built in). Queries in blocks of QB, references in
  * blocks of RB. sgemm gives C = -2 Q R^T for the tile (float). For query i and

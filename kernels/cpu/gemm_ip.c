@@ -1,6 +1,6 @@
 /*
  * CPU backend: ip and cosine on float32 through sgemm candidates, certified, then the
- * canonical value decides (DESIGN.md section 2).
+ * canonical value decides (docs/DESIGN.md section 2.3).
  *
  * For a query q and a reference x let B = |q| |x| (double norms), P = q.x exactly, and
  * e the float sgemm value of q.x. Whatever order and blocking the BLAS uses,

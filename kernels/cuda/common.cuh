@@ -119,7 +119,7 @@ struct __align__(16) Cand {
 #define XKNN_CUDA_UNRESOLVED (-1.0f)
 
 /* What a candidate's c holds once resolved (the `kind` of ResolveParams, BlockResolve and
- * the rescue kernels): the canonical value of DESIGN.md section 2 in the metric, as a
+ * the rescue kernels): the canonical value of docs/DESIGN.md section 2.2 in the metric, as a
  * float whose bits order the candidates (make_key).
  *   kCanonL2, kCanonEuclid, kCanonCosine  the value itself (never negative);
  *   kCanonIp  order_enc(-value): the order key of ip (larger is nearer) encoded as
@@ -196,7 +196,7 @@ __device__ __forceinline__ void pair_em(float nq, float nx, float t, float mrel,
     }
 }
 
-/* Canonical value from the double sum of squares (DESIGN.md section 2). */
+/* Canonical value from the double sum of squares (docs/DESIGN.md section 2.2). */
 __device__ __forceinline__ float finish_metric(double acc, int euclidean)
 {
     return euclidean ? __double2float_rn(__dsqrt_rn(acc)) : __double2float_rn(acc);

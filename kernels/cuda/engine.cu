@@ -567,7 +567,7 @@ static const int64_t kMmaMinPrefix = 8192;
  * be ESTIMATED from a short prefix and CERTIFIED after the re-rank (filter.cu's resolve):
  * if at least kk candidates have a canonical value <= tau, no reference left out can be
  * in the top kk, whatever tau was; a query with fewer is searched again exactly
- * (mma_rescue_kernel). DESIGN.md section 2's "re-run every query whose certificate
+ * (mma_rescue_kernel): docs/DESIGN.md section 2.3, "a query whose certificate
  * fails". The estimate: with a fraction F of the references within distance t of a query,
  * a group of 64 has its smallest witness <= t with probability about P = 1 - (1 - F)^64;
  * over ga groups the j-th smallest witness with j = P ga estimates the t at which F n =

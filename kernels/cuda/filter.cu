@@ -17,7 +17,7 @@
  * never tightening tau): huge values stay exact, only slower.
  *
  * BUFFER FULL -> EXACT COMPACTION, NEVER A RE-RUN
- * DESIGN.md's "certificate fails -> re-run" becomes: when the buffer cannot take the
+ * docs/DESIGN.md section 2.3's exact re-run becomes: when the buffer cannot take the
  * next chunk's candidates, (1) tau is tightened to the k-th smallest U over buffer and
  * chunk, and entries with L > tau' are dropped; (2) if it is still too full (many
  * near-ties), canonical distances of the buffer are computed and only its exact top k by

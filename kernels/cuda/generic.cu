@@ -5,7 +5,7 @@
  * WHAT IT COMPUTES
  * For the pairs the tensor-core and cuBLAS paths do not cover (l1, minkowski, chebyshev,
  * ip, cosine, hellinger on any dtype; l2/euclidean on f16, bf16, u8, i8; hamming and
- * whamming on bit-packed rows) every distance is the canonical value of DESIGN.md
+ * whamming on bit-packed rows) every distance is the canonical value of docs/DESIGN.md
  * section 2, evaluated with the per-dimension steps of xknn/impl/canonical_math.h, the
  * same source the CPU backend compiles. No bound, no re-rank: the value computed here is
  * the reported one, so there is nothing to certify.

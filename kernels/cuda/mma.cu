@@ -1,7 +1,7 @@
 /*
  * kernels/cuda/mma.cu -- the tensor-core path (XKNN_CUDA_PATH_MMA): TF32 mma.sync tiles
  * whose epilogue does the candidate work in registers, so no distance tile ever goes
- * through memory (DESIGN.md section 5, "a fused GEMM+select kernel that never writes
+ * through memory (docs/DESIGN.md section 5: "a kernel that never writes
  * distances is the limit case").
  *
  * PIPELINE (one state block of qs queries, references resident on the device)

@@ -62,7 +62,7 @@ typedef struct ref_spec {
 /* The canonical value of xknn.h's METRICS, written from that text (the reported value:
  * the inner product itself for ip). a, b: one row each; d elements (bits for REF_BIN:
  * rows of ceil(d/64) uint64 words, bits past d ignored). Only the non-integer
- * Minkowski power and root come from the library's shared source, as DESIGN.md
+ * Minkowski power and root come from the library's shared source, as docs/DESIGN.md
  * section 2 demands one implementation of transcendental steps. */
 float ref_distance_ex(const ref_spec *s, const void *a, const void *b, int64_t d);
 

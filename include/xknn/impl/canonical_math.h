@@ -8,7 +8,7 @@
  * sqrt, fabs, fma. Every multiply-add is written as an explicit fma() and no other
  * expression multiplies and adds in one statement, so a compiler that contracts (nvcc
  * does by default) finds nothing to contract. No libm transcendental is called: the
- * logarithm and exponential below are written here (DESIGN.md section 2).
+ * logarithm and exponential below are written here (docs/DESIGN.md section 2.2).
  *
  * The definitions (what is accumulated, in which order, where the single rounding is)
  * are documented with the metrics in include/xknn.h; this file implements them.
