@@ -403,6 +403,13 @@ XKNN_API xknn_status xknn_search_pair(const xknn_params *params, const xknn_matr
  */
 XKNN_API float xknn_distance(xknn_metric metric, const float *a, const float *b, int64_t d);
 
+/* Not collective. A reported distance beyond float's range is an input error, never a
+ * tie at +Inf (finite values near 3e38 overflow l2, for example): INVALID_VALUE naming
+ * the first such pair (query row query_row0 + i, reference id), XKNN_SUCCESS otherwise.
+ * Entries with a negative id (padding) are skipped. xknn_search checks its results so. */
+XKNN_API xknn_status xknn_check_result(xknn_metric metric, int64_t query_row0, int64_t nq, int64_t k,
+                                       const int64_t *ids, const float *dist, xknn_error *err);
+
 /*
  * Canonical distance of any metric and dtype (see METRICS above): the value every
  * backend reports (the inner product itself for ip). a, b: one row each of dtype,
@@ -426,6 +433,7 @@ XKNN_API xknn_status xknn_distance_ex(const xknn_params *params, xknn_dtype dtyp
 #ifndef XKNN__IMPLEMENTATION_DONE
 #define XKNN__IMPLEMENTATION_DONE
 
+#include <float.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -923,6 +931,19 @@ xknn_status xknn_search_pair(const xknn_params *params, const xknn_matrix *a, in
     return st;
 }
 
+xknn_status xknn_check_result(xknn_metric metric, int64_t query_row0, int64_t nq, int64_t k, const int64_t *ids,
+                              const float *dist, xknn_error *err)
+{
+    int64_t i;
+    for (i = 0; i < nq * k; i++)
+        if (ids[i] >= 0 && !(dist[i] >= -FLT_MAX && dist[i] <= FLT_MAX))
+            return xknn__fail(err, XKNN_ERROR_INVALID_VALUE,
+                              "the %s distance of query row %lld and reference row %lld overflows float (the values "
+                              "are too large for this metric: scale them down)",
+                              xknn_metric_name(metric), (long long)(query_row0 + i / k), (long long)ids[i]);
+    return XKNN_SUCCESS;
+}
+
 xknn_status xknn_search(const xknn_params *params, const xknn_matrix *ref, const xknn_matrix *query,
                         int64_t k, int64_t *ids, float *dist, xknn_error *err)
 {
@@ -1027,6 +1048,7 @@ xknn_status xknn_search(const xknn_params *params, const xknn_matrix *ref, const
         st = xknn__cpu_search(&job);
         break;
     }
+    if (st == XKNN_SUCCESS && dist) st = xknn_check_result(p.metric, p.query_id_offset, job.nq, k, ids, dist, err);
     if (err) err->status = st;
     return st;
 }

@@ -881,6 +881,7 @@ static xknn_status knn__sink(void *user, int64_t q0, int64_t rows, int64_t k, co
     char what[96];
     xknn_status st;
     int64_t i0;
+    if (dist && (st = xknn_check_result(r->o.metric, q0, rows, k, ids, dist, err)) != XKNN_SUCCESS) return st;
     if ((st = knn_predict_rows(&r->pred, q0, rows, k, ids, dist, err)) != XKNN_SUCCESS) return st;
     if (r->no_result) return XKNN_SUCCESS;
     for (i0 = 0; i0 < rows; i0 += piece) {

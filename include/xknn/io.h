@@ -524,12 +524,15 @@ static xknn_status xknn__src_open(xknn__src *s, const char *path, int compressed
         xknn__src_close(s);
         return xknn__fail(err, XKNN_ERROR_IO, "%s: cannot stat: %s", path, strerror(e));
     }
+    if (S_ISDIR(sb.st_mode)) {
+        xknn__src_close(s);
+        return xknn__fail(err, XKNN_ERROR_IO, "%s: cannot read: %s", path, strerror(EISDIR));
+    }
     if (!S_ISREG(sb.st_mode)) {
         xknn__src_close(s);
         return xknn__fail(err, XKNN_ERROR_IO, "%s: not a regular file (%s): inputs must be files", path,
-                          S_ISDIR(sb.st_mode) ? "a directory" : S_ISFIFO(sb.st_mode) ? "a FIFO"
-                          : S_ISCHR(sb.st_mode) ? "a character device" : S_ISSOCK(sb.st_mode) ? "a socket"
-                                                                                : "a special file");
+                          S_ISFIFO(sb.st_mode) ? "a FIFO" : S_ISCHR(sb.st_mode) ? "a character device"
+                                                        : S_ISSOCK(sb.st_mode) ? "a socket" : "a special file");
     }
     s->size = (int64_t)sb.st_size;
 #ifdef XKNN_HAVE_ZLIB

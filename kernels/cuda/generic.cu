@@ -79,10 +79,10 @@ struct OpL2 : RealOp { /* l2, euclidean, hellinger (on square roots) */
 struct OpL1 : RealOp {
     __device__ __forceinline__ static Acc step(Acc a, Elem x, Elem y, double) { return xknn__cm_step_l1(a, x, y); }
 };
-struct OpMinkowski : RealOp {
-    __device__ __forceinline__ static Acc step(Acc a, Elem x, Elem y, double p)
+struct OpMinkowski : RealOp { /* two passes: max(|x - y|), then the scaled sum */
+    __device__ __forceinline__ static Acc step(Acc a, Elem x, Elem y, double p, double m)
     {
-        return xknn__cm_step_minkowski(a, x, y, p);
+        return xknn__cm_step_minkowski(a, x, y, p, m);
     }
 };
 struct OpChebyshev : RealOp {
@@ -132,7 +132,7 @@ __device__ __forceinline__ float pair_value(typename Op::Acc acc, const GenParam
 {
     if (p.metric == XKNN_METRIC_COSINE) return (float)xknn__cm_cosine(acc, p.qnorm[qi], p.rnorm[col]);
     if (p.metric == XKNN_METRIC_HAMMING) return (float)acc;
-    return xknn__cm_finish((xknn_metric)p.metric, (double)acc, p.p);
+    return xknn__cm_finish((xknn_metric)p.metric, (double)acc);
 }
 
 /* ---- selection -------------------------------------------------------------------- */
@@ -278,12 +278,19 @@ __global__ __launch_bounds__(kGenThreads, 2) void gen_tile_kernel(const GenParam
     }
     unsigned long long appended = 0;
 
+    constexpr bool kTwoPass = std::is_same<Op, OpMinkowski>::value; /* pass 0: the max |x - y| */
     for (int64_t t0 = c0; t0 < c1; t0 += kGenR) {
         Acc acc[kGenQW][kGenRL];
+        double mx[kGenQW][kGenRL];
+#pragma unroll
+        for (int pass = 0; pass < (kTwoPass ? 2 : 1); ++pass) {
 #pragma unroll
         for (int i = 0; i < kGenQW; ++i)
 #pragma unroll
-            for (int j = 0; j < kGenRL; ++j) acc[i][j] = 0;
+            for (int j = 0; j < kGenRL; ++j) {
+                if (kTwoPass && pass == 1) mx[i][j] = (double)acc[i][j];
+                acc[i][j] = 0;
+            }
 
         for (int64_t d0 = 0; d0 < dims; d0 += kGenD) {
             const int dc = dims - d0 < kGenD ? (int)(dims - d0) : kGenD;
@@ -313,12 +320,21 @@ __global__ __launch_bounds__(kGenThreads, 2) void gen_tile_kernel(const GenParam
                     for (int j = 0; j < kGenRL; ++j) {
                         if constexpr (std::is_same<Op, OpWHamming>::value)
                             acc[i][j] = whamming_word(acc[i][j], xq ^ xr[j], p.weights + (d0 + t) * 64);
+                        else if constexpr (kTwoPass)
+                            acc[i][j] = pass == 0 ? xknn__cm_step_chebyshev(acc[i][j], xq, xr[j])
+                                                  : Op::step(acc[i][j], xq, xr[j], p.p, mx[i][j]);
                         else
                             acc[i][j] = Op::step(acc[i][j], xq, xr[j], p.p);
                     }
                 }
             }
         }
+        }
+        if constexpr (kTwoPass) /* the reported value, which pair_value passes on */
+#pragma unroll
+            for (int i = 0; i < kGenQW; ++i)
+#pragma unroll
+                for (int j = 0; j < kGenRL; ++j) acc[i][j] = xknn__cm_minkowski(acc[i][j], p.p, mx[i][j]);
 
         /* selection: warp w, its kGenQW queries, one at a time (unrolled: acc[i] must
          * stay in registers) */

@@ -189,20 +189,26 @@ float ref_distance_ex(const ref_spec *s, const void *a, const void *b, int64_t d
     case REF_L1:
         for (t = 0; t < d; t++) acc = acc + fabs(ref_elem(s->dtype, a, t) - ref_elem(s->dtype, b, t));
         return (float)acc;
-    case REF_MINKOWSKI: {
+    case REF_MINKOWSKI: { /* m (sum (|x - y| / m)^p)^(1/p), m the largest |x - y| */
         const int integer = s->p == floor(s->p) && s->p <= 64;
+        double m = 0.0;
         for (t = 0; t < d; t++) {
             const double df = fabs(ref_elem(s->dtype, a, t) - ref_elem(s->dtype, b, t));
-            double term = df;
+            if (df > m) m = df;
+        }
+        if (m == 0.0) return 0.0f;
+        for (t = 0; t < d; t++) {
+            const double u = fabs(ref_elem(s->dtype, a, t) - ref_elem(s->dtype, b, t)) / m;
+            double term = u;
             if (integer)
-                for (i = 1; i < (int)s->p; i++) term = term * df;
+                for (i = 1; i < (int)s->p; i++) term = term * u;
             else
-                term = xknn__cm_pow_term(df, s->p);
+                term = xknn__cm_pow_term(u, s->p);
             acc = acc + term;
         }
-        if (s->p == 1.0) return (float)acc;
-        if (s->p == 2.0) return (float)sqrt(acc);
-        return (float)xknn__cm_root(acc, s->p);
+        if (s->p == 1.0) return (float)(m * acc);
+        if (s->p == 2.0) return (float)(m * sqrt(acc));
+        return (float)(m * xknn__cm_root(acc, s->p));
     }
     case REF_CHEBYSHEV:
         for (t = 0; t < d; t++) {

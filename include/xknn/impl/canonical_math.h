@@ -257,9 +257,17 @@ static inline XKNN__HD double xknn__cm_step_l1(double acc, double x, double y)
 {
     return xknn__cm_add(acc, fabs(x - y));
 }
-static inline XKNN__HD double xknn__cm_step_minkowski(double acc, double x, double y, double p)
+/* Minkowski in scaled form, m (sum_t (|x_t - y_t| / m)^p)^(1/p) with m = max_t |x_t - y_t|
+ * (the chebyshev accumulator of a first pass): every term is at most 1 and the largest is
+ * exactly 1, so for any finite p >= 1 the sum lies in [1, d] and neither it nor the root
+ * overflows or underflows. m = 0: every term is 0 (the pair is equal). */
+static inline XKNN__HD double xknn__cm_step_minkowski(double acc, double x, double y, double p, double m)
 {
-    return xknn__cm_add(acc, xknn__cm_pow_term(fabs(x - y), p));
+    return m > 0.0 ? xknn__cm_add(acc, xknn__cm_pow_term(fabs(x - y) / m, p)) : acc;
+}
+static inline XKNN__HD double xknn__cm_minkowski(double acc, double p, double m)
+{
+    return m > 0.0 ? xknn__cm_mul(m, xknn__cm_root(acc, p)) : 0.0;
 }
 static inline XKNN__HD double xknn__cm_step_chebyshev(double acc, double x, double y)
 {
@@ -270,11 +278,11 @@ static inline XKNN__HD double xknn__cm_step_ip(double acc, double x, double y) {
 
 /* The reported value from the accumulator (every real-valued metric but cosine, whose
  * value needs the two norms: xknn__cm_cosine). */
-static inline XKNN__HD float xknn__cm_finish(xknn_metric metric, double acc, double p)
+static inline XKNN__HD float xknn__cm_finish(xknn_metric metric, double acc)
 {
     switch (metric) {
     case XKNN_METRIC_EUCLIDEAN: return (float)sqrt(acc);
-    case XKNN_METRIC_MINKOWSKI: return (float)xknn__cm_root(acc, p);
+    case XKNN_METRIC_MINKOWSKI: return (float)acc; /* xknn__cm_minkowski's value */
     case XKNN_METRIC_HELLINGER: return (float)sqrt(acc * 0.5);
     default: return (float)acc; /* l2, l1, chebyshev, ip */
     }
@@ -299,19 +307,20 @@ static inline XKNN__HD float xknn__cm_finish(xknn_metric metric, double acc, dou
         case XKNN_METRIC_L2:                                                                     \
         case XKNN_METRIC_EUCLIDEAN:                                                              \
             for (t = 0; t < d; t++) acc = xknn__cm_step_l2(acc, LOAD(a, t), LOAD(b, t));         \
-            return xknn__cm_finish(s->metric, acc, s->p);                                        \
+            return xknn__cm_finish(s->metric, acc);                                        \
         case XKNN_METRIC_L1:                                                                     \
             for (t = 0; t < d; t++) acc = xknn__cm_step_l1(acc, LOAD(a, t), LOAD(b, t));         \
-            return xknn__cm_finish(s->metric, acc, s->p);                                        \
-        case XKNN_METRIC_MINKOWSKI:                                                              \
-            for (t = 0; t < d; t++) acc = xknn__cm_step_minkowski(acc, LOAD(a, t), LOAD(b, t), s->p); \
-            return xknn__cm_finish(s->metric, acc, s->p);                                        \
+            return xknn__cm_finish(s->metric, acc);                                        \
+        case XKNN_METRIC_MINKOWSKI: /* nx: the largest |x_t - y_t| */                          \
+            for (t = 0; t < d; t++) nx = xknn__cm_step_chebyshev(nx, LOAD(a, t), LOAD(b, t));    \
+            for (t = 0; t < d; t++) acc = xknn__cm_step_minkowski(acc, LOAD(a, t), LOAD(b, t), s->p, nx); \
+            return (float)xknn__cm_minkowski(acc, s->p, nx);                                     \
         case XKNN_METRIC_CHEBYSHEV:                                                              \
             for (t = 0; t < d; t++) acc = xknn__cm_step_chebyshev(acc, LOAD(a, t), LOAD(b, t));  \
-            return xknn__cm_finish(s->metric, acc, s->p);                                        \
+            return xknn__cm_finish(s->metric, acc);                                        \
         case XKNN_METRIC_IP:                                                                     \
             for (t = 0; t < d; t++) acc = xknn__cm_step_ip(acc, LOAD(a, t), LOAD(b, t));         \
-            return xknn__cm_finish(s->metric, acc, s->p);                                        \
+            return xknn__cm_finish(s->metric, acc);                                        \
         case XKNN_METRIC_COSINE:                                                                 \
             for (t = 0; t < d; t++) {                                                            \
                 const double x = LOAD(a, t), y = LOAD(b, t);                                     \
@@ -322,7 +331,7 @@ static inline XKNN__HD float xknn__cm_finish(xknn_metric metric, double acc, dou
             return (float)xknn__cm_cosine(acc, nx, ny);                                          \
         case XKNN_METRIC_HELLINGER:                                                              \
             for (t = 0; t < d; t++) acc = xknn__cm_step_l2(acc, sqrt(LOAD(a, t)), sqrt(LOAD(b, t))); \
-            return xknn__cm_finish(s->metric, acc, s->p);                                        \
+            return xknn__cm_finish(s->metric, acc);                                        \
         default:                                                                                 \
             return NAN;                                                                          \
         }                                                                                        \
