@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include "cmd.h"
+#include "outputs.h"
 #include "xknn.h"
 #include "xknn/io.h"
 #include "xknn/learn.h"
@@ -181,46 +182,27 @@ static int prune__parse(int argc, char **argv, prune_opts *o, char *msg, size_t 
 
 
 
-/* A file written to "PATH.tmp.XXXXXX" and renamed at commit. */
+/* One output composed in memory (open_memstream), written through tools/outputs.h. */
 typedef struct prune_file {
-    const char *path;
-    char tmp[4096];
+    char *buf;
+    size_t len;
     FILE *f;
-    int exists;
 } prune_file;
 
-static xknn_status prune__open(prune_file *pf, const char *path, xknn_error *err)
+/* Closes the streams, writes each file into its temporary and renames all three. */
+static xknn_status prune__commit(knn_outs *outs, prune_file *files, xknn_error *err)
 {
-    int fd;
-    mode_t um;
-    pf->path = path;
-    if (strlen(path) + 16 > sizeof pf->tmp)
-        return knn__fail(err, XKNN_ERROR_INVALID_ARGUMENT, "output name %s is too long", path);
-    snprintf(pf->tmp, sizeof pf->tmp, "%s.tmp.XXXXXX", path);
-    fd = mkstemp(pf->tmp);
-    if (fd < 0) return knn__fail(err, XKNN_ERROR_IO, "cannot write %s: %s", path, strerror(errno));
-    pf->exists = 1;
-    um = umask(0);
-    umask(um);
-    if (fchmod(fd, 0666 & ~um) != 0 || !(pf->f = fdopen(fd, "wb"))) {
-        int e = errno;
-        close(fd);
-        return knn__fail(err, XKNN_ERROR_IO, "cannot write %s: %s", path, strerror(e));
+    xknn_status st = XKNN_SUCCESS;
+    int f;
+    for (f = 0; f < 3; f++) {
+        const int bad = ferror(files[f].f);
+        if (fclose(files[f].f) != 0 || bad)
+            st = knn__fail(err, XKNN_ERROR_OUT_OF_MEMORY, "out of memory composing %s", outs->f[f].path);
+        files[f].f = NULL;
     }
-    return XKNN_SUCCESS;
-}
-
-static xknn_status prune__close(prune_file *pf, xknn_error *err)
-{
-    int bad = ferror(pf->f) || fflush(pf->f) != 0 || fsync(fileno(pf->f)) != 0;
-    int e = errno;
-    if (fclose(pf->f) != 0 && !bad) {
-        bad = 1;
-        e = errno;
-    }
-    pf->f = NULL;
-    if (bad) return knn__fail(err, XKNN_ERROR_IO, "writing %s: %s", pf->path, strerror(e));
-    return XKNN_SUCCESS;
+    for (f = 0; f < 3 && st == XKNN_SUCCESS; f++)
+        st = knn_outs_write(outs, f, 0, files[f].buf, (int64_t)files[f].len, "its contents", err);
+    return knn_outs_commit(outs, st, NULL, err);
 }
 
 static void prune__u32(FILE *f, uint32_t v)
@@ -254,6 +236,7 @@ int main(int argc, char **argv)
 {
     prune_opts o;
     prune_file files[3];
+    knn_outs outs;
     char msg[512];
     char *subset = NULL, *subset_labels = NULL;
     float *x = NULL;
@@ -269,6 +252,8 @@ int main(int argc, char **argv)
     int code, f;
 
     memset(files, 0, sizeof files);
+    knn_outs_init(&outs);
+    knn_outs_catch_signals();
     memset(&info, 0, sizeof info);
     err.status = XKNN_SUCCESS;
     err.message[0] = '\0';
@@ -287,10 +272,18 @@ int main(int argc, char **argv)
         st = knn__fail(&err, XKNN_ERROR_OUT_OF_MEMORY, "out of memory");
         goto report;
     }
-    if (!strcmp(subset, o.out) || !strcmp(subset_labels, o.out) || !strcmp(subset, subset_labels)) {
-        st = knn__fail(&err, XKNN_ERROR_INVALID_ARGUMENT, "the three outputs %s, %s, %s must differ", o.out, subset,
-                         subset_labels);
-        goto report;
+    {
+        const char *in_opt[2] = {"REF", "--labels"}, *in_path[2];
+        in_path[0] = o.ref;
+        in_path[1] = o.labels;
+        knn_outs_add(&outs, "-o", o.out, 0);
+        knn_outs_add(&outs, "--subset", subset, 0);
+        knn_outs_add(&outs, "--subset-labels", subset_labels, 0);
+        if (knn_outs_collision(&outs, in_opt, in_path, 2, msg, sizeof msg)) {
+            fprintf(stderr, "knn_prune: %s\n", msg);
+            code = EXIT_USAGE;
+            goto done;
+        }
     }
 
     /* inputs */
@@ -316,10 +309,13 @@ int main(int argc, char **argv)
     }
     if ((st = xknn_file_read_rows(o.ref, &info, 0, n, x, &err)) != XKNN_SUCCESS) goto report;
 
-    /* outputs: create the temporaries first (an unwritable place fails before the work) */
-    if ((st = prune__open(&files[0], o.out, &err)) != XKNN_SUCCESS) goto report;
-    if ((st = prune__open(&files[1], subset, &err)) != XKNN_SUCCESS) goto report;
-    if ((st = prune__open(&files[2], subset_labels, &err)) != XKNN_SUCCESS) goto report;
+    /* outputs: the temporaries first (an unwritable place fails before the work) */
+    if ((st = knn_outs_open(&outs, &err)) != XKNN_SUCCESS) goto report;
+    for (f = 0; f < 3; f++)
+        if (!(files[f].f = open_memstream(&files[f].buf, &files[f].len))) {
+            st = knn__fail(&err, XKNN_ERROR_OUT_OF_MEMORY, "out of memory");
+            goto report;
+        }
 
     /* the work */
     p.backend = o.backend;
@@ -357,19 +353,11 @@ int main(int argc, char **argv)
             }
     for (i = 0; i < n; i++)
         if (keep[i]) fprintf(files[2].f, "%ld\n", (long)labels[i]);
-    for (f = 0; f < 3 && st == XKNN_SUCCESS; f++) st = prune__close(&files[f], &err);
-    for (f = 0; f < 3 && st == XKNN_SUCCESS; f++) {
-        if (rename(files[f].tmp, files[f].path) != 0) {
-            st = knn__fail(&err, XKNN_ERROR_IO, "cannot rename %s to %s: %s", files[f].tmp, files[f].path,
-                             strerror(errno));
-            while (--f >= 0) unlink(files[f].path); /* none or all */
-            break;
-        }
-        files[f].exists = 0;
-    }
+    st = prune__commit(&outs, files, &err);
 
 report:
     code = knn__exit_code(st);
+    if (st == XKNN_ERROR_IO && outs.no_space) code = EXIT_RESOURCE;
     if (st == XKNN_SUCCESS && !o.quiet) {
         printf("knn_prune: %s k=%lld n=%lld d=%lld kept=%lld (%.2f%%)", o.cnn ? "cnn" : "enn", (long long)o.k,
                (long long)n, (long long)info.cols, (long long)kept, 100.0 * (double)kept / (double)n);
@@ -378,10 +366,12 @@ report:
                subset_labels);
     }
     if (st != XKNN_SUCCESS) fprintf(stderr, "knn_prune: %s\n", err.message);
+done:
     for (f = 0; f < 3; f++) {
         if (files[f].f) fclose(files[f].f);
-        if (files[f].exists) unlink(files[f].tmp);
+        free(files[f].buf);
     }
+    knn_outs_discard(&outs);
     free(subset);
     free(subset_labels);
     free(x);

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "cmd.h"
+#include "outputs.h"
 #include "xknn.h"
 #include "xknn/io.h"
 #include "xknn/softknn.h"
@@ -150,37 +151,60 @@ static int sk_on_epoch(void *user, const xknn_softknn_epoch *e, const double *th
     return 0;
 }
 
-/* W as an .fbin: uint32 n = 1, uint32 d, d float32, little-endian; via a temporary
- * name beside the target, renamed when complete. */
-static int sk_save(const char *path, const double *w, int64_t d)
+/* W as an .fbin (uint32 n = 1, uint32 d, d float32, little-endian) through the run's
+ * output (tools/outputs.h: a temporary renamed when complete). */
+static int sk_save(knn_outs *outs, const double *w, int64_t d)
 {
-    char tmp[4096];
-    FILE *f;
-    unsigned char hdr[8];
-    int64_t b;
-    int okw = 1;
+    unsigned char *buf = (unsigned char *)malloc((size_t)(8 + 4 * d));
+    xknn_error err;
+    xknn_status st;
     uint32_t n = 1, dd = (uint32_t)d;
-    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
-    f = fopen(tmp, "wb");
-    if (!f) {
-        fprintf(stderr, "knn_softknn: %s: %s\n", tmp, strerror(errno));
+    int64_t b;
+    int k;
+    if (!buf) {
+        fprintf(stderr, "knn_softknn: out of memory\n");
         return 0;
     }
-    for (b = 0; b < 4; b++) hdr[b] = (unsigned char)(n >> (8 * b)), hdr[4 + b] = (unsigned char)(dd >> (8 * b));
-    okw = fwrite(hdr, 1, 8, f) == 8;
-    for (b = 0; b < d && okw; b++) {
+    for (b = 0; b < 4; b++) buf[b] = (unsigned char)(n >> (8 * b)), buf[4 + b] = (unsigned char)(dd >> (8 * b));
+    for (b = 0; b < d; b++) {
         float v = (float)w[b];
         uint32_t u;
-        unsigned char o[4];
-        int k;
         memcpy(&u, &v, 4);
-        for (k = 0; k < 4; k++) o[k] = (unsigned char)(u >> (8 * k));
-        okw = fwrite(o, 1, 4, f) == 4;
+        for (k = 0; k < 4; k++) buf[8 + 4 * b + k] = (unsigned char)(u >> (8 * k));
     }
-    if (fclose(f) != 0) okw = 0;
-    if (!okw || rename(tmp, path) != 0) {
-        fprintf(stderr, "knn_softknn: cannot write %s: %s\n", path, strerror(errno));
-        remove(tmp);
+    st = knn_outs_write(outs, 0, 0, buf, 8 + 4 * d, "W", &err);
+    free(buf);
+    if (knn_outs_commit(outs, st, NULL, &err) != XKNN_SUCCESS) {
+        fprintf(stderr, "knn_softknn: %s\n", err.message);
+        return 0;
+    }
+    return 1;
+}
+
+/* The run's output -o, checked against the four input files and created before the
+ * work; 0 with a message on failure (*code: the exit status). */
+static int sk_open_output(knn_outs *outs, const char *dir, const char *out, int *code)
+{
+    static const char *const names[4] = {"train-images-idx3-ubyte", "train-labels-idx1-ubyte",
+                                         "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"};
+    const char *in_opt[8], *in_path[8];
+    char paths[8][4096], msg[512];
+    xknn_error err;
+    int i;
+    for (i = 0; i < 8; i++) {
+        snprintf(paths[i], sizeof paths[i], "%s/%s%s", dir, names[i / 2], i % 2 ? ".gz" : "");
+        in_opt[i] = "DIR's";
+        in_path[i] = paths[i];
+    }
+    knn_outs_add(outs, "-o", out, 0);
+    if (knn_outs_collision(outs, in_opt, in_path, 8, msg, sizeof msg)) {
+        fprintf(stderr, "knn_softknn: %s\n", msg);
+        *code = EXIT_USAGE;
+        return 0;
+    }
+    if (knn_outs_open(outs, &err) != XKNN_SUCCESS) {
+        fprintf(stderr, "knn_softknn: %s\n", err.message);
+        *code = outs->no_space ? EXIT_RESOURCE : EXIT_INPUT;
         return 0;
     }
     return 1;
@@ -215,6 +239,7 @@ int main(int argc, char **argv)
     int64_t rows, cols, lrows, lcols, i, pos = 0;
     double *theta = NULL, acc, bacc;
     int rc = 1;
+    knn_outs outs;
     memset(&r, 0, sizeof r);
     for (i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -266,6 +291,9 @@ int main(int argc, char **argv)
         return 2;
     }
     err.message[0] = '\0';
+    knn_outs_init(&outs);
+    knn_outs_catch_signals();
+    if (out && !sk_open_output(&outs, dir, out, &rc)) goto done;
     if (!(img = sk_read(dir, "train-images-idx3-ubyte", &rows, &cols, &err)) ||
         !(lab = sk_read(dir, "train-labels-idx1-ubyte", &lrows, &lcols, &err)) || lrows != rows || lcols != 1) {
         fprintf(stderr, "knn_softknn: %s\n", err.message[0] ? err.message : "training labels do not match the images");
@@ -330,7 +358,7 @@ int main(int argc, char **argv)
     if (r.failed) goto done;
     printf("# training time %.1f s (%.1f s per epoch)\n", r.train_s, r.train_s / (double)epochs);
     if (out) {
-        if (!sk_save(out, theta, r.d)) goto done;
+        if (!sk_save(&outs, theta, r.d)) goto done;
         printf("# weights: %s (for knn_mpi -m whamming --weights %s --binarize %lld)\n", out, out, thr);
     }
     rc = 0;
@@ -338,6 +366,7 @@ int main(int argc, char **argv)
 oom:
     fprintf(stderr, "knn_softknn: out of memory\n");
 done:
+    knn_outs_discard(&outs);
     xknn_softknn_destroy(r.model);
     free(theta), free(r.scores), free(r.yt), free(r.xt), free(r.y), free(r.x);
     free(labt), free(imgt), free(lab), free(img);
