@@ -247,7 +247,7 @@ typedef struct xknn_params {
                                     (used by distributed layers on small slices)      */
     int64_t ref_id_offset;       /* global id of reference row 0                     */
     int64_t query_id_offset;     /* global id of query row 0 (for exclude_self)      */
-    int num_threads;             /* CPU threads; 0: OpenMP default                   */
+    int num_threads;             /* CPU threads; 0: xknn_thread_budget()             */
     int64_t query_block;         /* queries per block; 0: automatic                  */
     int64_t ref_block;           /* references per block; 0: automatic               */
     xknn_cpu_path cpu_path;      /* XKNN_CPU_PATH_AUTO                               */
@@ -311,6 +311,13 @@ XKNN_API xknn_params xknn_params_default(void);
  * xknn_search does this itself; distributed layers call it on their slices. */
 XKNN_API xknn_status xknn_check_input(const xknn_params *params, const char *what, const xknn_matrix *m,
                                       int64_t row_offset, xknn_error *err);
+
+/* Not collective. The CPU threads a call uses when params.num_threads is 0: OpenMP's
+ * default (the CPUs of the affinity mask, or OMP_NUM_THREADS) capped by the CPU quota of
+ * the process's cgroup (cpu.max, or cpu.cfs_quota_us / cpu.cfs_period_us), rounded up; at
+ * least 1. Steps on a few MB (input scans) use fewer: a thread per 16 MiB. The quota is
+ * read once per process. */
+XKNN_API int xknn_thread_budget(void);
 
 /* 1 if the backend is compiled into this library (0 for an unknown value). */
 XKNN_API int xknn_backend_built(xknn_backend backend);
@@ -437,6 +444,7 @@ XKNN_API xknn_status xknn_distance_ex(const xknn_params *params, xknn_dtype dtyp
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #if defined(_OPENMP)
 #include <omp.h>
@@ -583,10 +591,62 @@ static int xknn__row_nonfinite(const float *row, int64_t cols)
     return bad != 0;
 }
 
-/* Threads for a scan: params.num_threads, 0 for OpenMP's default (a caller's share of
- * the cores, e.g. one MPI rank's, must hold for every parallel region) */
+/* ceil(quota / period) of the cgroup CPU limit, 0 when there is none or it cannot be
+ * read: cgroup v2 (the process's own group from /proc/self/cgroup, then the root), v1. */
+static int xknn__cgroup_cpus(void)
+{
+    char line[512], path[600], q[32];
+    long long quota = -1, period = 0;
+    FILE *f = fopen("/proc/self/cgroup", "r");
+    snprintf(path, sizeof path, "/sys/fs/cgroup/cpu.max");
+    if (f) {
+        while (fgets(line, sizeof line, f))
+            if (!strncmp(line, "0::", 3)) {
+                line[strcspn(line, "\n")] = '\0';
+                snprintf(path, sizeof path, "/sys/fs/cgroup%s/cpu.max", strcmp(line + 3, "/") ? line + 3 : "");
+                break;
+            }
+        fclose(f);
+    }
+    if ((f = fopen(path, "r")) || (f = fopen("/sys/fs/cgroup/cpu.max", "r"))) {
+        if (fscanf(f, "%31s %lld", q, &period) == 2 && strcmp(q, "max") != 0) quota = strtoll(q, NULL, 10);
+        fclose(f);
+    } else if ((f = fopen("/sys/fs/cgroup/cpu/cpu.cfs_quota_us", "r"))) {
+        if (fscanf(f, "%lld", &quota) != 1) quota = -1;
+        fclose(f);
+        if ((f = fopen("/sys/fs/cgroup/cpu/cpu.cfs_period_us", "r"))) {
+            if (fscanf(f, "%lld", &period) != 1) period = 0;
+            fclose(f);
+        }
+    }
+    return quota > 0 && period > 0 ? (int)((quota + period - 1) / period) : 0;
+}
+
+int xknn_thread_budget(void)
+{
+    /* the quota, read once (-1: not yet): a benign race, every thread computes the same */
+    static volatile int cgroup = -1;
+    int n = 1;
 #if defined(_OPENMP)
-#define XKNN__SCAN_THREADS(nt) ((nt) > 0 ? (nt) : omp_get_max_threads())
+    n = omp_get_max_threads();
+#endif
+    if (cgroup < 0) cgroup = xknn__cgroup_cpus();
+    if (cgroup > 0 && cgroup < n) n = cgroup;
+    return n > 0 ? n : 1;
+}
+
+/* Threads for a scan of bytes: params.num_threads, or a thread per 16 MiB up to the
+ * budget (a small step on many threads waits for all of them to be scheduled, which a
+ * busy machine makes slow). */
+#if defined(_OPENMP)
+static int xknn__scan_threads(int nt, int64_t bytes)
+{
+    const int64_t want = 1 + bytes / ((int64_t)16 << 20);
+    const int budget = xknn_thread_budget();
+    if (nt > 0) return nt;
+    return want < budget ? (int)want : budget;
+}
+#define XKNN__SCAN_THREADS(nt, m) xknn__scan_threads(nt, (m)->rows * xknn_row_bytes((m)->dtype, (m)->cols))
 #endif
 
 /* Checks a float matrix for NaN/Inf; reports the first offending row and column.
@@ -600,7 +660,7 @@ static xknn_status xknn__check_finite(const char *what, const xknn_matrix *m, in
     int64_t i, j, first = m->rows;
     (void)threads;
 #if defined(_OPENMP)
-#pragma omp parallel for schedule(static) reduction(min : first) num_threads(XKNN__SCAN_THREADS(threads))
+#pragma omp parallel for schedule(static) reduction(min : first) num_threads(XKNN__SCAN_THREADS(threads, m))
 #endif
     for (i = 0; i < m->rows; i++)
         if (i < first && xknn__row_nonfinite(base + i * ld, m->cols)) first = i;
@@ -690,7 +750,7 @@ static xknn_status xknn__check_values(const xknn_params *p, const char *what, co
         const uint16_t *base = (const uint16_t *)m->data;
         const uint16_t mask = m->dtype == XKNN_DTYPE_F16 ? 0x7c00u : 0x7f80u;
 #if defined(_OPENMP)
-#pragma omp parallel for schedule(static) reduction(min : first) num_threads(XKNN__SCAN_THREADS(p->num_threads))
+#pragma omp parallel for schedule(static) reduction(min : first) num_threads(XKNN__SCAN_THREADS(p->num_threads, m))
 #endif
         for (i = 0; i < rows; i++)
             if (i < first && xknn__row_nonfinite16(base + i * ld, cols, mask)) first = i;
@@ -710,7 +770,7 @@ static xknn_status xknn__check_values(const xknn_params *p, const char *what, co
         const unsigned char *base = (const unsigned char *)m->data;
         const size_t eb = xknn__dtype_bytes(m->dtype);
 #if defined(_OPENMP)
-#pragma omp parallel for schedule(static) reduction(min : first) num_threads(XKNN__SCAN_THREADS(p->num_threads))
+#pragma omp parallel for schedule(static) reduction(min : first) num_threads(XKNN__SCAN_THREADS(p->num_threads, m))
 #endif
         for (i = 0; i < rows; i++) {
             const void *row = base + (size_t)(i * ld) * eb;

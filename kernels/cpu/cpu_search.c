@@ -115,7 +115,7 @@ void xknn__emit(const xknn__job *job, int64_t qi, const xknn__pair *best, int64_
 int xknn__threads(const xknn__job *job)
 {
 #ifdef _OPENMP
-    return job->params.num_threads > 0 ? job->params.num_threads : omp_get_max_threads();
+    return job->params.num_threads > 0 ? job->params.num_threads : xknn_thread_budget();
 #else
     (void)job;
     return 1;

@@ -178,7 +178,7 @@ xknn_status xknn__cpu_gemm_ip(const xknn__job *job)
     xknn_status st = XKNN_SUCCESS;
 
 #ifdef _OPENMP
-    nt = job->params.num_threads > 0 ? job->params.num_threads : omp_get_max_threads();
+    nt = job->params.num_threads > 0 ? job->params.num_threads : xknn_thread_budget();
 #endif
     if (d >= (1 << 20) || job->ldr > INT_MAX || job->ldq > INT_MAX) return (xknn_status)-1;
     if (RB > n) RB = n;

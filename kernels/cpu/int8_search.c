@@ -292,7 +292,7 @@ xknn_status xknn__cpu_int8(const xknn__job *job)
     xknn_status st = XKNN_SUCCESS;
 
 #ifdef _OPENMP
-    nt = job->params.num_threads > 0 ? job->params.num_threads : omp_get_max_threads();
+    nt = job->params.num_threads > 0 ? job->params.num_threads : xknn_thread_budget();
 #endif
     /* queries per work item: enough to amortise packing each panel (packing n x d bytes
      * per chunk was ~7 % of Fashion-MNIST's time at 512), few enough for the heaps

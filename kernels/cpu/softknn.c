@@ -136,7 +136,7 @@ xknn_status xknn__softknn_cpu_eval(const xknn__sk_job *job)
     int blas_ok = 1;
 #endif
 #ifdef _OPENMP
-    if (nt <= 0) nt = omp_get_max_threads();
+    if (nt <= 0) nt = xknn_thread_budget();
 #else
     nt = 1;
 #endif
