@@ -139,65 +139,11 @@
 #endif
 
 #include "impl.h"
+#include "ring_schedule.h"
 
 #ifdef XKNN_MPI_HAVE_CUDA
 #include "xknn/cuda.h"
 #endif
-
-/* Distance evaluations of a diagonal of m rows, and of its first h rows (their
- * triangle and their rectangle against the rows after them). */
-static int64_t xknn__sym_tri(int64_t m)
-{
-    return m > 1 ? m * (m - 1) / 2 : 0;
-}
-
-static int64_t xknn__sym_top(int64_t m, int64_t h)
-{
-    return xknn__sym_tri(h) + h * (m - h);
-}
-
-/* Split (see xknn__sym_ring): the own diagonal of rows [c0, m) is computed in parts:
- * the triangle of rows [c0, mid) in step 0, mid - c0 = first (m - c0) (default 0.8:
- * about 64 % of the diagonal's work); after the last pair, the rectangle of rows
- * [c0, mid) against rows [mid, m), in parts of rows (each ends its rows), then the
- * triangle of rows [mid, m). */
-static int64_t xknn__sym_mid(int64_t m, int64_t c0, double first)
-{
-    const int64_t r = m - c0;
-    return r > 0 ? c0 + (int64_t)((double)r * first) : c0;
-}
-
-/* Part q of np equal parts of m rows: rows [xknn__sym_piece(m, np, q),
- * xknn__sym_piece(m, np, q + 1)) */
-static int64_t xknn__sym_piece(int64_t m, int np, int q)
-{
-    return m / np * q + m % np * q / np;
-}
-
-/* P = 2's last pair in pieces (see xknn__sym_ring): piece q of np covers rows
- * [xknn__sym_slice1(m, np, q), xknn__sym_slice1(m, np, q + 1)) of slice 1 (m rows), the
- * last piece half as many as the others: its lists are the last to travel, and their
- * merge and write are what is left after the compute (2 np - 1 halves) */
-static int64_t xknn__sym_slice1(int64_t m, int np, int q)
-{
-    return q >= np ? m : m / (2 * np - 1) * 2 * q + m % (2 * np - 1) * 2 * q / (2 * np - 1);
-}
-
-/* The first row of piece q of np of a set of m rows that travels piece by piece: slice
- * 1's (s1), or slice 0's rows [0, g) (m = g) in equal parts */
-static int64_t xknn__sym_at(int s1, int64_t m, int np, int q)
-{
-    return s1 ? xknn__sym_slice1(m, np, q) : xknn__sym_piece(m, np, q);
-}
-
-/* Rows of k-wide lists (12 bytes an entry) in about 8 MiB: the block in which final rows
- * go to the sink while transfers are in flight, MPI_Testall between blocks (Open MPI
- * moves data only inside MPI calls) */
-static int64_t xknn__sym_block(int64_t k)
-{
-    const int64_t rows = ((int64_t)8 << 20) / (k * 12);
-    return rows > 0 ? rows : 1;
-}
 
 /* The worker's news to the main thread: rows [0, rows) of a list set are final on this
  * rank's side and on the host (split, after the last pair: the own rows'; P = 2's last
@@ -252,63 +198,6 @@ static void xknn__sym_news(xknn__sym_ready *rd, int64_t *rows, int64_t *rows2, i
     pthread_mutex_unlock(&rd->mu);
 }
 
-/* The plan (see the opening comment): half[a], a < P/2 (even P), and cut[j], from the
- * slice sizes m[0..P-1]; integer arithmetic only, so every rank computes the same.
- * g: scratch of P + 1 values. */
-static void xknn__sym_plan(int P, const int64_t *m, int64_t *half, int64_t *cut, int64_t *g)
-{
-    const int S = P / 2;
-    int64_t n = 0, T = 0, G = 0;
-    int r, s;
-    for (r = 0; r < P; r++) {
-        half[r] = P % 2 == 0 && r < S ? m[r] / 2 : 0;
-        cut[r] = 0;
-        n += m[r];
-    }
-    if (P < 2 || n < 2) return;
-    /* P * (prefix sums of P B_r - T) stays within 4 P T <= 2 P n^2 */
-    if (n > INT64_C(2000000000) || n * n > INT64_MAX / 4 / P) return;
-    for (r = 0; r < P; r++) {
-        /* base work B_r, kept in g[r] for now */
-        int64_t b = xknn__sym_tri(m[r]);
-        for (s = 1; s <= S; s++) {
-            const int j = (r + s) % P;
-            if (s < P - s)
-                b += m[r] * m[j];
-            else if (r < S)
-                b += half[r] * m[j];
-            else
-                b += (m[j] - half[j]) * m[r];
-        }
-        g[r] = b;
-        T += b;
-    }
-    /* g[r] <- sum_(j<r) (P B_j - T) */
-    {
-        int64_t pre = 0;
-        for (r = 0; r < P; r++) {
-            const int64_t d = P * g[r] - T;
-            g[r] = pre;
-            pre += d;
-            if (g[r] > G) G = g[r];
-        }
-    }
-    for (r = 0; r < P; r++) {
-        /* the cut whose P * top() is nearest to G - prefix: top() is nondecreasing */
-        const int64_t want = G - g[r];
-        int64_t lo = 0, hi = m[r];
-        while (lo < hi) {
-            const int64_t mid = lo + (hi - lo) / 2;
-            if (P * xknn__sym_top(m[r], mid) >= want)
-                hi = mid;
-            else
-                lo = mid + 1;
-        }
-        if (lo > 0 && want - P * xknn__sym_top(m[r], lo - 1) < P * xknn__sym_top(m[r], lo) - want) lo--;
-        cut[r] = lo;
-    }
-}
-
 /* Rows [r0, r0 + rows) of m, as a matrix of their own. */
 static xknn_matrix xknn__sym_rows(const xknn_matrix *m, int64_t r0, int64_t rows)
 {
@@ -326,6 +215,7 @@ typedef struct xknn__sym_step {
     const xknn_params *p;
     const xknn_matrix *ref;     /* own rows (NULL for an empty slice)                  */
     const unsigned char *cur;   /* the slice held in this step, dense                  */
+    const int64_t *m;           /* every slice's rows                                  */
     const int64_t *half, *cut;  /* the plan                                            */
     int64_t k, d, nloc, r0;     /* own rows, their first global id                    */
     int64_t mj, j0;             /* the held slice's rows and first global id           */
@@ -375,22 +265,30 @@ static void xknn__sym_mark(xknn__sym_step *w)
     if (w->nmark < 16) w->mark[w->nmark++] = xknn__sym_now();
 }
 
-/* Rows [a0, a0 + ra) of slice a (global ids aid + row, lists aids/adist of the whole
- * slice, ld = k) against rows [b0, b0 + rb) of slice b, or (b NULL) among themselves
- * (callers never pass an empty slice's NULL matrix as b); adds the distance evaluations
- * to w->nev (an error to w->e) and marks its end. Nothing to do for an empty side. */
-static xknn_status xknn__sym_call(const xknn_params *p, int64_t k, const xknn_matrix *a, int64_t a0, int64_t ra,
-                                  int64_t aid, int64_t *aids, float *adist, const xknn_matrix *b, int64_t b0,
-                                  int64_t rb, int64_t bid, int64_t *bids, float *bdist, xknn__sym_step *w)
+/* One side of a pair call: its rows, their first global id, and the lists of the whole
+ * slice (ld = k). rows is NULL for an empty slice. */
+typedef struct xknn__ring_side {
+    const xknn_matrix *rows;
+    int64_t id0;
+    int64_t *ids;
+    float *dist;
+} xknn__ring_side;
+
+/* Rows [a0, a0 + ra) of side a against rows [b0, b0 + rb) of side b, or (b NULL) among
+ * themselves; adds the distance evaluations to w->nev (an error to w->e) and marks its
+ * end. Nothing to do for an empty side, so an empty slice's NULL rows are never read. */
+static xknn_status xknn__sym_call(xknn__sym_step *w, const xknn__ring_side *a, int64_t a0, int64_t ra,
+                                  const xknn__ring_side *b, int64_t b0, int64_t rb)
 {
+    const int64_t k = w->k;
     xknn_matrix va, vb;
     xknn_status st;
     if (ra <= 0 || (b && rb <= 0)) return XKNN_SUCCESS;
-    va = xknn__sym_rows(a, a0, ra);
-    if (b) vb = xknn__sym_rows(b, b0, rb);
+    va = xknn__sym_rows(a->rows, a0, ra);
+    if (b) vb = xknn__sym_rows(b->rows, b0, rb);
     w->nev += b ? ra * rb : xknn__sym_tri(ra);
-    st = xknn_search_pair(p, &va, aid + a0, b ? &vb : NULL, b ? bid + b0 : 0, k, aids + a0 * k, adist + a0 * k,
-                            b ? bids + b0 * k : NULL, b ? bdist + b0 * k : NULL, &w->e);
+    st = xknn_search_pair(w->p, &va, a->id0 + a0, b ? &vb : NULL, b ? b->id0 + b0 : 0, k, a->ids + a0 * k,
+                          a->dist + a0 * k, b ? b->ids + b0 * k : NULL, b ? b->dist + b0 * k : NULL, &w->e);
     xknn__sym_mark(w);
     return st;
 }
@@ -485,118 +383,102 @@ static xknn_status xknn__sym_publish(xknn__sym_step *w, int two, const int64_t *
     return XKNN_SUCCESS;
 }
 
-static void *xknn__sym_work(void *arg)
+/* Split, step S + 1: the rest of the own diagonal, the rectangle of rows [c0, mid)
+ * against rows [mid, nloc) in parts of rows [a, b), then the triangle of rows
+ * [mid, nloc). Rows [0, c0) are final on this side now, rows [a, b) after their part,
+ * rows [mid, nloc) at the end. */
+static xknn_status xknn__sym_work_rest(xknn__sym_step *w, const xknn__ring_side *own)
 {
-    xknn__sym_step *w = (xknn__sym_step *)arg;
-    const int rank = w->rank, P = w->P, s = w->s;
-    const int64_t k = w->k, mj = w->mj, j0 = w->j0, nloc = w->nloc, r0 = w->r0;
-    const xknn_matrix cm = XKNN_MATRIX_TYPED(w->cur, mj, w->d, w->dtype);
-    const int64_t c0 = w->cut[rank], mid = w->split ? xknn__sym_mid(nloc, c0, w->first) : nloc;
-    xknn_status ss = XKNN_SUCCESS;
-    w->t0 = xknn__sym_now();
-    w->e.message[0] = '\0';
-    /* this step's lists start as padding (first touch here, beside the transfers), on the
-     * host unless they are kept on the device */
-    if (s == 0 && !w->own_dev)
-        xknn__sym_pad(w->l0, w->d0, nloc * k, w->neg, w->p->num_threads);
-    else if (s >= 1 && s <= w->S && !w->prepadded)
-        xknn__sym_pad(w->lj, w->dj, mj * k, w->neg, w->p->num_threads);
-    xknn__sym_mark(w);
-    if (s == 0) {
-        /* the own diagonal, less its first cut rows (own rows are read from ref): the
-         * triangle of rows [c0, mid); mid = nloc unless split */
-        ss = xknn__sym_call(w->p, k, w->ref, c0, mid - c0, r0, w->l0, w->d0, NULL, 0, 0, 0, NULL, NULL, w);
-    } else if (s == w->S + 1) {
-        /* split: the rest of it, the rectangle of rows [c0, mid) against rows
-         * [mid, nloc) in parts of rows [a, b), then the triangle of rows [mid, nloc)
-         * (ref is NULL for an empty slice). Rows [0, c0) are final on this side now,
-         * rows [a, b) after their part, rows [mid, nloc) at the end. */
-        int part;
-        ss = xknn__sym_publish(w, 0, w->l0, w->own_dev, c0);
-        for (part = 0; part < w->parts && ss == XKNN_SUCCESS && nloc > 0; part++) {
-            const int64_t a = c0 + (mid - c0) * part / w->parts, b = c0 + (mid - c0) * (part + 1) / w->parts;
-            ss = xknn__sym_call(w->p, k, w->ref, a, b - a, r0, w->l0, w->d0, w->ref, mid, nloc - mid, r0, w->l0, w->d0,
-                                w);
-            if (ss == XKNN_SUCCESS) ss = xknn__sym_publish(w, 0, w->l0, w->own_dev, b);
-        }
-        if (ss == XKNN_SUCCESS && nloc > 0)
-            ss = xknn__sym_call(w->p, k, w->ref, mid, nloc - mid, r0, w->l0, w->d0, NULL, 0, 0, 0, NULL, NULL, w);
-        if (ss == XKNN_SUCCESS) ss = xknn__sym_publish(w, 0, w->l0, w->own_dev, nloc);
-#ifdef XKNN_MPI_HAVE_CUDA
-        if (w->own_dev) {
-            /* every row came to the host above (or the step failed): the device copy goes */
-            xknn_error fe;
-            (void)xknn_cuda_fetch_lists((xknn_cuda_context *)w->kctx, w->l0, 0, &fe);
-            w->own_dropped = 1;
-        }
-#endif
-    } else {
-        if (s == 1 && w->cut[w->jown] > 0) {
-            /* the first cut rows of the next slice's diagonal */
-            const int64_t c = w->cut[w->jown];
-            ss = xknn__sym_call(w->p, k, &cm, 0, c, j0, w->lj, w->dj, NULL, 0, 0, 0, NULL, NULL, w);
-            if (ss == XKNN_SUCCESS)
-                ss = xknn__sym_call(w->p, k, &cm, 0, c, j0, w->lj, w->dj, &cm, c, mj - c, j0, w->lj, w->dj, w);
-        }
-        if (ss != XKNN_SUCCESS) {
-            /* reported below */
-        } else if (s < P - s) {
-            ss = xknn__sym_call(w->p, k, w->ref, 0, nloc, r0, w->l0, w->d0, &cm, 0, mj, j0, w->lj, w->dj, w);
-        } else if (w->pieces > 0) {
-            /* P = 2 in pieces (no cut rows in slice 0; g = m_0 - half[0]): rank 0 computes
-             * its rows [g, m_0) against slice 1, rank 1 slice 0's rows [0, g) against its
-             * own, both in pieces of slice 1's rows. After piece q its rows' lists are
-             * final on this side (rank 0: the held set's, rank 1: the own set's): to the
-             * host and told (rows) while the next piece computes. Rank 1's last piece
-             * runs in pieces of slice 0's rows, each ending their held lists (rows2).
-             * Rank 0 tells rows2 of its own set: rows [0, g), final since step 0, first;
-             * the rest at the end, or (hparts) part by part in its last piece. */
-            const int np = w->pieces;
-            const int64_t m1 = rank == 0 ? mj : nloc, m0 = rank == 0 ? nloc : mj, g = m0 - w->half[0];
-            int q, i;
-            if (rank == 0) ss = xknn__sym_publish(w, 1, w->l0, w->own_dev, g);
-            for (q = 0; q < np && ss == XKNN_SUCCESS; q++) {
-                const int64_t a = xknn__sym_slice1(m1, np, q), b = xknn__sym_slice1(m1, np, q + 1);
-                if (rank == 0) {
-                    /* (with hparts the last piece in parts of rows [g, m_0), each final after
-                     * its part) */
-                    const int parts = q == np - 1 && w->hparts ? np : 1;
-                    for (i = 0; i < parts && ss == XKNN_SUCCESS; i++) {
-                        const int64_t ha = g + xknn__sym_piece(m0 - g, parts, i);
-                        const int64_t hb = g + xknn__sym_piece(m0 - g, parts, i + 1);
-                        ss = xknn__sym_call(w->p, k, w->ref, ha, hb - ha, r0, w->l0, w->d0, &cm, a, b - a, j0, w->lj,
-                                            w->dj, w);
-                        if (ss == XKNN_SUCCESS && parts > 1) ss = xknn__sym_publish(w, 1, w->l0, w->own_dev, hb);
-                    }
-                } else {
-                    for (i = 0; i < (q < np - 1 ? 1 : np) && ss == XKNN_SUCCESS; i++) {
-                        const int64_t ga = q < np - 1 ? 0 : xknn__sym_piece(g, np, i);
-                        const int64_t gb = q < np - 1 ? g : xknn__sym_piece(g, np, i + 1);
-                        ss = xknn__sym_call(w->p, k, &cm, ga, gb - ga, j0, w->lj, w->dj, w->ref, a, b - a, r0, w->l0,
-                                            w->d0, w);
-                        if (ss == XKNN_SUCCESS && q == np - 1) ss = xknn__sym_publish(w, 1, w->lj, w->fetch_held, gb);
-                    }
-                }
-                if (ss == XKNN_SUCCESS)
-                    ss = rank == 0 ? xknn__sym_publish(w, 0, w->lj, w->fetch_held, b)
-                                   : xknn__sym_publish(w, 0, w->l0, w->own_dev, b);
-            }
-            if (rank == 0 && ss == XKNN_SUCCESS) ss = xknn__sym_publish(w, 1, w->l0, w->own_dev, m0);
-        } else if (rank < w->S) {
-            /* even P, last step: the first half of the own rows against slice r + P/2 */
-            ss = xknn__sym_call(w->p, k, w->ref, 0, w->half[rank], r0, w->l0, w->d0, &cm, 0, mj, j0, w->lj, w->dj,
-                                w);
-        } else if (nloc > 0) { /* (ref is NULL for an empty slice: not a triangle) */
-            /* ... and the second half of slice r - P/2's rows against the own */
-            ss = xknn__sym_call(w->p, k, &cm, w->half[w->jown], mj - w->half[w->jown], j0, w->lj, w->dj, w->ref, 0,
-                                nloc, r0, w->l0, w->d0, w);
-        }
+    const int64_t nloc = w->nloc, c0 = w->cut[w->rank], mid = xknn__sym_mid(nloc, c0, w->first);
+    xknn_status ss = xknn__sym_publish(w, 0, w->l0, w->own_dev, c0);
+    int part;
+    for (part = 0; part < w->parts && ss == XKNN_SUCCESS && nloc > 0; part++) {
+        const int64_t a = c0 + (mid - c0) * part / w->parts, b = c0 + (mid - c0) * (part + 1) / w->parts;
+        ss = xknn__sym_call(w, own, a, b - a, own, mid, nloc - mid);
+        if (ss == XKNN_SUCCESS) ss = xknn__sym_publish(w, 0, w->l0, w->own_dev, b);
     }
-    w->tf0 = xknn__sym_now();
+    if (ss == XKNN_SUCCESS && nloc > 0) ss = xknn__sym_call(w, own, mid, nloc - mid, NULL, 0, 0);
+    if (ss == XKNN_SUCCESS) ss = xknn__sym_publish(w, 0, w->l0, w->own_dev, nloc);
+#ifdef XKNN_MPI_HAVE_CUDA
+    if (w->own_dev) {
+        /* every row came to the host above (or the step failed): the device copy goes */
+        xknn_error fe;
+        (void)xknn_cuda_fetch_lists((xknn_cuda_context *)w->kctx, w->l0, 0, &fe);
+        w->own_dropped = 1;
+    }
+#endif
+    return ss;
+}
+
+/* P = 2's last pair in pieces (no cut rows in slice 0; g = m_0 - half[0]): rank 0
+ * computes its rows [g, m_0) against slice 1, rank 1 slice 0's rows [0, g) against its
+ * own, both in pieces of slice 1's rows (xknn__sym_slice1). After piece q its rows'
+ * lists are final on this side (rank 0: the held set's, rank 1: the own set's): to the
+ * host and told (rows) while the next piece computes. Rank 1's last piece runs in
+ * pieces of slice 0's rows, each ending their held lists (rows2). Rank 0 tells rows2 of
+ * its own set: rows [0, g), final since step 0, first; the rest at the end, or (hparts)
+ * part by part in its last piece. */
+static xknn_status xknn__sym_work_pieces(xknn__sym_step *w, const xknn__ring_side *own, const xknn__ring_side *held)
+{
+    const int np = w->pieces, rank = w->rank;
+    const int64_t m1 = rank == 0 ? w->mj : w->nloc, m0 = rank == 0 ? w->nloc : w->mj, g = m0 - w->half[0];
+    xknn_status ss = XKNN_SUCCESS;
+    int q, i;
+    if (rank == 0) ss = xknn__sym_publish(w, 1, w->l0, w->own_dev, g);
+    for (q = 0; q < np && ss == XKNN_SUCCESS; q++) {
+        const int64_t a = xknn__sym_slice1(m1, np, q), b = xknn__sym_slice1(m1, np, q + 1);
+        if (rank == 0) {
+            /* (with hparts the last piece in parts of rows [g, m_0), each final after its part) */
+            const int parts = q == np - 1 && w->hparts ? np : 1;
+            for (i = 0; i < parts && ss == XKNN_SUCCESS; i++) {
+                const int64_t ha = g + xknn__sym_piece(m0 - g, parts, i);
+                const int64_t hb = g + xknn__sym_piece(m0 - g, parts, i + 1);
+                ss = xknn__sym_call(w, own, ha, hb - ha, held, a, b - a);
+                if (ss == XKNN_SUCCESS && parts > 1) ss = xknn__sym_publish(w, 1, w->l0, w->own_dev, hb);
+            }
+        } else {
+            for (i = 0; i < (q < np - 1 ? 1 : np) && ss == XKNN_SUCCESS; i++) {
+                const int64_t ga = q < np - 1 ? 0 : xknn__sym_piece(g, np, i);
+                const int64_t gb = q < np - 1 ? g : xknn__sym_piece(g, np, i + 1);
+                ss = xknn__sym_call(w, held, ga, gb - ga, own, a, b - a);
+                if (ss == XKNN_SUCCESS && q == np - 1) ss = xknn__sym_publish(w, 1, w->lj, w->fetch_held, gb);
+            }
+        }
+        if (ss == XKNN_SUCCESS)
+            ss = rank == 0 ? xknn__sym_publish(w, 0, w->lj, w->fetch_held, b)
+                           : xknn__sym_publish(w, 0, w->l0, w->own_dev, b);
+    }
+    if (rank == 0 && ss == XKNN_SUCCESS) ss = xknn__sym_publish(w, 1, w->l0, w->own_dev, m0);
+    return ss;
+}
+
+/* Steps 0 .. S: the step's blocks of the schedule (xknn__sym_step_rects); with split,
+ * step 0's triangle ends at mid; with pieces, the pair runs in pieces. */
+static xknn_status xknn__sym_work_step(xknn__sym_step *w, const xknn__ring_side *own, const xknn__ring_side *held)
+{
+    xknn__sym_rect blk[3];
+    const int nb = xknn__sym_step_rects(w->P, w->rank, w->s, w->m, w->half, w->cut, w->pieces > 0, blk);
+    xknn_status ss = XKNN_SUCCESS;
+    int i;
+    for (i = 0; i < nb && ss == XKNN_SUCCESS; i++) {
+        const xknn__sym_rect *b = &blk[i];
+        const int64_t a1 = w->s == 0 && w->split ? xknn__sym_mid(w->nloc, b->a0, w->first) : b->a1;
+        if (w->pieces > 0 && xknn__sym_is_pair(b)) continue;
+        ss = xknn__sym_call(w, b->a == XKNN__SYM_OWN ? own : held, b->a0, a1 - b->a0,
+                            b->b == XKNN__SYM_NONE ? NULL : b->b == XKNN__SYM_OWN ? own : held, b->b0, b->b1 - b->b0);
+    }
+    if (ss == XKNN_SUCCESS && w->pieces > 0) ss = xknn__sym_work_pieces(w, own, held);
+    return ss;
+}
+
+/* After the calls: the copies started by publish over, and the lists kept on the device
+ * whose last step this is brought to the host (or dropped after a failure). Returns the
+ * step's status (ss, or the first failure of these). */
+static xknn_status xknn__sym_work_fetch(xknn__sym_step *w, xknn_status ss)
+{
     if (w->last_ticket > 0) {
-        /* the copies started by publish: over before the device lists go (the copier runs
-         * them in order: waiting for the last, without the mutex the main thread reads its
-         * news under); their rows are told (all of them, unless one failed) */
+        /* the copier runs them in order: waiting for the last, without the mutex the main
+         * thread reads its news under; their rows are told (all of them, unless one failed) */
         int bad = 0, over = 0;
 #ifdef XKNN_MPI_HAVE_CUDA
         xknn_error ce;
@@ -610,9 +492,8 @@ static void *xknn__sym_work(void *arg)
     }
 #ifdef XKNN_MPI_HAVE_CUDA
     {
-        /* lists kept on the device whose last step this is: to the host, here, with the
-         * calls' threads (the held slice's travel to their owner next; the own rows' wait
-         * for the others'); after a failed call they are dropped */
+        /* here, with the calls' threads: the held slice's lists travel to their owner
+         * next; the own rows' wait for the others' */
         xknn_cuda_context *kc = (xknn_cuda_context *)w->kctx;
         xknn_error fe;
         if (w->pieces > 0) {
@@ -643,14 +524,36 @@ static void *xknn__sym_work(void *arg)
         }
     }
 #endif
+    return ss;
+}
+
+/* One step's compute: the lists' padding, the calls, the lists to the host; then the
+ * device rows whose last step this is are freed, beside the main thread's merges and
+ * writes, and the main thread is told the step is over. */
+static void *xknn__sym_work(void *arg)
+{
+    xknn__sym_step *w = (xknn__sym_step *)arg;
+    const xknn_matrix cm = XKNN_MATRIX_TYPED(w->cur, w->mj, w->d, w->dtype);
+    const xknn__ring_side own = {w->ref, w->r0, w->l0, w->d0}, held = {&cm, w->j0, w->lj, w->dj};
+    xknn_status ss;
+    w->t0 = xknn__sym_now();
+    w->e.message[0] = '\0';
+    /* this step's lists start as padding (first touch here, beside the transfers), on the
+     * host unless they are kept on the device */
+    if (w->s == 0 && !w->own_dev)
+        xknn__sym_pad(w->l0, w->d0, w->nloc * w->k, w->neg, w->p->num_threads);
+    else if (w->s >= 1 && w->s <= w->S && !w->prepadded)
+        xknn__sym_pad(w->lj, w->dj, w->mj * w->k, w->neg, w->p->num_threads);
+    xknn__sym_mark(w);
+    ss = w->s == w->S + 1 ? xknn__sym_work_rest(w, &own) : xknn__sym_work_step(w, &own, &held);
+    w->tf0 = xknn__sym_now();
+    ss = xknn__sym_work_fetch(w, ss);
     w->tf1 = xknn__sym_now();
     w->st = ss;
     w->t1 = xknn__sym_now();
 #ifdef XKNN_MPI_HAVE_CUDA
     {
-        /* the rows kept on the device whose last step this is (the own slice's, the held
-         * one's): freed here, beside the main thread's merges and writes (cudaFree of a
-         * gigabyte is tens of milliseconds) */
+        /* (cudaFree of a gigabyte is no small wait: off the main thread's path) */
         int i;
         for (i = 0; i < 2; i++)
             if (w->forget[i]) xknn_cuda_forget_rows((xknn_cuda_context *)w->kctx, w->forget[i]);
@@ -1015,6 +918,7 @@ xknn_status xknn__sym_ring(xknn_mpi_context *ctx, const xknn_params *params, con
     memset(&base, 0, sizeof base);
     base.p = &pw;
     base.ref = ref;
+    base.m = rowss;
     base.half = half;
     base.cut = cut;
     base.k = k;
