@@ -549,8 +549,21 @@ agree_setup:
                 p.ref_id_offset = ref_offset;
                 if (p.device < 0) p.device = ctx->device; /* the pair kernel runs on the rank's GPU */
                 const double tr = MPI_Wtime();
-                st = xknn__sym_ring(ctx, &p, nloc > 0 ? ref : NULL, ref_offset, k, row0s, row0s + P, d, dtype, out, &tm,
-                                    &owned, &evals, &mpi_broken, &lerr);
+                xknn__sym_job job;
+                xknn__sym_tally tally = {0, 0, 0};
+                job.params = &p;
+                job.ref = nloc > 0 ? ref : NULL;
+                job.ref_offset = ref_offset;
+                job.k = k;
+                job.d = d;
+                job.dtype = dtype;
+                job.row0s = row0s;
+                job.rowss = row0s + P;
+                job.out = out;
+                st = xknn__sym_ring(ctx, &job, &tm, &tally, &lerr);
+                owned += tally.owned;
+                evals = tally.evals;
+                mpi_broken = tally.mpi_broken;
                 {
                     /* XKNN_MPI_SYM_TRACE=1 (a diagnostic): what the setup took before the ring */
                     const char *env = getenv("XKNN_MPI_SYM_TRACE");
