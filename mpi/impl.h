@@ -31,7 +31,7 @@ struct xknn_mpi_context {
 };
 
 /* Runs run(arg) in a thread of its own, off the caller's path: the release of a call's
- * large buffers (freeing gigabytes of touched pages takes a tenth of a second and more)
+ * large buffers (freeing gigabytes of touched pages is a long wait)
  * after its results are delivered. One at a time a context: the one before is joined
  * first. Where no thread can be made, runs it here. xknn__mpi_later_wait joins it; every
  * call of the layer and xknn_mpi_destroy do so first, so a call finds the memory of

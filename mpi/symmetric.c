@@ -1,129 +1,53 @@
 /*
  * mpi/symmetric.c -- the symmetric distributed self-join (the all-kNN graph).
  *
- * Rank r owns slice r (m_r rows). Every distance d(i, j) serves both i and j, so each
- * unordered pair of rows is evaluated exactly once, by one rank, with xknn_search_pair.
- * The ring schedule: in step s = 0 .. S, S = floor(P/2), rank r holds slice
- * (r + s) mod P (s = 0: its own) and works on the pair (slice r, slice (r + s) mod P).
- * With (b - a) mod P = s, the slice pair {a, b} is rank a's step s when s < P - s and
- * rank b's step P - s when s > P - s; only for even P is s = P - s = P/2 reached from
- * both ends, by rank r < P/2 and rank r + P/2 in step S, each holding the other's slice.
+ * Rank r owns slice r. Every distance d(i, j) serves both i and j, so each unordered
+ * pair of rows is evaluated exactly once, by one rank, with xknn_search_pair. Which
+ * pair each rank computes in each step, the rows that balance the ranks' work to within
+ * a row, and the pieces of P = 2's last pair are the schedule (ring_schedule.c). In step
+ * s = 0 .. S, S = floor(P/2), rank r holds slice (r + s) mod P: for step s + 1 it
+ * receives from rank r + 1 the slice that rank held, while it sends its own to rank
+ * r - 1 (every rank relays, also one with an empty slice).
  *
- * Work is counted in distance evaluations: a rectangle of ra x rb rows is ra * rb, a
- * slice's diagonal (the slice with itself) is m(m-1)/2. What rank r computes:
- *   - step 0: the diagonal of slice r, except its first cut[r] rows (with
- *     XKNN_MPI_SYM_SPLIT=1 in parts: the triangle of its first rows in step 0, the rest
- *     in a step S + 1, whose parts end rows one after another, see xknn__sym_mid);
- *   - step 1 (P >= 2): the first cut[j] rows of slice j = r + 1's diagonal, i.e. the
- *     triangle of rows [0, cut[j]) and their rectangle against rows [cut[j], m_j)
- *     (top(m, c) = c(c-1)/2 + c(m-c) evaluations);
- *   - steps 1 <= s < P/2 (every s <= S for odd P): the full pair, m_r * m_(r+s);
- *   - step S of even P: the pair (a, a + P/2), a < P/2, split by rows of slice a: rows
- *     [0, half[a]) against slice a + P/2 on rank a, rows [half[a], m_a) on rank
- *     a + P/2 (a rectangle feeding both sides' k-best lists; the ring has brought each
- *     rank the other's slice by then), half[a] = floor(m_a / 2).
- * Balance. With equal slices m, before the cuts every rank does m(m-1)/2 + (P-1)/2 m^2
- * (odd P: (P-1)/2 full pairs; even P: P/2 - 1 full pairs and two halves of m^2/2), which
- * sums to N(N-1)/2, N = P m: the schedule itself is balanced (the old even-P schedule,
- * with the whole last pair on ranks r < P/2, gave those ranks m^2 more than the others:
- * at P = 2, 1.5 m^2 against 0.5 m^2). Unequal slices (n not a multiple of P; the
- * standard slicing differs by one row) leave rank r's base work B_r off the mean T/P by
- * a few rows' worth; the cuts move diagonal rows between neighbours to absorb that: with
- * g_r = P * top(m_r, cut[r]) the work rank r hands to rank r - 1 (scaled by P), rank r
- * does W_r = B_r - top_r + top_(r+1), and g_(r+1) = g_r - (P B_r - T) makes every
- * P W_r - T zero; g_r = G - sum_(j<r) (P B_j - T) with G the largest prefix keeps
- * g >= 0. cut[r] is the row count whose top() is nearest to g_r / P: top grows by at most
- * m_r - 1 per row, so each cut is off by at most (m_r - 1)/2 evaluations and
- * |W_r - T/P| <= (m_r - 1)/2 + (m_(r+1) - 1)/2 < the largest slice's row count -- one
- * row of work -- whenever the cuts fit in their diagonals (g_r <= P m_r(m_r-1)/2; with
- * the standard slicing, whenever every slice has more than 1.5 P rows, checked
- * exhaustively for P <= 64; tiny or skewed slices get the nearest fit). The plan is integer arithmetic on the agreed slice table, identical on
- * every rank; above P n^2 ~ 2^61 (n ~ 10^9 / sqrt(P)) it keeps cut = 0 rather than
- * overflow. Every rank's evaluations and busy seconds come back in xknn_mpi_stats
- * (distance_evals, local.search) and, with verbose, are printed by rank 0.
- *
- * Slices travel around the ring: in step s rank r holds slice (r + s) mod P, so for
- * step s + 1 it receives from rank r + 1 the slice that rank held in step s, while it
- * sends its own to rank r - 1 (every rank relays, also one with an empty slice).
- *
- * A rank ends step s >= 1 with k-best lists of the held slice's rows (the exact k best
- * of the pairs it evaluated for them; padding where none). Each slice is held by exactly
- * one rank in each step, so slice j's owner receives one list set a step, from rank
- * (j - s) mod P, and folds it into an accumulator with the search's pairwise merge
+ * Lists. A rank ends step s >= 1 with k-best lists of the held slice's rows. Each slice
+ * is held by one rank a step, so its owner receives one list set a step, during the next
+ * step's compute, and folds it into an accumulator with the search's pairwise merge
  * (xknn__merge_rows: (distance, id), padding last); after the last step it merges the
  * accumulator with its own lists. The ranks' pairs partition all pairs, so this gives
- * the plain self-join's ids and distance bits. Step s's lists travel in round s + 1,
- * while step s + 1 computes; only the last step's lists move after the compute. (The
- * binomial tree of the search reduces one block after its compute; here the list sets of
- * a slice come ready one step apart, so a chain along the steps hides the moves.)
+ * the plain self-join's ids and distance bits.
  *
  * Overlap. Open MPI has no progress thread: a posted transfer moves only inside MPI
- * calls. Where MPI gives MPI_THREAD_FUNNELED or more (knn_mpi asks for it), each step's
- * compute runs in a worker thread (no MPI calls there) while the main thread completes
- * the posted slice and list transfers with MPI_Testall and merges the received lists;
- * otherwise (or with XKNN_MPI_SYM_THREAD=0) the compute runs inline and the transfers
- * follow it. Busy seconds are the compute's own; the transfers count (as broadcast
- * time) only where they outlast it, and the last step's list exchange and the final
- * merge count as reduce time.
+ * calls. Where MPI gives MPI_THREAD_FUNNELED or more, each step's compute runs in a
+ * worker thread (xknn__sym_work, no MPI call) while the main thread completes the
+ * transfers with MPI_Testall and merges what arrived; otherwise the compute runs inline
+ * and the transfers follow it. Busy seconds are the compute's own; the transfers count
+ * (as broadcast; the last exchange as reduce) only where they outlast it.
  *
- * Bounds (l2/euclidean). After step 0 every rank's own lists hold k references a row
- * (where its diagonal had more than k rows), and the ranks share each row's k-th value
- * (MPI_Allgatherv, n floats). A held slice's lists then start from padding that carries
- * the owner's value in its last entry: xknn_search_pair may leave out whatever lies
- * beyond it, since the owner's final lists hold k references at or below it. On the CPU
- * the held side's scans start tight (the 50k graph on 2 ranks: 10-20 % less time); on
- * the GPU such a side needs no witnesses and gets far fewer candidates (the 4M graph on
- * 2 H100s: 6.91-7.05 s against 7.10-7.32 s without, same machine; 6.85-6.98 s once a
- * pair in parts keeps them for its second part). On by default; XKNN_MPI_SYM_BOUNDS=0
- * turns them off everywhere. Options read from the environment (SPLIT, BOUNDS) hold
- * only where every rank has them.
+ * Bounds (l2/euclidean). After step 0 the ranks share each row's k-th value
+ * (MPI_Allgatherv). A held slice's lists start from padding that carries the owner's
+ * value in its last entry: xknn_search_pair may leave out whatever lies beyond it, since
+ * the owner's final lists hold k references at or below it.
  *
- * Memory per rank, in list sets of (largest slice) x k x 12 bytes: own lists, one or
- * two held slices' (two when S >= 2: the one computing, the one in flight), and the
- * accumulator with its receive and merge buffers (one set when S = 1, two at P = 2 in
- * pieces): 4 (P = 2), 3 (P = 3) or 6 (P >= 4); plus two slices of rows (and n floats
- * with bounds). With the CUDA backend the
- * device keeps a copy of the own slice and of the held one (two while the next is in
- * flight, S >= 2): each row crosses to the device once a step, not once a part. It also
- * keeps the running lists (xknn_cuda_keep_lists): the own rows' from the first step to
- * the last (padding made there), the held slice's for its step (padding and bounds made
- * there); each set comes to the host once, fetched by the worker at the end of its last
- * step (XKNN_MPI_SYM_DEVICE_LISTS=0: on the host, the same bytes; the 4M graph on two
- * H100s measured no difference at P = 2, where a step's pairs are one or two calls).
- * XKNN_MPI_SYM_TRACE=1 prints each rank's timeline (steps, transfers, lists, write).
+ * The tail. P = 2 runs its last pair in pieces: after each piece its rows' lists are
+ * final on that side; they travel, are merged and go to the sink while the next piece
+ * computes, so nothing moves after the last step. With split, the rest of the own
+ * diagonal runs after the last pair, its rows final part by part.
  *
- * The tail (what follows the last compute). P = 2 (no cut rows in slice 0), the last
- * pair in pieces (XKNN_MPI_SYM_PIECES, default 4): with g = m_0 - half[0], rank 0
- * computes its rows [g, m_0) against slice 1 and rank 1 slice 0's rows [0, g) against
- * its own, both piece by piece over slice 1's rows (the last piece half the others: what
- * is left after the compute is its lists' move, merge and write; on two H100s a median
- * of 73 ms against 101 ms with equal pieces). After each piece its rows' lists are final
- * on that side: rank 0's held ones go to rank 1 while the next piece computes, and rank
- * 1 merges them with its own rows' and gives them to the sink. Rank 1's last piece runs
- * in pieces of slice 0's rows [0, g), whose held lists go to rank 0 as each ends; rank 0
- * merges them with its own rows [0, g) (final since step 0, brought to the host first)
- * and gives them to the sink. Rank 0's rows [g, m_0) take nothing from rank 1: with a
- * sink that takes any order (xknn_mpi_output.any_order, knn_mpi) its last piece runs in
- * pieces of those rows, each given to the sink as it ends; else they go after rows
- * [0, g). So nothing moves after the last step, and what is left at its end is a piece
- * of each side. Each piece's lists come to the host in a copier thread of the CUDA
- * context (xknn_cuda_copy_lists_start) while the next piece computes; the main thread
- * moves them once the copy is over (XKNN_MPI_SYM_ASYNC=0, a diagnostic: the worker
- * copies them between its calls). (XKNN_MPI_SYM_PIECES=0: the last pair in one call
- * each; rank 1 then sends back only the lists of the rows [half, m) it held, and rank
- * 0's rows [0, half) go to the sink during that exchange.) The own lists' host arrays
- * are touched once at the set-up, the visited slices' (kept on the device) during step
- * 0, on all threads or beside the compute, so the copies to the host do not take their
- * page faults; the last step's kept rows are freed by the worker beside the main
- * thread's merges and writes. With split, the rows become final part by part in step S +
- * 1 (the worker tells the main thread, which merges them with the accumulator and gives
- * them to the sink while the next part computes). The ring's buffers (gigabytes of list
- * sets and slices, and a CUDA context it made itself) are freed in a thread of their own
- * (xknn__mpi_later) after the results are delivered; device copies on a caller's context
- * are released before the return. The 4M graph on two H100s: the ring ends with the last
- * write, and the tail from the end of the last call to the end of the ring went from
- * 0.57-0.60 s to 0.33-0.34 s (the one-call exchange above), then to about 0.1 s in
- * pieces.
+ * Device (CUDA backend). One context for all the steps; the own slice and the held one
+ * are kept on the device (each row crosses once a step, not once a call), and so are
+ * the running lists: each set comes to the host once, at the end of its last step, or
+ * piece by piece in the context's copier thread beside the next piece.
+ *
+ * Memory per rank, in list sets of (largest slice) x k x 12 bytes: the own lists, one or
+ * two held slices' and the accumulator's: 4 (P = 2), 3 (P = 3) or 6 (P >= 4); plus two
+ * slices of rows (and n floats with bounds). The ring's buffers, and a CUDA context it
+ * made itself, are released in a thread of their own (xknn__mpi_later) after the results
+ * are delivered; device copies on a caller's context before the return.
+ *
+ * Options from the environment give the same results (xknn__ring_options; SPLIT,
+ * BOUNDS and PIECES hold only where every rank has them): XKNN_MPI_SYM_THREAD=0,
+ * _SPLIT=1 (_FIRST, _PARTS), _PIECES, _BOUNDS=0, _DEVICE_LISTS=0, _ASYNC=0,
+ * _MERGE_THREADS, _BLOCK_ROWS; _TRACE=1 prints each rank's timeline on stderr.
  */
 #define _GNU_SOURCE /* sched_yield, clock_gettime */
 #include <limits.h>
@@ -208,7 +132,7 @@ static xknn_matrix xknn__sym_rows(const xknn_matrix *m, int64_t r0, int64_t rows
     return v;
 }
 
-/* One step's compute (the work of the opening comment for step s), run by a worker
+/* One step's compute (its blocks: xknn__sym_step_rects), run by a worker
  * thread while the main thread moves slices and lists, or inline. No MPI call in here
  * (MPI_THREAD_FUNNELED is enough). */
 typedef struct xknn__sym_step {
