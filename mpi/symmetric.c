@@ -146,7 +146,7 @@ typedef struct xknn__sym_step {
     int64_t *l0, *lj;           /* lists: own rows, the held slice's (step >= 1)       */
     float *d0, *dj;
     xknn_dtype dtype;
-    int s, P, S, rank, jown, neg;
+    int s, P, S, rank, neg;
     int prepadded; /* the held slice's lists are padding already (the main thread's), or
                     * kept on the device (their host arrays unread)                       */
     int own_dev;   /* the own lists are kept on the device (their host arrays unread)   */
@@ -634,8 +634,7 @@ static void xknn__ring_final(xknn__ring *R, int merge, int64_t a, int64_t b, int
     R->tm->reduce += MPI_Wtime() - t0;
 }
 
-/* A message on the main thread's path, with the error of an MPI call: no more
- * communication after it. */
+/* An MPI call failed: its message into lerr, and no more communication. */
 static void xknn__ring_mpi_failed(xknn__ring *R, int rc, const char *what)
 {
     R->st = xknn__mpi_error(R->rank, R->lerr, rc, what);
@@ -644,7 +643,7 @@ static void xknn__ring_mpi_failed(xknn__ring *R, int rc, const char *what)
 
 /* The options (the same results with any of them): where the compute runs, and how the
  * own diagonal, P = 2's last pair and the bounds go. Read from the environment here;
- * they hold only where every rank has them (xknn__ring_agree). */
+ * split, bounds and pieces hold only where every rank has them (xknn__ring_agree). */
 static void xknn__ring_options(xknn__ring *R, const xknn_params *params)
 {
     const char *env;
@@ -1016,7 +1015,6 @@ static void xknn__ring_launch(xknn__ring *R, xknn__ring_round *o)
         w->dj = R->vis[s % R->nvis].dist;
     }
     w->s = s;
-    w->jown = o->jown;
     w->prepadded = s >= 1 && s <= S && (R->padded_next || R->held_dev);
     w->own_dev = R->own_dev;
 #ifdef XKNN_MPI_HAVE_CUDA
