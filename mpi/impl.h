@@ -31,7 +31,7 @@ struct xknn_mpi_context {
 };
 
 /* Runs run(arg) in a thread of its own, off the caller's path: the release of a call's
- * large buffers (freeing gigabytes of touched pages takes a tenth of a second and more)
+ * large buffers (freeing gigabytes of touched pages is a long wait)
  * after its results are delivered. One at a time a context: the one before is joined
  * first. Where no thread can be made, runs it here. xknn__mpi_later_wait joins it; every
  * call of the layer and xknn_mpi_destroy do so first, so a call finds the memory of
@@ -88,16 +88,30 @@ void xknn__merge_rows(const xknn__cands *a, const xknn__cands *b, xknn__cands *o
 int xknn__tree_reduce(const xknn_mpi_context *ctx, int owner, int64_t rows, int64_t k, int neg, xknn__cands *cur,
                       xknn__cands *recv, xknn__cands *spare, unsigned char *staging, const xknn__cands **result);
 
-/* The symmetric self-join (mpi/symmetric.c): ring of slice pairs i <= j, every rank
- * doing the same number of distance evaluations up to one row, each step's lists of the
- * held slice merged on its owner during the next step, delivery as a block per slice. row0s/rowss: every rank's
- * slice (agreed table). Called by every rank after the arguments were agreed; returns
- * this rank's status (the caller agrees on it); *evals: this rank's distance
- * evaluations; *mpi_broken set when an MPI call failed. Collective. */
-xknn_status xknn__sym_ring(xknn_mpi_context *ctx, const xknn_params *params, const xknn_matrix *ref,
-                           int64_t ref_offset, int64_t k, const int64_t *row0s, const int64_t *rowss, int64_t d,
-                           xknn_dtype dtype, const xknn_mpi_output *out, xknn_mpi_timings *tm, int64_t *owned,
-                           int64_t *evals, int *mpi_broken, xknn_error *lerr);
+/* What the symmetric self-join (mpi/symmetric.c) is asked, agreed on every rank. */
+typedef struct xknn__sym_job {
+    const xknn_params *params;    /* ref_id_offset and device set for this rank        */
+    const xknn_matrix *ref;       /* own slice; NULL when it is empty                  */
+    int64_t ref_offset, k, d;
+    xknn_dtype dtype;
+    const int64_t *row0s, *rowss; /* every rank's slice: the agreed table              */
+    const xknn_mpi_output *out;
+} xknn__sym_job;
+
+/* What it reports beside its status. */
+typedef struct xknn__sym_tally {
+    int64_t owned;  /* deliveries this rank made (added to)                            */
+    int64_t evals;  /* this rank's distance evaluations                                */
+    int mpi_broken; /* an MPI call failed                                              */
+} xknn__sym_tally;
+
+/* The symmetric self-join: a ring of slice pairs i <= j, every rank doing the same
+ * number of distance evaluations up to one row, each step's lists of the held slice
+ * merged on its owner during the next step, delivery as a block per slice. Called by
+ * every rank after the arguments were agreed; returns this rank's status (the caller
+ * agrees on it); its seconds are added to tm. Collective. */
+xknn_status xknn__sym_ring(xknn_mpi_context *ctx, const xknn__sym_job *job, xknn_mpi_timings *tm,
+                           xknn__sym_tally *tally, xknn_error *lerr);
 
 /* A rank's reference slice resident on its GPU for a whole search (mpi/resident.c). */
 typedef struct xknn__resident xknn__resident;

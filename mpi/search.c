@@ -315,455 +315,566 @@ static int64_t xknn__pick_query_block(int64_t cfg, int64_t nq, int64_t row_bytes
     return qb;
 }
 
+/* One search's state on a rank, from the checks to the verdict. */
+typedef struct xknn__search {
+    xknn_mpi_context *ctx;
+    const xknn_matrix *ref, *query;
+    const xknn_mpi_output *out;
+    xknn_mpi_stats *stats;
+    int64_t ref_offset, k;
+    int query_root, self;
+    double t_begin;
+    xknn_params p;
+    xknn_error lerr;
+    xknn_status st; /* this rank's own status */
+    xknn_mpi_timings tm;
+    int rank, P, neg, mpi_broken;
+    int64_t *tab; /* every rank's descriptor (D_COUNT values each), allgathered */
+    int *order, norder;
+    int64_t nloc, n, d, nq, qb, nblocks, done_q, owned, evals, row_bytes;
+    xknn_dtype dtype;
+    unsigned char *qbuf[2];
+    void *cbase;
+    unsigned char *staging;
+    xknn__cands cand, recvb, spare;
+    xknn__blocks it;
+    xknn__block cur, nxt;
+    MPI_Request breq, freq; /* the next block's broadcast, the error flag's reduction */
+    int fsend, frecv, stop;
+    xknn__resident *resident;
+} xknn__search;
+
+/* Local checks (no communication): the slice, the metric, the query root's queries, the
+ * gather root's output, the values. */
+static void xknn__run_check_local(xknn__search *S)
+{
+    const int rank = S->rank;
+    const xknn_matrix *ref = S->ref, *query = S->query;
+    xknn_error *lerr = &S->lerr;
+    xknn_status st = XKNN_SUCCESS;
+    if (S->nloc < 0)
+        st = xknn__mpi_fail(lerr, XKNN_ERROR_INVALID_ARGUMENT, "rank %d: reference has %lld rows", rank,
+                            (long long)S->nloc);
+    else if (S->nloc > 0) {
+        st = xknn__check_arg(rank, "reference", ref, lerr);
+        if (st == XKNN_SUCCESS && S->ref_offset < 0)
+            st = xknn__mpi_fail(lerr, XKNN_ERROR_INVALID_ARGUMENT, "rank %d: ref_offset=%lld: need >= 0", rank,
+                                (long long)S->ref_offset);
+    }
+    if (st == XKNN_SUCCESS && ((int)S->p.metric < 0 || S->p.metric >= XKNN_METRIC_COUNT))
+        st = xknn__mpi_fail(lerr, XKNN_ERROR_INVALID_ARGUMENT, "rank %d: unknown metric %d", rank, (int)S->p.metric);
+    if (st == XKNN_SUCCESS && !S->self && rank == S->query_root) {
+        if (!query)
+            st = xknn__mpi_fail(lerr, XKNN_ERROR_INVALID_ARGUMENT, "rank %d: query matrix is NULL on the query root",
+                                rank);
+        else if (query->rows <= 0)
+            st = xknn__mpi_fail(lerr, XKNN_ERROR_INVALID_ARGUMENT, "rank %d: query has %lld rows: need at least 1",
+                                rank, (long long)query->rows);
+        else
+            st = xknn__check_arg(rank, "query", query, lerr);
+    }
+    if (st == XKNN_SUCCESS && S->out->gather_root == rank && !S->out->ids)
+        st = xknn__mpi_fail(lerr, XKNN_ERROR_INVALID_ARGUMENT, "rank %d: gather ids is NULL on the gather root", rank);
+    if (st == XKNN_SUCCESS && S->nloc > 0) st = xknn__check_values(rank, &S->p, "reference", ref, S->ref_offset, lerr);
+    if (st == XKNN_SUCCESS && !S->self && rank == S->query_root)
+        st = xknn__check_values(rank, &S->p, "query", query, 0, lerr);
+    S->st = st;
+}
+
+/* Everyone learns everyone's arguments (MPI_Allgather of the descriptors). Returns 0
+ * when the table is here; else the ranks go straight to the agreement. */
+static int xknn__run_exchange(xknn__search *S)
+{
+    const int self = S->self, rank = S->rank, root = rank == S->query_root && S->query;
+    int64_t my[D_COUNT];
+    int have, all = 0, rc;
+    memset(my, 0, sizeof my);
+    my[D_STATUS] = S->st;
+    my[D_ROW0] = S->nloc > 0 ? S->ref_offset : 0;
+    my[D_ROWS] = S->nloc > 0 ? S->nloc : 0;
+    my[D_COLS] = S->nloc > 0 ? S->ref->cols : 0;
+    my[D_K] = S->k;
+    my[D_METRIC] = S->p.metric;
+    my[D_SELF] = self;
+    my[D_QROOT] = self ? -1 : S->query_root;
+    my[D_GROOT] = S->out->gather_root;
+    my[D_QBLOCK] = S->ctx->config.query_block;
+    my[D_NQ] = !self && root ? S->query->rows : 0;
+    my[D_QCOLS] = !self && root ? S->query->cols : 0;
+    my[D_EXCL] = self ? 1 : (S->p.exclude_self != 0);
+    my[D_QOFF] = self ? 0 : S->p.query_id_offset;
+    my[D_DTYPE] = S->nloc > 0 ? S->ref->dtype : 0;
+    my[D_QDTYPE] = !self && root ? S->query->dtype : 0;
+    memcpy(&my[D_PBITS], &S->p.p, sizeof(double));
+    my[D_WCOUNT] = S->p.metric == XKNN_METRIC_WHAMMING ? S->p.weights_count : 0;
+    S->tab = (int64_t *)malloc((size_t)S->P * D_COUNT * sizeof(int64_t));
+    S->order = (int *)malloc((size_t)S->P * sizeof(int));
+    /* A rank that could not allocate the table cannot join the allgather: everyone learns
+     * that first. Healthy ranks keep their own status: the agreement takes the message of
+     * the rank that actually failed. */
+    have = S->tab && S->order;
+    if (!have)
+        S->st = xknn__mpi_fail(&S->lerr, XKNN_ERROR_OUT_OF_MEMORY, "rank %d: out of memory (table of %d ranks)", rank,
+                               S->P);
+    rc = MPI_Allreduce(&have, &all, 1, MPI_INT, MPI_MIN, S->ctx->comm);
+    if (rc != MPI_SUCCESS) {
+        S->st = xknn__mpi_error(rank, &S->lerr, rc, "MPI_Allreduce");
+        return -1;
+    }
+    if (!all) return -1;
+    rc = MPI_Allgather(my, D_COUNT, MPI_INT64_T, S->tab, D_COUNT, MPI_INT64_T, S->ctx->comm);
+    if (rc != MPI_SUCCESS) {
+        S->st = xknn__mpi_error(rank, &S->lerr, rc, "MPI_Allgather");
+        return -1;
+    }
+    return 0;
+}
+
+/* The query blocks' and candidate lists' buffers (qb queries, k candidates). */
+static void xknn__run_buffers(xknn__search *S)
+{
+    const int64_t qb = S->qb, k = S->k;
+    const size_t m = (size_t)qb * (size_t)k;
+    const int staged = S->ctx->transfer == XKNN_MPI_TRANSFER_HOST_STAGED;
+    size_t bytes;
+    if ((double)qb * (double)k * 12.0 * 4.0 > (double)SIZE_MAX / 2) {
+        S->st = xknn__mpi_fail(&S->lerr, XKNN_ERROR_OUT_OF_MEMORY, "rank %d: k=%lld is too large for this machine",
+                               S->rank, (long long)k);
+        return;
+    }
+    bytes = 3 * m * (sizeof(int64_t) + sizeof(float));
+    S->qbuf[0] = (unsigned char *)malloc((size_t)(qb * S->row_bytes));
+    S->qbuf[1] = (unsigned char *)malloc((size_t)(qb * S->row_bytes));
+    S->cbase = malloc(bytes);
+    if (staged) S->staging = (unsigned char *)malloc(m * (sizeof(int64_t) + sizeof(float)));
+    if (!S->qbuf[0] || !S->qbuf[1] || !S->cbase || (staged && !S->staging)) {
+        S->st = xknn__mpi_fail(&S->lerr, XKNN_ERROR_OUT_OF_MEMORY,
+                               "rank %d: out of memory for query block buffers (query_block=%lld, k=%lld, "
+                               "d=%lld: %.1f MiB); lower query_block",
+                               S->rank, (long long)qb, (long long)k, (long long)S->d,
+                               (double)(bytes + 2 * (size_t)(qb * S->row_bytes) + (S->staging ? m * 12 : 0)) /
+                                   1048576.0);
+    } else {
+        int64_t *ib = (int64_t *)S->cbase;
+        float *fb = (float *)(ib + 3 * m);
+        S->cand.ids = ib;
+        S->cand.dist = fb;
+        S->recvb.ids = ib + m;
+        S->recvb.dist = fb + m;
+        S->spare.ids = ib + 2 * m;
+        S->spare.dist = fb + 2 * m;
+    }
+}
+
+/* Global checks on the table, the plan (dtype, query block, blocks), the buffers. If
+ * some rank failed its local checks, the others skip the plan and agree: the verdict
+ * carries the failing rank's message. */
+static void xknn__run_plan(xknn__search *S)
+{
+    const int64_t *tab = S->tab;
+    int i;
+    for (i = 0; i < S->P; i++)
+        if (tab[i * D_COUNT + D_STATUS] != XKNN_SUCCESS) return;
+    S->st = xknn__check_table(tab, S->P, S->order, &S->norder, &S->n, &S->d, &S->nq, &S->lerr);
+    if (S->st != XKNN_SUCCESS) return;
+    for (i = 0; i < S->P; i++)
+        if (tab[i * D_COUNT + D_ROWS] > 0) {
+            S->dtype = (xknn_dtype)tab[i * D_COUNT + D_DTYPE];
+            break;
+        }
+    S->row_bytes = xknn_row_bytes(S->dtype, S->d);
+    S->qb = xknn__pick_query_block(S->ctx->config.query_block, S->nq, S->row_bytes, S->k, S->P);
+    S->it.self = S->self;
+    S->it.P = S->P;
+    S->it.nq = S->nq;
+    S->it.qb = S->qb;
+    S->it.qroot = S->self ? -1 : S->query_root;
+    S->it.order = S->order;
+    S->it.norder = S->norder;
+    S->it.tab = tab;
+    S->nblocks = xknn__count_blocks(&S->it);
+    xknn__run_buffers(S);
+}
+
+/* The symmetric ring over the agreed slice table (mpi/symmetric.c). */
+static void xknn__run_ring(xknn__search *S)
+{
+    const int P = S->P;
+    int64_t *row0s = (int64_t *)malloc((size_t)P * 2 * sizeof(int64_t));
+    int have = row0s != NULL, every = 0, i, rc;
+    if (!have) S->st = xknn__mpi_fail(&S->lerr, XKNN_ERROR_OUT_OF_MEMORY, "rank %d: out of memory", S->rank);
+    rc = MPI_Allreduce(&have, &every, 1, MPI_INT, MPI_MIN, S->ctx->comm);
+    if (rc == MPI_SUCCESS && every) {
+        xknn__sym_job job;
+        xknn__sym_tally tally = {0, 0, 0};
+        const char *env = getenv("XKNN_MPI_SYM_TRACE");
+        double tr;
+        for (i = 0; i < P; i++) {
+            row0s[i] = S->tab[i * D_COUNT + D_ROW0];
+            row0s[P + i] = S->tab[i * D_COUNT + D_ROWS];
+        }
+        S->p.ref_id_offset = S->ref_offset;
+        if (S->p.device < 0) S->p.device = S->ctx->device; /* the pair kernel runs on the rank's GPU */
+        job.params = &S->p;
+        job.ref = S->nloc > 0 ? S->ref : NULL;
+        job.ref_offset = S->ref_offset;
+        job.k = S->k;
+        job.d = S->d;
+        job.dtype = S->dtype;
+        job.row0s = row0s;
+        job.rowss = row0s + P;
+        job.out = S->out;
+        tr = MPI_Wtime();
+        S->st = xknn__sym_ring(S->ctx, &job, &S->tm, &tally, &S->lerr);
+        S->owned += tally.owned;
+        S->evals = tally.evals;
+        S->mpi_broken = tally.mpi_broken;
+        /* XKNN_MPI_SYM_TRACE=1 (a diagnostic): what the setup took before the ring */
+        if (env && env[0] == '1')
+            fprintf(stderr, "xknn_mpi: trace rank %d: the ring ran from %.3f to %.3f s of the self-join\n", S->rank,
+                    tr - S->t_begin, MPI_Wtime() - S->t_begin);
+    } else if (rc != MPI_SUCCESS) {
+        S->st = xknn__mpi_error(S->rank, &S->lerr, rc, "MPI_Allreduce");
+    }
+    free(row0s);
+    if (S->stats) S->stats->blocks = S->norder;
+}
+
+/* A self-join that does not take the pipeline: the backend's own on one rank, or the
+ * symmetric ring where every rank's backend allows it. Returns 1 when it was done here
+ * (its status in S->st), 0 for the pipeline. */
+static int xknn__run_self(xknn__search *S)
+{
+    xknn_params *p = &S->p;
+    /* Symmetric when every rank's backend allows it (the device count may differ between
+     * ranks): one more agreement, on a flag. */
+    const char *why = xknn_search_pair_why_not(p, S->dtype, S->d);
+    int mine = why == NULL, all = 0, gpu;
+    const int rc = MPI_Allreduce(&mine, &all, 1, MPI_INT, MPI_MIN, S->ctx->comm);
+    if (rc != MPI_SUCCESS) {
+        S->st = xknn__mpi_error(S->rank, &S->lerr, rc, "MPI_Allreduce (symmetric)");
+        return 1;
+    }
+    /* one rank on a GPU: the backend's own self-join (its triangle, in blocks where the
+     * state does not fit), not the ring's one pair through extra lists */
+    gpu = p->backend == XKNN_BACKEND_CUDA || (p->backend == XKNN_BACKEND_AUTO && S->ctx->device >= 0);
+    if ((!all || gpu) && S->P == 1 && S->nloc > 0 && xknn_self_join_why_plain(p, S->dtype, S->d) == NULL) {
+        if (S->ctx->config.verbose) fprintf(stderr, "xknn_mpi: self-join: one rank: the backend's own symmetric self-join\n");
+        if (p->device < 0) p->device = S->ctx->device;
+        S->st = xknn__self_local(S->ctx, S->rank, p, S->ref, S->ref_offset, S->k, S->out, &S->tm, &S->lerr);
+        if (S->st == XKNN_SUCCESS) {
+            S->owned = 1;
+            S->evals = S->n * (S->n - 1) / 2;
+        }
+        if (S->stats) S->stats->blocks = 1;
+        return 1;
+    }
+    if (S->ctx->config.verbose && S->rank == 0) {
+        if (all)
+            fprintf(stderr, "xknn_mpi: self-join: symmetric ring\n");
+        else
+            fprintf(stderr, "xknn_mpi: self-join: plain search (%s)\n",
+                    why ? why : "another rank's backend has no symmetric kernel");
+    }
+    if (!all) return 0;
+    xknn__run_ring(S);
+    return 1;
+}
+
+/* Broadcasts block b's queries from their source rank (packed there), non-blocking. */
+static int xknn__run_bcast(xknn__search *S, const xknn__block *b, unsigned char *buf)
+{
+    if (b->src == S->rank)
+        xknn__pack(buf, S->self ? S->ref : S->query, S->self ? b->q0 - S->ref_offset : b->q0, b->rows, S->row_bytes);
+    return MPI_Ibcast(buf, (int)(b->rows * S->row_bytes), MPI_BYTE, b->src, S->ctx->comm, &S->breq);
+}
+
+/* Local top k of the current block with global ids; padding when there is nothing to
+ * search (or after a failure). */
+static void xknn__run_search_block(xknn__search *S, const xknn_matrix *refm, const unsigned char *qcur,
+                                   int64_t qoff_user, xknn__cands *mine)
+{
+    const xknn__block *cur = &S->cur;
+    const int64_t k = S->k;
+    const double t0 = MPI_Wtime();
+    if (S->st != XKNN_SUCCESS || S->nloc == 0) {
+        xknn__lists_pad(mine->ids, mine->dist, cur->rows * k, S->neg);
+    } else {
+        xknn_matrix qm = XKNN_MATRIX_TYPED(qcur, cur->rows, S->d, S->dtype);
+        xknn_error e;
+        xknn_status s;
+        MPI_Request pending = S->breq; /* the next block's broadcast progresses meanwhile */
+        S->p.query_id_offset = (S->self ? 0 : qoff_user) + cur->q0;
+        s = S->resident ? xknn__resident_search(S->resident, &S->p, (const float *)(const void *)qcur, cur->rows,
+                                                mine->ids, mine->dist, xknn__progress, &pending, &e)
+                        : xknn_search(&S->p, refm, &qm, k, mine->ids, mine->dist, &e);
+        S->breq = pending;
+        S->evals += cur->rows * S->nloc;
+        if (s != XKNN_SUCCESS) {
+            S->st = xknn__mpi_fail(&S->lerr, s, "rank %d: %s", S->rank, e.message);
+            xknn__lists_pad(mine->ids, mine->dist, cur->rows * k, S->neg);
+        }
+    }
+    S->tm.search += MPI_Wtime() - t0;
+}
+
+/* The block's merged lists to the gather root (res: on the owner). Returns an MPI
+ * return code. */
+static int xknn__run_gather_block(xknn__search *S, int owner, const xknn__cands *res)
+{
+    const xknn_mpi_output *out = S->out;
+    const xknn__block *cur = &S->cur;
+    const int64_t k = S->k, m = cur->rows * k;
+    int rc = MPI_SUCCESS;
+    if (S->rank == owner && owner == out->gather_root) {
+        memcpy(out->ids + cur->q0 * k, res->ids, (size_t)m * sizeof(int64_t));
+        if (out->dist) memcpy(out->dist + cur->q0 * k, res->dist, (size_t)m * sizeof(float));
+    } else if (S->rank == owner) {
+        rc = xknn__mpi_send_cands(S->ctx, res, cur->rows, k, S->staging, out->gather_root, XKNN__TAG_GATHER);
+    } else if (S->rank == out->gather_root) {
+        rc = xknn__mpi_recv_cands(S->ctx, &S->recvb, cur->rows, k, S->staging, owner, XKNN__TAG_GATHER);
+        if (rc == MPI_SUCCESS) {
+            memcpy(out->ids + cur->q0 * k, S->recvb.ids, (size_t)m * sizeof(int64_t));
+            if (out->dist) memcpy(out->dist + cur->q0 * k, S->recvb.dist, (size_t)m * sizeof(float));
+        }
+    }
+    return rc;
+}
+
+/* The owner's block to the sink, its seconds counted as write. */
+static void xknn__run_sink_block(xknn__search *S, const xknn__cands *res)
+{
+    const xknn__block *cur = &S->cur;
+    xknn_error e;
+    xknn_status s;
+    const double t0 = MPI_Wtime();
+    e.status = XKNN_SUCCESS;
+    e.message[0] = '\0';
+    s = S->out->sink(S->out->sink_user, cur->q0, cur->rows, S->k, res->ids, res->dist, &e);
+    S->tm.write += MPI_Wtime() - t0;
+    if (s == XKNN_SUCCESS) return;
+    if (e.message[0])
+        S->st = xknn__mpi_fail(&S->lerr, s, "rank %d: %s", S->rank, e.message);
+    else
+        S->st = xknn__mpi_fail(&S->lerr, s, "rank %d: result sink failed on rows %lld..%lld: %s", S->rank,
+                               (long long)cur->q0, (long long)(cur->q0 + cur->rows - 1), xknn_status_string(s));
+}
+
+/* Error agreement, one block behind so it overlaps the next search: every rank sees the
+ * same flag at the same block and stops together. Returns 0 to go on. */
+static int xknn__run_error_flag(xknn__search *S, int64_t b)
+{
+    int rc;
+    if (S->freq != MPI_REQUEST_NULL) {
+        rc = MPI_Wait(&S->freq, MPI_STATUS_IGNORE);
+        if (rc != MPI_SUCCESS) {
+            S->st = xknn__mpi_error(S->rank, &S->lerr, rc, "MPI_Wait (error flag)");
+            S->mpi_broken = 1;
+            return -1;
+        }
+        if (S->frecv) S->stop = 1;
+    }
+    if (S->stop) return -1;
+    if (b + 1 < S->nblocks) {
+        S->fsend = S->st != XKNN_SUCCESS;
+        rc = MPI_Iallreduce(&S->fsend, &S->frecv, 1, MPI_INT, MPI_MAX, S->ctx->comm, &S->freq);
+        if (rc != MPI_SUCCESS) {
+            S->st = xknn__mpi_error(S->rank, &S->lerr, rc, "MPI_Iallreduce (error flag)");
+            S->mpi_broken = 1;
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* Block b: its queries (the next block then goes in flight), the local search, the tree
+ * reduction to the rotating owner, delivery, the error flag. Returns 0 to go on. */
+static int xknn__run_block(xknn__search *S, int64_t b, const xknn_matrix *refm, int64_t qoff_user)
+{
+    unsigned char *qcur = S->qbuf[b & 1];
+    const int owner = (int)(b % S->P);
+    const xknn__cands *res = NULL;
+    xknn__cands mine = S->cand, sp = S->spare;
+    double t0 = MPI_Wtime();
+    int rc = MPI_Wait(&S->breq, MPI_STATUS_IGNORE);
+    if (rc == MPI_SUCCESS && b + 1 < S->nblocks) {
+        xknn__next_block(&S->it, &S->nxt);
+        rc = xknn__run_bcast(S, &S->nxt, S->qbuf[(b + 1) & 1]);
+    }
+    S->tm.broadcast += MPI_Wtime() - t0;
+    if (rc != MPI_SUCCESS) {
+        S->st = xknn__mpi_error(S->rank, &S->lerr, rc, "MPI_Wait/MPI_Ibcast (query block)");
+        S->mpi_broken = 1;
+        return -1;
+    }
+    xknn__run_search_block(S, refm, qcur, qoff_user, &mine);
+    /* merge to the owner, then deliver */
+    t0 = MPI_Wtime();
+    rc = xknn__tree_reduce(S->ctx, owner, S->cur.rows, S->k, S->neg, &mine, &S->recvb, &sp, S->staging, &res);
+    if (rc == MPI_SUCCESS && S->out->gather_root >= 0) rc = xknn__run_gather_block(S, owner, res);
+    S->tm.reduce += MPI_Wtime() - t0;
+    if (rc != MPI_SUCCESS) {
+        S->st = xknn__mpi_error(S->rank, &S->lerr, rc, "MPI_Send/MPI_Recv (candidate lists)");
+        S->mpi_broken = 1;
+        return -1;
+    }
+    if (S->rank == owner) {
+        S->owned++;
+        if (S->out->sink && S->st == XKNN_SUCCESS) xknn__run_sink_block(S, res);
+    }
+    S->done_q += S->cur.rows;
+    if (S->out->progress) S->out->progress(S->out->progress_user, S->done_q, S->nq);
+    if (xknn__run_error_flag(S, b) != 0) return -1;
+    S->cur = S->nxt;
+    return 0;
+}
+
+/* The pipeline: the slice resident on the GPU where it can be, the first block's
+ * broadcast, then block after block; requests every rank posted completed before the
+ * final agreement. */
+static void xknn__run_pipeline(xknn__search *S)
+{
+    const int64_t qoff_user = S->self ? 0 : S->p.query_id_offset;
+    xknn_matrix refm;
+    double t0;
+    int64_t b;
+    int rc;
+    S->p.pad_missing = 1;
+    S->p.ref_id_offset = S->ref_offset;
+    S->p.exclude_self = S->self ? 1 : S->p.exclude_self;
+    if (S->p.device < 0) S->p.device = S->ctx->device;
+    memset(&refm, 0, sizeof refm);
+    if (S->nloc > 0) refm = *S->ref;
+    if (S->nloc > 0 && S->st == XKNN_SUCCESS) {
+        /* keep the slice on this rank's GPU for every block (counted as search time) */
+        char why[256];
+        t0 = MPI_Wtime();
+        S->resident = xknn__resident_open(&S->p, S->p.device, &refm, S->qb, S->k, why, sizeof why);
+        S->tm.search += MPI_Wtime() - t0;
+        if (S->ctx->config.verbose && (S->p.backend != XKNN_BACKEND_CPU || S->resident))
+            fprintf(stderr, "xknn_mpi: rank %d: %s\n", S->rank, S->resident ? "reference slice resident on the GPU" : why);
+    }
+    xknn__next_block(&S->it, &S->cur);
+    t0 = MPI_Wtime();
+    rc = xknn__run_bcast(S, &S->cur, S->qbuf[0]);
+    S->tm.broadcast += MPI_Wtime() - t0;
+    if (rc != MPI_SUCCESS) {
+        S->st = xknn__mpi_error(S->rank, &S->lerr, rc, "MPI_Ibcast");
+        S->mpi_broken = 1;
+    }
+    for (b = 0; b < S->nblocks && !S->mpi_broken; b++)
+        if (xknn__run_block(S, b, &refm, qoff_user) != 0) break;
+    if (S->breq != MPI_REQUEST_NULL) MPI_Wait(&S->breq, MPI_STATUS_IGNORE);
+    if (S->freq != MPI_REQUEST_NULL) MPI_Wait(&S->freq, MPI_STATUS_IGNORE);
+}
+
+/* The sizes agreed at the set-up, into the caller's stats. */
+static void xknn__run_stats_setup(const xknn__search *S)
+{
+    xknn_mpi_stats *stats = S->stats;
+    if (!stats) return;
+    stats->n = S->n;
+    stats->nq = S->nq;
+    stats->d = S->d;
+    stats->k = S->k;
+    stats->query_block = S->qb;
+    stats->blocks = S->nblocks;
+    stats->ranks = S->P;
+    stats->transfer = S->ctx->transfer;
+}
+
+/* Per-phase maxima: one more collective, on every path that reached an agreement (all
+ * ranks take the same path); then the buffers go. */
+static void xknn__run_finish(xknn__search *S)
+{
+    xknn_mpi_stats *stats = S->stats;
+    double lt[6], mt[6];
+    S->tm.total = MPI_Wtime() - S->t_begin;
+    lt[0] = S->tm.read;
+    lt[1] = S->tm.broadcast;
+    lt[2] = S->tm.search;
+    lt[3] = S->tm.reduce;
+    lt[4] = S->tm.write;
+    lt[5] = S->tm.total;
+    if (MPI_Allreduce(lt, mt, 6, MPI_DOUBLE, MPI_MAX, S->ctx->comm) != MPI_SUCCESS) memcpy(mt, lt, sizeof mt);
+    if (stats) {
+        stats->blocks_owned = S->owned;
+        stats->distance_evals = S->evals;
+        stats->local = S->tm;
+        stats->max.read = mt[0];
+        stats->max.broadcast = mt[1];
+        stats->max.search = mt[2];
+        stats->max.reduce = mt[3];
+        stats->max.write = mt[4];
+        stats->max.total = mt[5];
+    }
+    xknn__resident_close(S->resident);
+    free(S->staging);
+    free(S->cbase);
+    free(S->qbuf[1]);
+    free(S->qbuf[0]);
+    free(S->order);
+    free(S->tab);
+}
+
 static xknn_status xknn__run(xknn_mpi_context *ctx, const xknn_params *params, const xknn_matrix *ref,
                              int64_t ref_offset, const xknn_matrix *query, int query_root, int self, int64_t k,
                              const xknn_mpi_output *out_in, xknn_mpi_stats *stats, xknn_error *err)
 {
     const xknn_mpi_output none = XKNN_MPI_OUTPUT_INIT;
-    const xknn_mpi_output *out = out_in ? out_in : &none;
-    const double t_begin = MPI_Wtime();
-    xknn_params p = params ? *params : xknn_params_default();
+    xknn__search search, *S = &search;
+    xknn_status agreed;
+    memset(S, 0, sizeof *S);
+    S->t_begin = MPI_Wtime();
+    S->p = params ? *params : xknn_params_default();
     /* (the buffers of the call before, released in the background, are gone first) */
     xknn__mpi_later_wait(ctx);
-    xknn_error lerr;
-    xknn_status st = XKNN_SUCCESS; /* this rank's own status                      */
-    xknn_status agreed;
-    xknn_mpi_timings tm;
-    int rank, P, i, rc;
-    int64_t my[D_COUNT], *tab = NULL;
-    int *order = NULL, norder = 0;
-    int64_t nloc, n = 0, d = 0, nq = 0, qb = 0, nblocks = 0, b, done_q = 0, owned = 0, evals = 0;
-    unsigned char *qbuf[2] = {NULL, NULL};
-    int64_t row_bytes = 0;
-    xknn_dtype dtype = XKNN_DTYPE_F32;
-    int neg;
-    void *cbase = NULL;
-    unsigned char *staging = NULL;
-    xknn__cands cand, recvb, spare;
-    xknn__blocks it;
-    xknn__block cur, nxt;
-    MPI_Request breq = MPI_REQUEST_NULL, freq = MPI_REQUEST_NULL;
-    int fsend = 0, frecv = 0, stop = 0, mpi_broken = 0;
-    xknn__resident *resident = NULL;
-
-    memset(&tm, 0, sizeof tm);
-    memset(&it, 0, sizeof it);
-    memset(&cur, 0, sizeof cur);
-    memset(&nxt, 0, sizeof nxt);
-    lerr.status = XKNN_SUCCESS;
-    lerr.message[0] = '\0';
+    S->st = XKNN_SUCCESS;
+    S->lerr.status = XKNN_SUCCESS;
+    S->lerr.message[0] = '\0';
+    S->dtype = XKNN_DTYPE_F32;
+    S->breq = S->freq = MPI_REQUEST_NULL;
     if (stats) memset(stats, 0, sizeof *stats);
     if (!ctx) return xknn__mpi_fail(err, XKNN_ERROR_INVALID_ARGUMENT, "xknn_mpi search: context is NULL");
-    rank = ctx->rank;
-    P = ctx->size;
-    nloc = ref ? ref->rows : 0;
-    if (p.metric == XKNN_METRIC_MINKOWSKI && p.p == 0.0) p.p = 2.0;
-    neg = p.metric == XKNN_METRIC_IP;
+    S->ctx = ctx;
+    S->ref = ref;
+    S->query = query;
+    S->out = out_in ? out_in : &none;
+    S->stats = stats;
+    S->ref_offset = ref_offset;
+    S->k = k;
+    S->query_root = query_root;
+    S->self = self;
+    S->rank = ctx->rank;
+    S->P = ctx->size;
+    S->nloc = ref ? ref->rows : 0;
+    if (S->p.metric == XKNN_METRIC_MINKOWSKI && S->p.p == 0.0) S->p.p = 2.0;
+    S->neg = S->p.metric == XKNN_METRIC_IP;
 
-    /* ---- 1. local checks (no communication) ---------------------------------------- */
-    if (nloc < 0)
-        st = xknn__mpi_fail(&lerr, XKNN_ERROR_INVALID_ARGUMENT, "rank %d: reference has %lld rows", rank,
-                            (long long)nloc);
-    else if (nloc > 0) {
-        st = xknn__check_arg(rank, "reference", ref, &lerr);
-        if (st == XKNN_SUCCESS && ref_offset < 0)
-            st = xknn__mpi_fail(&lerr, XKNN_ERROR_INVALID_ARGUMENT, "rank %d: ref_offset=%lld: need >= 0", rank,
-                                (long long)ref_offset);
-    }
-    if (st == XKNN_SUCCESS && ((int)p.metric < 0 || p.metric >= XKNN_METRIC_COUNT))
-        st = xknn__mpi_fail(&lerr, XKNN_ERROR_INVALID_ARGUMENT, "rank %d: unknown metric %d", rank, (int)p.metric);
-    if (st == XKNN_SUCCESS && !self && rank == query_root) {
-        if (!query)
-            st = xknn__mpi_fail(&lerr, XKNN_ERROR_INVALID_ARGUMENT, "rank %d: query matrix is NULL on the query root",
-                                rank);
-        else if (query->rows <= 0)
-            st = xknn__mpi_fail(&lerr, XKNN_ERROR_INVALID_ARGUMENT, "rank %d: query has %lld rows: need at least 1",
-                                rank, (long long)query->rows);
-        else
-            st = xknn__check_arg(rank, "query", query, &lerr);
-    }
-    if (st == XKNN_SUCCESS && out->gather_root == rank && !out->ids)
-        st = xknn__mpi_fail(&lerr, XKNN_ERROR_INVALID_ARGUMENT, "rank %d: gather ids is NULL on the gather root", rank);
-    if (st == XKNN_SUCCESS && nloc > 0) st = xknn__check_values(rank, &p, "reference", ref, ref_offset, &lerr);
-    if (st == XKNN_SUCCESS && !self && rank == query_root)
-        st = xknn__check_values(rank, &p, "query", query, 0, &lerr);
-
-    /* ---- 2. everyone learns everyone's arguments ----------------------------------- */
-    memset(my, 0, sizeof my);
-    my[D_STATUS] = st;
-    my[D_ROW0] = nloc > 0 ? ref_offset : 0;
-    my[D_ROWS] = nloc > 0 ? nloc : 0;
-    my[D_COLS] = nloc > 0 ? ref->cols : 0;
-    my[D_K] = k;
-    my[D_METRIC] = p.metric;
-    my[D_SELF] = self;
-    my[D_QROOT] = self ? -1 : query_root;
-    my[D_GROOT] = out->gather_root;
-    my[D_QBLOCK] = ctx->config.query_block;
-    my[D_NQ] = (!self && rank == query_root && query) ? query->rows : 0;
-    my[D_QCOLS] = (!self && rank == query_root && query) ? query->cols : 0;
-    my[D_EXCL] = self ? 1 : (p.exclude_self != 0);
-    my[D_QOFF] = self ? 0 : p.query_id_offset;
-    my[D_DTYPE] = nloc > 0 ? ref->dtype : 0;
-    my[D_QDTYPE] = (!self && rank == query_root && query) ? query->dtype : 0;
-    memcpy(&my[D_PBITS], &p.p, sizeof(double));
-    my[D_WCOUNT] = p.metric == XKNN_METRIC_WHAMMING ? p.weights_count : 0;
-    tab = (int64_t *)malloc((size_t)P * D_COUNT * sizeof(int64_t));
-    order = (int *)malloc((size_t)P * sizeof(int));
-    {
-        /* A rank that could not allocate the table cannot join the allgather: everyone
-         * learns that first. Healthy ranks keep their own status: the agreement takes
-         * the message of the rank that actually failed. */
-        int have = tab && order, all = 0;
-        if (!have)
-            st = xknn__mpi_fail(&lerr, XKNN_ERROR_OUT_OF_MEMORY, "rank %d: out of memory (table of %d ranks)", rank,
-                                P);
-        rc = MPI_Allreduce(&have, &all, 1, MPI_INT, MPI_MIN, ctx->comm);
-        if (rc != MPI_SUCCESS) {
-            st = xknn__mpi_error(rank, &lerr, rc, "MPI_Allreduce");
-            goto agree_setup;
-        }
-        if (!all) goto agree_setup;
-    }
-    rc = MPI_Allgather(my, D_COUNT, MPI_INT64_T, tab, D_COUNT, MPI_INT64_T, ctx->comm);
-    if (rc != MPI_SUCCESS) {
-        st = xknn__mpi_error(rank, &lerr, rc, "MPI_Allgather");
-        goto agree_setup;
-    }
-
-    /* ---- 3. global checks, plan, buffers ------------------------------------------- */
-    /* If some rank failed its local checks, the others skip the plan and agree: the
-     * verdict carries the failing rank's message. */
-    for (i = 0; i < P; i++)
-        if (tab[i * D_COUNT + D_STATUS] != XKNN_SUCCESS) goto agree_setup;
-    st = xknn__check_table(tab, P, order, &norder, &n, &d, &nq, &lerr);
-    if (st == XKNN_SUCCESS) {
-        size_t m, bytes;
-        for (i = 0; i < P; i++)
-            if (tab[i * D_COUNT + D_ROWS] > 0) {
-                dtype = (xknn_dtype)tab[i * D_COUNT + D_DTYPE];
-                break;
-            }
-        row_bytes = xknn_row_bytes(dtype, d);
-        qb = xknn__pick_query_block(ctx->config.query_block, nq, row_bytes, k, P);
-        it.self = self;
-        it.P = P;
-        it.nq = nq;
-        it.qb = qb;
-        it.qroot = self ? -1 : query_root;
-        it.order = order;
-        it.norder = norder;
-        it.tab = tab;
-        nblocks = xknn__count_blocks(&it);
-        m = (size_t)qb * (size_t)k;
-        if ((double)qb * (double)k * 12.0 * 4.0 > (double)SIZE_MAX / 2) {
-            st = xknn__mpi_fail(&lerr, XKNN_ERROR_OUT_OF_MEMORY, "rank %d: k=%lld is too large for this machine",
-                                rank, (long long)k);
-        } else {
-            bytes = 3 * m * (sizeof(int64_t) + sizeof(float));
-            qbuf[0] = (unsigned char *)malloc((size_t)(qb * row_bytes));
-            qbuf[1] = (unsigned char *)malloc((size_t)(qb * row_bytes));
-            cbase = malloc(bytes);
-            if (ctx->transfer == XKNN_MPI_TRANSFER_HOST_STAGED)
-                staging = (unsigned char *)malloc(m * (sizeof(int64_t) + sizeof(float)));
-            if (!qbuf[0] || !qbuf[1] || !cbase || (ctx->transfer == XKNN_MPI_TRANSFER_HOST_STAGED && !staging)) {
-                st = xknn__mpi_fail(&lerr, XKNN_ERROR_OUT_OF_MEMORY,
-                                    "rank %d: out of memory for query block buffers (query_block=%lld, k=%lld, "
-                                    "d=%lld: %.1f MiB); lower query_block",
-                                    rank, (long long)qb, (long long)k, (long long)d,
-                                    (double)(bytes + 2 * (size_t)(qb * row_bytes) + (staging ? m * 12 : 0)) / 1048576.0);
-            } else {
-                int64_t *ib = (int64_t *)cbase;
-                float *fb = (float *)(ib + 3 * m);
-                cand.ids = ib;
-                cand.dist = fb;
-                recvb.ids = ib + m;
-                recvb.dist = fb + m;
-                spare.ids = ib + 2 * m;
-                spare.dist = fb + 2 * m;
-            }
-        }
-    }
-
-agree_setup:
-    agreed = xknn_mpi_agree(ctx, st, &lerr);
-    if (stats) {
-        stats->n = n;
-        stats->nq = nq;
-        stats->d = d;
-        stats->k = k;
-        stats->query_block = qb;
-        stats->blocks = nblocks;
-        stats->ranks = P;
-        stats->transfer = ctx->transfer;
-    }
+    xknn__run_check_local(S);
+    if (xknn__run_exchange(S) == 0) xknn__run_plan(S);
+    agreed = xknn_mpi_agree(ctx, S->st, &S->lerr);
+    xknn__run_stats_setup(S);
     if (agreed != XKNN_SUCCESS) {
-        st = agreed;
-        goto finish;
+        S->st = agreed;
+    } else {
+        /* every rank's slice and the query root's queries passed the checks above: the
+         * calls below (rows that travel included) do not scan them again */
+        S->p.values_checked = 1;
+        if (!self || !xknn__run_self(S)) {
+            if (ctx->config.verbose && S->rank == 0)
+                fprintf(stderr,
+                        "xknn_mpi: %s n=%lld nq=%lld d=%lld k=%lld ranks=%d query_block=%lld blocks=%lld transfer=%s\n",
+                        self ? "self-join" : "search", (long long)S->n, (long long)S->nq, (long long)S->d,
+                        (long long)k, S->P, (long long)S->qb, (long long)S->nblocks,
+                        xknn_mpi_transfer_name(ctx->transfer));
+            xknn__run_pipeline(S);
+        }
+        S->st = xknn_mpi_agree(ctx, S->st, &S->lerr);
     }
-    /* every rank's slice and the query root's queries passed the checks above: the
-     * calls below (rows that travel included) do not scan them again */
-    p.values_checked = 1;
-    if (self) {
-        /* Symmetric when every rank's backend allows it (the device count may differ
-         * between ranks): one more agreement, on a flag. */
-        const char *why = xknn_search_pair_why_not(&p, dtype, d);
-        int mine = why == NULL, all = 0;
-        rc = MPI_Allreduce(&mine, &all, 1, MPI_INT, MPI_MIN, ctx->comm);
-        if (rc != MPI_SUCCESS) {
-            st = xknn__mpi_error(rank, &lerr, rc, "MPI_Allreduce (symmetric)");
-            goto verdict;
-        }
-        /* one rank on a GPU: the backend's own self-join (its triangle, in blocks where
-         * the state does not fit), not the ring's one pair through extra lists */
-        const int gpu = p.backend == XKNN_BACKEND_CUDA || (p.backend == XKNN_BACKEND_AUTO && ctx->device >= 0);
-        if ((!all || gpu) && P == 1 && nloc > 0 && xknn_self_join_why_plain(&p, dtype, d) == NULL) {
-            if (ctx->config.verbose)
-                fprintf(stderr, "xknn_mpi: self-join: one rank: the backend's own symmetric self-join\n");
-            if (p.device < 0) p.device = ctx->device;
-            st = xknn__self_local(ctx, rank, &p, ref, ref_offset, k, out, &tm, &lerr);
-            if (st == XKNN_SUCCESS) {
-                owned = 1;
-                evals = n * (n - 1) / 2;
-            }
-            if (stats) stats->blocks = 1;
-            goto verdict;
-        }
-        if (ctx->config.verbose && rank == 0) {
-            if (all)
-                fprintf(stderr, "xknn_mpi: self-join: symmetric ring\n");
-            else
-                fprintf(stderr, "xknn_mpi: self-join: plain search (%s)\n",
-                        why ? why : "another rank's backend has no symmetric kernel");
-        }
-        if (all) {
-            int64_t *row0s = (int64_t *)malloc((size_t)P * 2 * sizeof(int64_t));
-            int have = row0s != NULL, every = 0;
-            if (!have) st = xknn__mpi_fail(&lerr, XKNN_ERROR_OUT_OF_MEMORY, "rank %d: out of memory", rank);
-            rc = MPI_Allreduce(&have, &every, 1, MPI_INT, MPI_MIN, ctx->comm);
-            if (rc == MPI_SUCCESS && every) {
-                for (i = 0; i < P; i++) {
-                    row0s[i] = tab[i * D_COUNT + D_ROW0];
-                    row0s[P + i] = tab[i * D_COUNT + D_ROWS];
-                }
-                p.ref_id_offset = ref_offset;
-                if (p.device < 0) p.device = ctx->device; /* the pair kernel runs on the rank's GPU */
-                const double tr = MPI_Wtime();
-                st = xknn__sym_ring(ctx, &p, nloc > 0 ? ref : NULL, ref_offset, k, row0s, row0s + P, d, dtype, out, &tm,
-                                    &owned, &evals, &mpi_broken, &lerr);
-                {
-                    /* XKNN_MPI_SYM_TRACE=1 (a diagnostic): what the setup took before the ring */
-                    const char *env = getenv("XKNN_MPI_SYM_TRACE");
-                    if (env && env[0] == '1')
-                        fprintf(stderr, "xknn_mpi: trace rank %d: the ring ran from %.3f to %.3f s of the self-join\n",
-                                rank, tr - t_begin, MPI_Wtime() - t_begin);
-                }
-            } else if (rc != MPI_SUCCESS) {
-                st = xknn__mpi_error(rank, &lerr, rc, "MPI_Allreduce");
-            }
-            free(row0s);
-            if (stats) stats->blocks = norder;
-            goto verdict;
-        }
-    }
-    if (ctx->config.verbose && rank == 0)
-        fprintf(stderr,
-                "xknn_mpi: %s n=%lld nq=%lld d=%lld k=%lld ranks=%d query_block=%lld blocks=%lld transfer=%s\n",
-                self ? "self-join" : "search", (long long)n, (long long)nq, (long long)d, (long long)k, P,
-                (long long)qb, (long long)nblocks, xknn_mpi_transfer_name(ctx->transfer));
-
-    /* ---- 4. the pipeline ----------------------------------------------------------- */
-    p.pad_missing = 1;
-    p.ref_id_offset = ref_offset;
-    p.exclude_self = self ? 1 : p.exclude_self;
-    if (p.device < 0) p.device = ctx->device;
-    {
-        const int64_t qoff_user = self ? 0 : p.query_id_offset;
-        double t0;
-        xknn_matrix refm;
-        memset(&refm, 0, sizeof refm);
-        if (nloc > 0) refm = *ref;
-        if (nloc > 0 && st == XKNN_SUCCESS) {
-            /* keep the slice on this rank's GPU for every block (counted as search time) */
-            char why[256];
-            t0 = MPI_Wtime();
-            resident = xknn__resident_open(&p, p.device, &refm, qb, k, why, sizeof why);
-            tm.search += MPI_Wtime() - t0;
-            if (ctx->config.verbose && (p.backend != XKNN_BACKEND_CPU || resident))
-                fprintf(stderr, "xknn_mpi: rank %d: %s\n", rank,
-                        resident ? "reference slice resident on the GPU" : why);
-        }
-
-        xknn__next_block(&it, &cur);
-        t0 = MPI_Wtime();
-        if (cur.src == rank)
-            xknn__pack(qbuf[0], self ? ref : query, self ? cur.q0 - ref_offset : cur.q0, cur.rows, row_bytes);
-        rc = MPI_Ibcast(qbuf[0], (int)(cur.rows * row_bytes), MPI_BYTE, cur.src, ctx->comm, &breq);
-        tm.broadcast += MPI_Wtime() - t0;
-        if (rc != MPI_SUCCESS) {
-            st = xknn__mpi_error(rank, &lerr, rc, "MPI_Ibcast");
-            mpi_broken = 1;
-        }
-
-        for (b = 0; b < nblocks && !mpi_broken; b++) {
-            unsigned char *qcur = qbuf[b & 1];
-            const int owner = (int)(b % P);
-            const xknn__cands *res = NULL;
-            xknn__cands mine = cand, sp = spare;
-
-            /* this block's queries; then the next block goes in flight */
-            t0 = MPI_Wtime();
-            rc = MPI_Wait(&breq, MPI_STATUS_IGNORE);
-            if (rc == MPI_SUCCESS && b + 1 < nblocks) {
-                xknn__next_block(&it, &nxt);
-                if (nxt.src == rank)
-                    xknn__pack(qbuf[(b + 1) & 1], self ? ref : query, self ? nxt.q0 - ref_offset : nxt.q0, nxt.rows,
-                               row_bytes);
-                rc = MPI_Ibcast(qbuf[(b + 1) & 1], (int)(nxt.rows * row_bytes), MPI_BYTE, nxt.src, ctx->comm,
-                                &breq);
-            }
-            tm.broadcast += MPI_Wtime() - t0;
-            if (rc != MPI_SUCCESS) {
-                st = xknn__mpi_error(rank, &lerr, rc, "MPI_Wait/MPI_Ibcast (query block)");
-                mpi_broken = 1;
-                break;
-            }
-
-            /* local top k with global ids; padding when there is nothing to search */
-            t0 = MPI_Wtime();
-            if (st != XKNN_SUCCESS || nloc == 0) {
-                xknn__lists_pad(mine.ids, mine.dist, cur.rows * k, neg); /* nothing to search */
-            } else {
-                xknn_matrix qm = XKNN_MATRIX_TYPED(qcur, cur.rows, d, dtype);
-                xknn_error e;
-                xknn_status s;
-                MPI_Request pending = breq; /* the next block's broadcast progresses meanwhile */
-                p.query_id_offset = (self ? 0 : qoff_user) + cur.q0;
-                s = resident ? xknn__resident_search(resident, &p, (const float *)(const void *)qcur, cur.rows, mine.ids,
-                                                   mine.dist, xknn__progress, &pending, &e)
-                             : xknn_search(&p, &refm, &qm, k, mine.ids, mine.dist, &e);
-                breq = pending;
-                evals += cur.rows * nloc;
-                if (s != XKNN_SUCCESS) {
-                    st = xknn__mpi_fail(&lerr, s, "rank %d: %s", rank, e.message);
-                    xknn__lists_pad(mine.ids, mine.dist, cur.rows * k, neg);
-                }
-            }
-            tm.search += MPI_Wtime() - t0;
-
-            /* merge to the owner, then deliver */
-            t0 = MPI_Wtime();
-            rc = xknn__tree_reduce(ctx, owner, cur.rows, k, neg, &mine, &recvb, &sp, staging, &res);
-            if (rc == MPI_SUCCESS && out->gather_root >= 0) {
-                if (rank == owner && owner == out->gather_root) {
-                    memcpy(out->ids + cur.q0 * k, res->ids, (size_t)(cur.rows * k) * sizeof(int64_t));
-                    if (out->dist) memcpy(out->dist + cur.q0 * k, res->dist, (size_t)(cur.rows * k) * sizeof(float));
-                } else if (rank == owner) {
-                    rc = xknn__mpi_send_cands(ctx, res, cur.rows, k, staging, out->gather_root, XKNN__TAG_GATHER);
-                } else if (rank == out->gather_root) {
-                    rc = xknn__mpi_recv_cands(ctx, &recvb, cur.rows, k, staging, owner, XKNN__TAG_GATHER);
-                    if (rc == MPI_SUCCESS) {
-                        memcpy(out->ids + cur.q0 * k, recvb.ids, (size_t)(cur.rows * k) * sizeof(int64_t));
-                        if (out->dist)
-                            memcpy(out->dist + cur.q0 * k, recvb.dist, (size_t)(cur.rows * k) * sizeof(float));
-                    }
-                }
-            }
-            tm.reduce += MPI_Wtime() - t0;
-            if (rc != MPI_SUCCESS) {
-                st = xknn__mpi_error(rank, &lerr, rc, "MPI_Send/MPI_Recv (candidate lists)");
-                mpi_broken = 1;
-                break;
-            }
-            if (rank == owner) {
-                owned++;
-                if (out->sink && st == XKNN_SUCCESS) {
-                    xknn_error e;
-                    xknn_status s;
-                    e.status = XKNN_SUCCESS;
-                    e.message[0] = '\0';
-                    t0 = MPI_Wtime();
-                    s = out->sink(out->sink_user, cur.q0, cur.rows, k, res->ids, res->dist, &e);
-                    tm.write += MPI_Wtime() - t0;
-                    if (s != XKNN_SUCCESS) {
-                        if (e.message[0])
-                            st = xknn__mpi_fail(&lerr, s, "rank %d: %s", rank, e.message);
-                        else
-                            st = xknn__mpi_fail(&lerr, s, "rank %d: result sink failed on rows %lld..%lld: %s", rank,
-                                                (long long)cur.q0, (long long)(cur.q0 + cur.rows - 1),
-                                                xknn_status_string(s));
-                    }
-                }
-            }
-            done_q += cur.rows;
-            if (out->progress) out->progress(out->progress_user, done_q, nq);
-
-            /* Error agreement, one block behind so it overlaps the next search: every
-             * rank sees the same flag at the same block and stops together. */
-            if (freq != MPI_REQUEST_NULL) {
-                rc = MPI_Wait(&freq, MPI_STATUS_IGNORE);
-                if (rc != MPI_SUCCESS) {
-                    st = xknn__mpi_error(rank, &lerr, rc, "MPI_Wait (error flag)");
-                    mpi_broken = 1;
-                    break;
-                }
-                if (frecv) stop = 1;
-            }
-            if (stop) break;
-            if (b + 1 < nblocks) {
-                fsend = st != XKNN_SUCCESS;
-                rc = MPI_Iallreduce(&fsend, &frecv, 1, MPI_INT, MPI_MAX, ctx->comm, &freq);
-                if (rc != MPI_SUCCESS) {
-                    st = xknn__mpi_error(rank, &lerr, rc, "MPI_Iallreduce (error flag)");
-                    mpi_broken = 1;
-                    break;
-                }
-            }
-            cur = nxt;
-        }
-        /* Requests every rank posted: complete them before the final agreement. */
-        if (breq != MPI_REQUEST_NULL) MPI_Wait(&breq, MPI_STATUS_IGNORE);
-        if (freq != MPI_REQUEST_NULL) MPI_Wait(&freq, MPI_STATUS_IGNORE);
-    }
-
-    /* ---- 5. the verdict ------------------------------------------------------------ */
-verdict:
-    st = xknn_mpi_agree(ctx, st, &lerr);
-
-finish:
-    tm.total = MPI_Wtime() - t_begin;
-    {
-        /* Per-phase maxima: one more collective, on every path that reached an
-         * agreement (all ranks take the same path). */
-        double lt[6], mt[6];
-        lt[0] = tm.read;
-        lt[1] = tm.broadcast;
-        lt[2] = tm.search;
-        lt[3] = tm.reduce;
-        lt[4] = tm.write;
-        lt[5] = tm.total;
-        if (MPI_Allreduce(lt, mt, 6, MPI_DOUBLE, MPI_MAX, ctx->comm) != MPI_SUCCESS) memcpy(mt, lt, sizeof mt);
-        if (stats) {
-            stats->blocks_owned = owned;
-            stats->distance_evals = evals;
-            stats->local = tm;
-            stats->max.read = mt[0];
-            stats->max.broadcast = mt[1];
-            stats->max.search = mt[2];
-            stats->max.reduce = mt[3];
-            stats->max.write = mt[4];
-            stats->max.total = mt[5];
-        }
-    }
-    xknn__resident_close(resident);
-    free(staging);
-    free(cbase);
-    free(qbuf[1]);
-    free(qbuf[0]);
-    free(order);
-    free(tab);
-    if (err) *err = lerr;
-    return st;
+    xknn__run_finish(S);
+    if (err) *err = S->lerr;
+    return S->st;
 }
 
 xknn_status xknn_mpi_search(xknn_mpi_context *ctx, const xknn_params *params, const xknn_matrix *ref,
