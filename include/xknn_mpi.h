@@ -299,6 +299,41 @@ XKNN_API xknn_status xknn_mpi_search_gather(xknn_mpi_context *ctx, const xknn_pa
                                             int query_root, int64_t k, int gather_root, int64_t *ids, float *dist,
                                             xknn_error *err);
 
+/*
+ * The resident index: a search's slices kept where searches run, for codes that search
+ * many query batches against the same (or slowly changing) references (a simulation's
+ * time steps, a service). Each rank's slice is copied once, at create, into memory the
+ * index owns (host memory, and the rank's GPU where the device path applies: CUDA
+ * backend, l2 or euclidean on float32, room on the device) and its values checked once;
+ * xknn_mpi_index_update replaces rows. Every search then moves only queries and
+ * candidates, with the ids and distance bits of xknn_mpi_search on the same rows.
+ */
+typedef struct xknn_mpi_index xknn_mpi_index;
+
+/* Collective. Arguments as xknn_mpi_search's params, ref and ref_offset (host memory;
+ * the caller may free ref after the call). Memory per rank: the slice in host memory,
+ * and on the device where it is resident. *index is NULL on failure (agreed). */
+XKNN_API xknn_status xknn_mpi_index_create(xknn_mpi_context *ctx, const xknn_params *params,
+                                           const xknn_matrix *ref, int64_t ref_offset, xknn_mpi_index **index,
+                                           xknn_error *err);
+/* Collective. xknn_mpi_search against the index's slices (query, query_root, k, out,
+ * stats and errors as there). */
+XKNN_API xknn_status xknn_mpi_index_search(xknn_mpi_index *index, const xknn_matrix *query, int query_root,
+                                           int64_t k, const xknn_mpi_output *out, xknn_mpi_stats *stats,
+                                           xknn_error *err);
+/* Collective. xknn_mpi_search_gather against the index's slices. */
+XKNN_API xknn_status xknn_mpi_index_search_gather(xknn_mpi_index *index, const xknn_matrix *query,
+                                                  int query_root, int64_t k, int gather_root, int64_t *ids,
+                                                  float *dist, xknn_error *err);
+/* Collective. Rows [row0, row0 + rows->rows) of this rank's slice replaced by rows (host,
+ * the slice's d and dtype; NULL or 0 rows: this rank changes nothing); their values are
+ * checked (INVALID_VALUE names the global row). On failure no rank changed its slice
+ * unless the failure came from the device copy (DEVICE): destroy the index then. */
+XKNN_API xknn_status xknn_mpi_index_update(xknn_mpi_index *index, int64_t row0, const xknn_matrix *rows,
+                                           xknn_error *err);
+/* Not collective. Frees this rank's part (NULL: nothing). */
+XKNN_API xknn_status xknn_mpi_index_destroy(xknn_mpi_index *index);
+
 #ifdef __cplusplus
 }
 #endif

@@ -127,5 +127,24 @@ xknn__resident *xknn__resident_open(const xknn_params *params, int device, const
 xknn_status xknn__resident_search(xknn__resident *r, const xknn_params *params, const float *q, int64_t rows,
                                   int64_t *ids, float *dist, void (*poll)(void *), void *poll_arg, xknn_error *err);
 void xknn__resident_close(xknn__resident *r);
+/* What an index keeps of its slice between searches (mpi/index.c). */
+typedef struct xknn__slice_state {
+    xknn__resident *resident; /* the slice on the rank's GPU, or NULL (host searches)    */
+    int checked;              /* its values passed xknn_check_input when they came       */
+} xknn__slice_state;
+
+/* xknn_mpi_search on a slice an index holds. Collective. */
+xknn_status xknn__search_held(xknn_mpi_context *ctx, const xknn_params *params, const xknn_matrix *ref,
+                              int64_t ref_offset, const xknn__slice_state *held, const xknn_matrix *query,
+                              int query_root, int64_t k, const xknn_mpi_output *out, xknn_mpi_stats *stats,
+                              xknn_error *err);
+
+/* Buffers for blocks of up to qb queries and k results (grown when needed; the slice
+ * stays). 0 on success, else -1 with the reason. Not collective. */
+int xknn__resident_reserve(xknn__resident *r, const xknn_params *params, int64_t qb, int64_t k, char *why,
+                           size_t why_size);
+/* Replaces rows [row0, row0 + rows->rows) of the resident slice (host float32 rows).
+ * Synchronous. Not collective. */
+xknn_status xknn__resident_update(xknn__resident *r, int64_t row0, const xknn_matrix *rows, xknn_error *err);
 
 #endif /* XKNN_MPI_IMPL_H */

@@ -31,7 +31,9 @@ struct xknn__resident {
     void *ws;
     size_t ws_bytes;
     cudaStream_t stream;
-    int64_t n, d, qb, k;
+    int64_t n, d, qb, k;  /* the buffers' capacity in queries; the current search's k  */
+    int64_t cap_k;        /* the buffers' capacity in results a query                   */
+    size_t budget;        /* the caller's device memory budget (0: none)                */
 };
 
 /* Runs on `device`, restoring the caller's current device afterwards. */
@@ -109,6 +111,90 @@ static cudaError_t xknn__upload(xknn__resident *r, const xknn_matrix *ref, int64
     return ce;
 }
 
+/* On the device (current): buffers for blocks of qb queries and k results, and the
+ * workspace, which takes what is left of the budget; without a budget at most 8 GiB of
+ * what is free, so ranks sharing a GPU each find room for their own slice. Grows only;
+ * 0 on success, else -1 with the reason. */
+static int xknn__resident_buffers(xknn__resident *r, const xknn_params *params, int64_t qb, int64_t k, char *why,
+                                  size_t why_size)
+{
+    const size_t row = (size_t)r->d * sizeof(float);
+    xknn_params p = *params;
+    size_t free_b = 0, total_b = 0;
+    cudaError_t ce = cudaSuccess;
+    xknn_error e;
+    if (qb <= r->qb && k <= r->cap_k) {
+        r->k = k;
+        return 0;
+    }
+    if (qb < r->qb) qb = r->qb;
+    if (k < r->cap_k) k = r->cap_k;
+    ce = cudaStreamSynchronize(r->stream);
+    if (r->ws) cudaFree(r->ws);
+    if (r->dDist) cudaFree(r->dDist);
+    if (r->dIds) cudaFree(r->dIds);
+    if (r->dQ) cudaFree(r->dQ);
+    r->ws = NULL, r->dDist = NULL, r->dIds = NULL, r->dQ = NULL;
+    r->qb = r->k = r->cap_k = 0;
+    if (ce == cudaSuccess) ce = cudaMalloc((void **)&r->dQ, (size_t)qb * row);
+    if (ce == cudaSuccess) ce = cudaMalloc((void **)&r->dIds, (size_t)(qb * k) * sizeof(int64_t));
+    if (ce == cudaSuccess) ce = cudaMalloc((void **)&r->dDist, (size_t)(qb * k) * sizeof(float));
+    if (ce == cudaSuccess && r->budget) {
+        const size_t used = (size_t)r->n * row + (size_t)qb * (row + (size_t)k * (sizeof(int64_t) + sizeof(float)));
+        p.device_memory_budget = r->budget > used ? r->budget - used : 1;
+    } else if (ce == cudaSuccess && (ce = cudaMemGetInfo(&free_b, &total_b)) == cudaSuccess) {
+        p.device_memory_budget = free_b / 10 * 9;
+        if (p.device_memory_budget > ((size_t)8 << 30)) p.device_memory_budget = (size_t)8 << 30;
+    }
+    if (ce != cudaSuccess) {
+        snprintf(why, why_size, "device setup: %s", cudaGetErrorString(ce));
+        return -1;
+    }
+    if (xknn_cuda_workspace_size(r->ctx, &p, r->n, qb, r->d, k, &r->ws_bytes, &e) != XKNN_SUCCESS) {
+        snprintf(why, why_size, "%s", e.message);
+        return -1;
+    }
+    ce = cudaMalloc(&r->ws, r->ws_bytes);
+    if (ce == cudaSuccess) ce = cudaStreamSynchronize(r->stream);
+    if (ce != cudaSuccess) {
+        snprintf(why, why_size, "device setup: %s", cudaGetErrorString(ce));
+        return -1;
+    }
+    r->qb = qb;
+    r->k = r->cap_k = k;
+    return 0;
+}
+
+int xknn__resident_reserve(xknn__resident *r, const xknn_params *params, int64_t qb, int64_t k, char *why,
+                           size_t why_size)
+{
+    xknn__dev_scope sc;
+    int rc;
+    if (xknn__dev_enter(&sc, r->device) != cudaSuccess) {
+        snprintf(why, why_size, "cannot select device %d", r->device);
+        return -1;
+    }
+    rc = xknn__resident_buffers(r, params, qb, k, why, why_size);
+    xknn__dev_leave(&sc);
+    return rc;
+}
+
+xknn_status xknn__resident_update(xknn__resident *r, int64_t row0, const xknn_matrix *rows, xknn_error *err)
+{
+    const int64_t ld = rows->ld ? rows->ld : rows->cols;
+    const size_t row = (size_t)r->d * sizeof(float);
+    xknn__dev_scope sc;
+    cudaError_t ce = xknn__dev_enter(&sc, r->device);
+    if (ce == cudaSuccess)
+        ce = cudaMemcpy2DAsync(r->dR + row0 * r->d, row, rows->data, (size_t)ld * sizeof(float), row,
+                               (size_t)rows->rows, cudaMemcpyHostToDevice, r->stream);
+    if (ce == cudaSuccess) ce = cudaStreamSynchronize(r->stream);
+    xknn__dev_leave(&sc);
+    if (ce != cudaSuccess)
+        return xknn__mpi_fail(err, XKNN_ERROR_DEVICE, "cuda backend (device slice update): %s", cudaGetErrorString(ce));
+    return XKNN_SUCCESS;
+}
+
 xknn__resident *xknn__resident_open(const xknn_params *params, int device, const xknn_matrix *ref, int64_t qb,
                                     int64_t k, char *why, size_t why_size)
 {
@@ -168,39 +254,16 @@ xknn__resident *xknn__resident_open(const xknn_params *params, int device, const
                  free_b);
         goto fail;
     }
+    r->budget = p.device_memory_budget;
     if (ce == cudaSuccess) ce = cudaStreamCreateWithFlags(&r->stream, cudaStreamNonBlocking);
     if (ce == cudaSuccess) ce = cudaMalloc((void **)&r->dR, (size_t)n * row);
-    if (ce == cudaSuccess) ce = cudaMalloc((void **)&r->dQ, (size_t)qb * row);
-    if (ce == cudaSuccess) ce = cudaMalloc((void **)&r->dIds, (size_t)(qb * k) * sizeof(int64_t));
-    if (ce == cudaSuccess) ce = cudaMalloc((void **)&r->dDist, (size_t)(qb * k) * sizeof(float));
     if (ce == cudaSuccess) ce = xknn__upload(r, ref, ld);
     if (ce != cudaSuccess) {
         snprintf(why, why_size, "device setup: %s", cudaGetErrorString(ce));
         goto fail;
     }
-    /* The workspace takes what is left of the budget; without a budget, at most 8 GiB of
-     * what is free, so ranks sharing a GPU each find room for their own slice. */
-    if (p.device_memory_budget) {
-        p.device_memory_budget -= used;
-    } else {
-        ce = cudaMemGetInfo(&free_b, &total_b);
-        if (ce != cudaSuccess) {
-            snprintf(why, why_size, "device setup: %s", cudaGetErrorString(ce));
-            goto fail;
-        }
-        p.device_memory_budget = free_b / 10 * 9;
-        if (p.device_memory_budget > ((size_t)8 << 30)) p.device_memory_budget = (size_t)8 << 30;
-    }
-    if (xknn_cuda_workspace_size(r->ctx, &p, n, qb, d, k, &r->ws_bytes, &e) != XKNN_SUCCESS) {
-        snprintf(why, why_size, "%s", e.message);
-        goto fail;
-    }
-    ce = cudaMalloc(&r->ws, r->ws_bytes);
-    if (ce == cudaSuccess) ce = cudaStreamSynchronize(r->stream);
-    if (ce != cudaSuccess) {
-        snprintf(why, why_size, "device setup: %s", cudaGetErrorString(ce));
-        goto fail;
-    }
+    r->qb = r->k = r->cap_k = 0;
+    if (xknn__resident_buffers(r, &p, qb, k, why, why_size) != 0) goto fail;
     xknn__dev_leave(&sc);
     return r;
 fail:
@@ -276,5 +339,24 @@ xknn_status xknn__resident_search(xknn__resident *r, const xknn_params *params, 
 }
 
 void xknn__resident_close(xknn__resident *r) { (void)r; }
+
+int xknn__resident_reserve(xknn__resident *r, const xknn_params *params, int64_t qb, int64_t k, char *why,
+                           size_t why_size)
+{
+    (void)r;
+    (void)params;
+    (void)qb;
+    (void)k;
+    snprintf(why, why_size, "xknn_mpi built without CUDA");
+    return -1;
+}
+
+xknn_status xknn__resident_update(xknn__resident *r, int64_t row0, const xknn_matrix *rows, xknn_error *err)
+{
+    (void)r;
+    (void)row0;
+    (void)rows;
+    return xknn__mpi_fail(err, XKNN_ERROR_NOT_BUILT, "xknn_mpi built without CUDA");
+}
 
 #endif

@@ -342,6 +342,8 @@ typedef struct xknn__search {
     MPI_Request breq, freq; /* the next block's broadcast, the error flag's reduction */
     int fsend, frecv, stop;
     xknn__resident *resident;
+    xknn__resident *kept; /* an index's resident slice: used, never closed here      */
+    int ref_checked;      /* an index's slice: its values were checked when they came */
 } xknn__search;
 
 /* Local checks (no communication): the slice, the metric, the query root's queries, the
@@ -375,7 +377,8 @@ static void xknn__run_check_local(xknn__search *S)
     }
     if (st == XKNN_SUCCESS && S->out->gather_root == rank && !S->out->ids)
         st = xknn__mpi_fail(lerr, XKNN_ERROR_INVALID_ARGUMENT, "rank %d: gather ids is NULL on the gather root", rank);
-    if (st == XKNN_SUCCESS && S->nloc > 0) st = xknn__check_values(rank, &S->p, "reference", ref, S->ref_offset, lerr);
+    if (st == XKNN_SUCCESS && S->nloc > 0 && !S->ref_checked)
+        st = xknn__check_values(rank, &S->p, "reference", ref, S->ref_offset, lerr);
     if (st == XKNN_SUCCESS && !S->self && rank == S->query_root)
         st = xknn__check_values(rank, &S->p, "query", query, 0, lerr);
     S->st = st;
@@ -745,7 +748,16 @@ static void xknn__run_pipeline(xknn__search *S)
     if (S->p.device < 0) S->p.device = S->ctx->device;
     memset(&refm, 0, sizeof refm);
     if (S->nloc > 0) refm = *S->ref;
-    if (S->nloc > 0 && S->st == XKNN_SUCCESS) {
+    if (S->nloc > 0 && S->st == XKNN_SUCCESS && S->kept) {
+        /* an index's slice is on the GPU already: buffers for this search's blocks */
+        char why[256];
+        t0 = MPI_Wtime();
+        if (xknn__resident_reserve(S->kept, &S->p, S->qb, S->k, why, sizeof why) == 0)
+            S->resident = S->kept;
+        else
+            S->st = xknn__mpi_fail(&S->lerr, XKNN_ERROR_OUT_OF_MEMORY, "rank %d: %s", S->rank, why);
+        S->tm.search += MPI_Wtime() - t0;
+    } else if (S->nloc > 0 && S->st == XKNN_SUCCESS) {
         /* keep the slice on this rank's GPU for every block (counted as search time) */
         char why[256];
         t0 = MPI_Wtime();
@@ -808,7 +820,7 @@ static void xknn__run_finish(xknn__search *S)
         stats->max.write = mt[4];
         stats->max.total = mt[5];
     }
-    xknn__resident_close(S->resident);
+    if (S->resident != S->kept) xknn__resident_close(S->resident);
     free(S->staging);
     free(S->cbase);
     free(S->qbuf[1]);
@@ -818,8 +830,9 @@ static void xknn__run_finish(xknn__search *S)
 }
 
 static xknn_status xknn__run(xknn_mpi_context *ctx, const xknn_params *params, const xknn_matrix *ref,
-                             int64_t ref_offset, const xknn_matrix *query, int query_root, int self, int64_t k,
-                             const xknn_mpi_output *out_in, xknn_mpi_stats *stats, xknn_error *err)
+                             int64_t ref_offset, const xknn__slice_state *held, const xknn_matrix *query,
+                             int query_root, int self, int64_t k, const xknn_mpi_output *out_in,
+                             xknn_mpi_stats *stats, xknn_error *err)
 {
     const xknn_mpi_output none = XKNN_MPI_OUTPUT_INIT;
     xknn__search search, *S = &search;
@@ -848,6 +861,10 @@ static xknn_status xknn__run(xknn_mpi_context *ctx, const xknn_params *params, c
     S->rank = ctx->rank;
     S->P = ctx->size;
     S->nloc = ref ? ref->rows : 0;
+    if (held) {
+        S->kept = held->resident;
+        S->ref_checked = held->checked;
+    }
     if (S->p.metric == XKNN_METRIC_MINKOWSKI && S->p.p == 0.0) S->p.p = 2.0;
     S->neg = S->p.metric == XKNN_METRIC_IP;
 
@@ -881,14 +898,22 @@ xknn_status xknn_mpi_search(xknn_mpi_context *ctx, const xknn_params *params, co
                             int64_t ref_offset, const xknn_matrix *query, int query_root, int64_t k,
                             const xknn_mpi_output *out, xknn_mpi_stats *stats, xknn_error *err)
 {
-    return xknn__run(ctx, params, ref, ref_offset, query, query_root, 0, k, out, stats, err);
+    return xknn__run(ctx, params, ref, ref_offset, NULL, query, query_root, 0, k, out, stats, err);
+}
+
+xknn_status xknn__search_held(xknn_mpi_context *ctx, const xknn_params *params, const xknn_matrix *ref,
+                              int64_t ref_offset, const xknn__slice_state *held, const xknn_matrix *query,
+                              int query_root, int64_t k, const xknn_mpi_output *out, xknn_mpi_stats *stats,
+                              xknn_error *err)
+{
+    return xknn__run(ctx, params, ref, ref_offset, held, query, query_root, 0, k, out, stats, err);
 }
 
 xknn_status xknn_mpi_self_join(xknn_mpi_context *ctx, const xknn_params *params, const xknn_matrix *ref,
                                int64_t ref_offset, int64_t k, const xknn_mpi_output *out, xknn_mpi_stats *stats,
                                xknn_error *err)
 {
-    return xknn__run(ctx, params, ref, ref_offset, NULL, -1, 1, k, out, stats, err);
+    return xknn__run(ctx, params, ref, ref_offset, NULL, NULL, -1, 1, k, out, stats, err);
 }
 
 xknn_status xknn_mpi_search_gather(xknn_mpi_context *ctx, const xknn_params *params, const xknn_matrix *ref,
@@ -899,6 +924,6 @@ xknn_status xknn_mpi_search_gather(xknn_mpi_context *ctx, const xknn_params *par
     out.gather_root = gather_root;
     out.ids = ids;
     out.dist = dist;
-    if (query_root == XKNN_MPI_SELF_JOIN) return xknn__run(ctx, params, ref, ref_offset, NULL, -1, 1, k, &out, NULL, err);
-    return xknn__run(ctx, params, ref, ref_offset, query, query_root, 0, k, &out, NULL, err);
+    if (query_root == XKNN_MPI_SELF_JOIN) return xknn__run(ctx, params, ref, ref_offset, NULL, NULL, -1, 1, k, &out, NULL, err);
+    return xknn__run(ctx, params, ref, ref_offset, NULL, query, query_root, 0, k, &out, NULL, err);
 }

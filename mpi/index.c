@@ -1,0 +1,161 @@
+/*
+ * mpi/index.c -- the resident distributed index (xknn_mpi_index_*): each rank's slice is
+ * copied once to where searches run and its values checked once, at create and update;
+ * a search then moves only queries and candidate lists. The slice lives in host memory
+ * owned by the index (the host path reads it; updates write it) and, where the device
+ * path applies (xknn__resident_open: CUDA backend, l2/euclidean on float32, room on the
+ * device), on the rank's GPU as well. Results are those of xknn_mpi_search on the same
+ * rows: the same pipeline runs (mpi/search.c), only the slice's upload and scan are
+ * skipped.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "impl.h"
+
+struct xknn_mpi_index {
+    xknn_mpi_context *ctx;
+    xknn_params p;        /* the caller's parameters (minkowski's p resolved)         */
+    xknn_matrix slice;    /* this rank's rows, dense: data is rows below              */
+    unsigned char *rows;  /* host memory owned here                                   */
+    int64_t ref_offset;
+    xknn__slice_state held;
+};
+
+/* This rank's dense host copy of ref (rows x d, ld = the row's elements). */
+static xknn_status xknn__index_copy(xknn_mpi_index *x, const xknn_matrix *ref, xknn_error *err)
+{
+    const int rank = x->ctx->rank;
+    const int64_t rb = xknn_row_bytes(ref->dtype, ref->cols), ld = ref->ld ? ref->ld : xknn_row_elems(ref->dtype, ref->cols);
+    const int64_t ldb = ld * (rb / xknn_row_elems(ref->dtype, ref->cols));
+    int64_t i;
+    if (!ref->data || ref->cols <= 0 || (int)ref->dtype < 0 || ref->dtype >= XKNN_DTYPE_COUNT)
+        return xknn__mpi_fail(err, XKNN_ERROR_INVALID_ARGUMENT, "rank %d: reference slice has no data, d=%lld or an "
+                              "unknown dtype", rank, (long long)ref->cols);
+    x->slice = *ref;
+    x->slice.ld = 0;
+    x->slice.data = x->rows = (unsigned char *)malloc((size_t)(ref->rows * rb));
+    if (!x->rows)
+        return xknn__mpi_fail(err, XKNN_ERROR_OUT_OF_MEMORY, "rank %d: out of memory for the index's slice "
+                              "(%.1f MiB)", rank, (double)(ref->rows * rb) / 1048576.0);
+    for (i = 0; i < ref->rows; i++)
+        memcpy(x->rows + i * rb, (const unsigned char *)ref->data + i * ldb, (size_t)rb);
+    return XKNN_SUCCESS;
+}
+
+/* The values of rows [r0, r0 + rows) of m, named by global row (rank prefixed). */
+static xknn_status xknn__index_check(const xknn_mpi_index *x, const xknn_matrix *m, int64_t row0, xknn_error *err)
+{
+    xknn_error e;
+    xknn_status st = xknn_check_input(&x->p, "reference", m, row0, &e);
+    return st == XKNN_SUCCESS ? st : xknn__mpi_fail(err, st, "rank %d: %s", x->ctx->rank, e.message);
+}
+
+xknn_status xknn_mpi_index_create(xknn_mpi_context *ctx, const xknn_params *params, const xknn_matrix *ref,
+                                  int64_t ref_offset, xknn_mpi_index **index, xknn_error *err)
+{
+    xknn_mpi_index *x;
+    xknn_status st = XKNN_SUCCESS;
+    xknn_error lerr;
+    if (!ctx || !index) return xknn__mpi_fail(err, XKNN_ERROR_INVALID_ARGUMENT, "xknn_mpi_index_create: NULL argument");
+    *index = NULL;
+    lerr.status = XKNN_SUCCESS;
+    lerr.message[0] = '\0';
+    x = (xknn_mpi_index *)calloc(1, sizeof *x);
+    if (!x) st = xknn__mpi_fail(&lerr, XKNN_ERROR_OUT_OF_MEMORY, "rank %d: out of memory", ctx->rank);
+    if (x) {
+        x->ctx = ctx;
+        x->p = params ? *params : xknn_params_default();
+        if (x->p.metric == XKNN_METRIC_MINKOWSKI && x->p.p == 0.0) x->p.p = 2.0;
+        if (x->p.device < 0) x->p.device = ctx->device;
+        x->ref_offset = ref_offset;
+        if (ref && ref->rows > 0) {
+            if (ref_offset < 0)
+                st = xknn__mpi_fail(&lerr, XKNN_ERROR_INVALID_ARGUMENT, "rank %d: ref_offset=%lld: need >= 0",
+                                    ctx->rank, (long long)ref_offset);
+            if (st == XKNN_SUCCESS) st = xknn__index_copy(x, ref, &lerr);
+            if (st == XKNN_SUCCESS) st = xknn__index_check(x, &x->slice, ref_offset, &lerr);
+        }
+    }
+    st = xknn_mpi_agree(ctx, st, &lerr);
+    if (st == XKNN_SUCCESS && x->slice.rows > 0) {
+        /* the device copy where the device path applies; the host path otherwise */
+        char why[256];
+        x->held.resident = xknn__resident_open(&x->p, x->p.device, &x->slice, 1, 1, why, sizeof why);
+        if (ctx->config.verbose && (x->p.backend != XKNN_BACKEND_CPU || x->held.resident))
+            fprintf(stderr, "xknn_mpi: index: rank %d: %s\n", ctx->rank,
+                    x->held.resident ? "slice resident on the GPU" : why);
+    }
+    if (st != XKNN_SUCCESS) {
+        xknn_mpi_index_destroy(x);
+        x = NULL;
+    } else {
+        x->held.checked = 1;
+    }
+    *index = x;
+    if (err) *err = lerr;
+    return st;
+}
+
+xknn_status xknn_mpi_index_search(xknn_mpi_index *index, const xknn_matrix *query, int query_root, int64_t k,
+                                  const xknn_mpi_output *out, xknn_mpi_stats *stats, xknn_error *err)
+{
+    if (!index) return xknn__mpi_fail(err, XKNN_ERROR_INVALID_ARGUMENT, "xknn_mpi_index_search: index is NULL");
+    return xknn__search_held(index->ctx, &index->p, index->slice.rows > 0 ? &index->slice : NULL, index->ref_offset,
+                             &index->held, query, query_root, k, out, stats, err);
+}
+
+xknn_status xknn_mpi_index_search_gather(xknn_mpi_index *index, const xknn_matrix *query, int query_root, int64_t k,
+                                         int gather_root, int64_t *ids, float *dist, xknn_error *err)
+{
+    xknn_mpi_output out = XKNN_MPI_OUTPUT_INIT;
+    out.gather_root = gather_root;
+    out.ids = ids;
+    out.dist = dist;
+    return xknn_mpi_index_search(index, query, query_root, k, &out, NULL, err);
+}
+
+xknn_status xknn_mpi_index_update(xknn_mpi_index *index, int64_t row0, const xknn_matrix *rows, xknn_error *err)
+{
+    xknn_status st = XKNN_SUCCESS;
+    xknn_error lerr;
+    const xknn_matrix *s;
+    int64_t rb, ldb, i, n;
+    if (!index) return xknn__mpi_fail(err, XKNN_ERROR_INVALID_ARGUMENT, "xknn_mpi_index_update: index is NULL");
+    s = &index->slice;
+    lerr.status = XKNN_SUCCESS;
+    lerr.message[0] = '\0';
+    n = rows ? rows->rows : 0;
+    if (n < 0 || (n > 0 && (!rows->data || rows->cols != s->cols || rows->dtype != s->dtype)))
+        st = xknn__mpi_fail(&lerr, XKNN_ERROR_INVALID_ARGUMENT, "rank %d: update rows must be %lld columns of %s",
+                            index->ctx->rank, (long long)s->cols, xknn_dtype_name(s->dtype));
+    else if (n > 0 && (row0 < 0 || row0 + n > s->rows))
+        st = xknn__mpi_fail(&lerr, XKNN_ERROR_INVALID_ARGUMENT,
+                            "rank %d: update of rows %lld..%lld outside the slice's %lld rows", index->ctx->rank,
+                            (long long)row0, (long long)(row0 + n - 1), (long long)s->rows);
+    else if (n > 0)
+        st = xknn__index_check(index, rows, index->ref_offset + row0, &lerr);
+    st = xknn_mpi_agree(index->ctx, st, &lerr);
+    if (st == XKNN_SUCCESS) { /* agreed: every rank is here */
+        if (n > 0) {
+            rb = xknn_row_bytes(s->dtype, s->cols);
+            ldb = (rows->ld ? rows->ld : xknn_row_elems(s->dtype, s->cols)) * (rb / xknn_row_elems(s->dtype, s->cols));
+            for (i = 0; i < n; i++)
+                memcpy(index->rows + (row0 + i) * rb, (const unsigned char *)rows->data + i * ldb, (size_t)rb);
+            if (index->held.resident) st = xknn__resident_update(index->held.resident, row0, rows, &lerr);
+        }
+        st = xknn_mpi_agree(index->ctx, st, &lerr); /* the device copies */
+    }
+    if (err) *err = lerr;
+    return st;
+}
+
+xknn_status xknn_mpi_index_destroy(xknn_mpi_index *index)
+{
+    if (!index) return XKNN_SUCCESS;
+    xknn__resident_close(index->held.resident);
+    free(index->rows);
+    free(index);
+    return XKNN_SUCCESS;
+}
