@@ -38,7 +38,7 @@ cp "$src/tests/consumer/meson.build" "$src/tests/consumer/main.c" "$a/"
 # enters, except tests, examples and benchmarks (switched off below; benchmarks/data may
 # hold large data sets).
 dirs=$(sed -n "s/^ *subdir('\([^'/]*\).*/\1/p" "$src/meson.build" | sort -u | grep -Ev '^(tests|examples|benchmarks)$')
-for f in meson.build meson_options.txt include src $dirs; do
+for f in meson.build meson_options.txt LICENSE include src $dirs; do
     [ -e "$src/$f" ] && cp -R "$src/$f" "$a/subprojects/xknn/"
 done
 check "subproject: configure with dependency('xknn') from subprojects/xknn" "$tmp/a-setup.log" \
