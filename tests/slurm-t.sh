@@ -127,8 +127,11 @@ ok $([ $RC -eq 0 ] && cmp -s "$T/srun-self.bin" "$T/mpirun-self.bin"; echo $?) \
     "srun -n 3 knn_mpi REF (symmetric self-join ring): the bytes of mpirun -np 3"
 cat >"$T/job.sh" <<EOF
 #!/bin/sh
-#SBATCH -n 3
+#SBATCH --ntasks=3
+#SBATCH --cpus-per-task=1
+#SBATCH --time=00:05:00
 #SBATCH -o $T/job.out
+export OMP_NUM_THREADS=\$SLURM_CPUS_PER_TASK
 srun --mpi=pmix "$KNN" -k 10 -o "$T/sbatch.bin" "$T/ref.fbin" "$T/q.fbin"
 EOF
 run timeout 90 sbatch --wait "$T/job.sh"
