@@ -155,8 +155,8 @@ check "cmake: build against xknn::xknn$([ $cm_mpi = ON ] && echo ' and xknn::xkn
 check "cmake: consumer (xknn::xknn) runs without LD_LIBRARY_PATH" "$tmp/e-run.log" \
     env -u LD_LIBRARY_PATH "$e/build/consumer"
 if [ "$want_mpi" = mpi ]; then
-    check "cmake: mpi_consumer (xknn::xknn_mpi) finds its neighbours under mpirun -np 3" "$tmp/e-mpi.log" \
-        mpirun --oversubscribe -np 3 "$e/build/mpi_consumer"
+    check "cmake: mpi_consumer (xknn::xknn_mpi) runs under mpirun -np 3 without LD_LIBRARY_PATH" "$tmp/e-mpi.log" \
+        env -u LD_LIBRARY_PATH mpirun --oversubscribe -np 3 "$e/build/mpi_consumer"
 fi
 if cmake -S "$e" -B "$e/build-v" -DCMAKE_PREFIX_PATH="$P" -DXKNN_MIN_VERSION=1.0 >"$tmp/e-v.log" 2>&1; then
     fail "cmake: find_package(xknn 1.0) refuses the installed 0.x" "$tmp/e-v.log"
