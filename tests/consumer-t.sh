@@ -4,7 +4,14 @@
 #      dependency('xknn') resolved through xknn's meson.override_dependency;
 #  (b) through pkg-config after `meson install --destdir`: installed headers, library,
 #      pkg-config files and the knn_mpi command are checked, then the consumer is built
-#      with Meson and with a plain `cc $(pkg-config --cflags --libs xknn)`.
+#      with Meson and with a plain `cc $(pkg-config --cflags --libs xknn)`; with MPI, a
+#      plain `cc mpi_main.c $(pkg-config --cflags --libs xknn_mpi)` (no mpicc) runs under
+#      mpirun. A program linked against the install finds libxknn.so.0 at run time
+#      through an rpath to pkg-config's libdir, and does not without one (nor
+#      LD_LIBRARY_PATH): the README's install notes;
+#  (c) through the installed CMake package: find_package(xknn CONFIG) and the imported
+#      targets xknn::xknn and (with MPI) xknn::xknn_mpi; a version the install does not
+#      satisfy is refused. Skipped where cmake is missing.
 # Usage: consumer-t.sh XKNN_SOURCE_ROOT mpi|nompi
 # Optional features are disabled to keep it short (cuda, tests, examples, benchmarks).
 src=$1
@@ -28,7 +35,7 @@ check() { # description, log, command...
     if "$@" >"$l" 2>&1; then ok "$d"; else fail "$d" "$l"; fi
 }
 
-if [ "$want_mpi" = mpi ]; then echo "1..17"; else echo "1..15"; fi
+if [ "$want_mpi" = mpi ]; then echo "1..26"; else echo "1..21"; fi
 
 # ---- (a) subproject ------------------------------------------------------------------
 a=$tmp/a
@@ -38,7 +45,7 @@ cp "$src/tests/consumer/meson.build" "$src/tests/consumer/main.c" "$a/"
 # enters, except tests, examples and benchmarks (switched off below; benchmarks/data may
 # hold large data sets).
 dirs=$(sed -n "s/^ *subdir('\([^'/]*\).*/\1/p" "$src/meson.build" | sort -u | grep -Ev '^(tests|examples|benchmarks)$')
-for f in meson.build meson_options.txt include src $dirs; do
+for f in meson.build meson_options.txt LICENSE include src $dirs; do
     [ -e "$src/$f" ] && cp -R "$src/$f" "$a/subprojects/xknn/"
 done
 check "subproject: configure with dependency('xknn') from subprojects/xknn" "$tmp/a-setup.log" \
@@ -67,7 +74,8 @@ check "install: meson install --destdir" "$tmp/b-install.log" "$meson" install -
 P=$D$prefix
 missing=
 files="include/xknn.h include/xknn/io.h include/xknn/cuda.h include/xknn/impl/backend.h
-       lib/libxknn.so lib/pkgconfig/xknn.pc bin/knn_mpi"
+       lib/libxknn.so lib/pkgconfig/xknn.pc bin/knn_mpi share/doc/xknn/LICENSE
+       lib/cmake/xknn/xknnConfig.cmake lib/cmake/xknn/xknnConfigVersion.cmake"
 [ "$want_mpi" = mpi ] && files="$files include/xknn_mpi.h lib/libxknn_mpi.so lib/pkgconfig/xknn_mpi.pc"
 for f in $files; do [ -e "$P/$f" ] || missing="$missing $f"; done
 if [ -z "$missing" ]; then ok "install: headers, libraries, pkg-config files, knn_mpi present"
@@ -103,4 +111,55 @@ if [ "$want_mpi" = mpi ]; then
     printf '#include <xknn_mpi.h>\nint main(void) { return xknn_mpi_transfer_from_name("auto") != XKNN_MPI_TRANSFER_AUTO; }\n' > "$tmp/m.c"
     check "pkg-config: mpicc links a program against xknn_mpi" "$tmp/mcc.log" \
         sh -c "mpicc -std=c99 '$tmp/m.c' \$(pkg-config --cflags --libs xknn_mpi) -o '$tmp/m' && '$tmp/m'"
+    cp "$src/tests/consumer/mpi_main.c" "$c/"
 fi
+# The sysroot would also prefix Open MPI's own paths (ompi-c.pc lives outside it): from
+# here on, copies of the installed .pc files with the destdir in their prefix, which is
+# what an install made directly at that prefix has.
+unset PKG_CONFIG_SYSROOT_DIR
+mkdir -p "$tmp/pc"
+for f in "$P"/lib/pkgconfig/*.pc; do sed "s|^prefix=.*|prefix=$P|" "$f" >"$tmp/pc/$(basename "$f")"; done
+export PKG_CONFIG_PATH="$tmp/pc"
+if [ "$want_mpi" = mpi ]; then
+    # shellcheck disable=SC2046
+    check "pkg-config: plain cc mpi_main.c \$(pkg-config --cflags --libs xknn_mpi) links (no mpicc)" "$tmp/mpc.log" \
+        sh -c "$cc -std=c99 -Wall -Wextra -Wpedantic -Werror '$c/mpi_main.c' \$(pkg-config --cflags --libs xknn_mpi) -o '$tmp/mplain'"
+    check "pkg-config: that program finds its neighbours under mpirun -np 3" "$tmp/mpr.log" \
+        mpirun --oversubscribe -np 3 "$tmp/mplain"
+fi
+
+# ---- run time: where a program finds libxknn.so.0 ------------------------------------
+# shellcheck disable=SC2046
+if sh -c "$cc -std=c99 '$c/main.c' \$(pkg-config --cflags --libs xknn) -o '$tmp/norpath'" >"$tmp/nr.log" 2>&1 &&
+   ! env -u LD_LIBRARY_PATH "$tmp/norpath" >>"$tmp/nr.log" 2>&1 && grep -q "libxknn.so.0" "$tmp/nr.log"; then
+    ok "run time: without an rpath or LD_LIBRARY_PATH the loader does not find libxknn.so.0 outside its paths"
+else fail "run time: without an rpath or LD_LIBRARY_PATH the loader does not find libxknn.so.0 outside its paths" "$tmp/nr.log"; fi
+libdir=$(pkg-config --variable=libdir xknn)
+# shellcheck disable=SC2046
+check "run time: linked with -Wl,-rpath,\$(pkg-config --variable=libdir xknn) it runs without LD_LIBRARY_PATH" \
+    "$tmp/rp.log" sh -c "$cc -std=c99 '$c/main.c' \$(pkg-config --cflags --libs xknn) -Wl,-rpath,'$libdir' -o '$tmp/rpath' && env -u LD_LIBRARY_PATH '$tmp/rpath'"
+
+# ---- (c) CMake package ---------------------------------------------------------------
+if [ "$want_mpi" = mpi ]; then ncm=5; cm_mpi=ON; else ncm=4; cm_mpi=OFF; fi
+if ! command -v cmake >/dev/null 2>&1; then
+    i=0; while [ $i -lt $ncm ]; do n=$((n + 1)); echo "ok $n # SKIP cmake not installed"; i=$((i + 1)); done
+    exit 0
+fi
+e=$tmp/e
+mkdir -p "$e"
+cp "$src/tests/consumer/CMakeLists.txt" "$src/tests/consumer/main.c" "$src/tests/consumer/mpi_main.c" "$e/"
+check "cmake: find_package(xknn CONFIG) from the install (MPI component: $cm_mpi)" "$tmp/e-setup.log" \
+    cmake -S "$e" -B "$e/build" -DCMAKE_PREFIX_PATH="$P" -DWITH_MPI=$cm_mpi
+check "cmake: build against xknn::xknn$([ $cm_mpi = ON ] && echo ' and xknn::xknn_mpi')" "$tmp/e-build.log" \
+    cmake --build "$e/build"
+check "cmake: consumer (xknn::xknn) runs without LD_LIBRARY_PATH" "$tmp/e-run.log" \
+    env -u LD_LIBRARY_PATH "$e/build/consumer"
+if [ "$want_mpi" = mpi ]; then
+    check "cmake: mpi_consumer (xknn::xknn_mpi) runs under mpirun -np 3 without LD_LIBRARY_PATH" "$tmp/e-mpi.log" \
+        env -u LD_LIBRARY_PATH mpirun --oversubscribe -np 3 "$e/build/mpi_consumer"
+fi
+if cmake -S "$e" -B "$e/build-v" -DCMAKE_PREFIX_PATH="$P" -DXKNN_MIN_VERSION=1.0 >"$tmp/e-v.log" 2>&1; then
+    fail "cmake: find_package(xknn 1.0) refuses the installed 0.x" "$tmp/e-v.log"
+elif grep -q "xknnConfig.cmake, version: 0.1.0" "$tmp/e-v.log"; then
+    ok "cmake: find_package(xknn 1.0) refuses the installed 0.x"
+else fail "cmake: find_package(xknn 1.0) refuses the installed 0.x" "$tmp/e-v.log"; fi
