@@ -96,6 +96,7 @@
 #include <omp.h>
 #endif
 
+#include "checks.cuh"
 #include "kernels.cuh"
 #include "xknn/cuda.h"
 #include "xknn/impl/backend.h"
@@ -168,75 +169,6 @@ struct xknn_cuda_kept {
 };
 
 namespace {
-
-/* ---- errors ----------------------------------------------------------------------- */
-struct Err {
-    char *msg;
-    size_t size;
-};
-
-#if defined(__GNUC__)
-__attribute__((format(printf, 3, 4)))
-#endif
-xknn_status failf(Err er, xknn_status st, const char *fmt, ...)
-{
-    if (er.msg && er.size) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(er.msg, er.size, fmt, ap);
-        va_end(ap);
-    }
-    return st;
-}
-
-Err err_of(xknn_error *err)
-{
-    Err e;
-    e.msg = err ? err->message : NULL;
-    e.size = err ? sizeof err->message : 0;
-    if (err) {
-        err->status = XKNN_SUCCESS;
-        err->message[0] = '\0';
-    }
-    return e;
-}
-
-xknn_status finish_err(xknn_error *err, xknn_status st)
-{
-    if (err) err->status = st;
-    return st;
-}
-
-/* Checked calls: map to a status, say which call failed and why, jump to cleanup. They
- * need `xknn_status st`, `Err er` and a `cleanup:` label in the enclosing function. */
-#define XKNN__CUDA_CHECK(call)                                                                                  \
-    do {                                                                                                        \
-        const cudaError_t e_ = (call);                                                                          \
-        if (e_ != cudaSuccess) {                                                                                \
-            (void)cudaGetLastError();                                                                           \
-            st = failf(er, e_ == cudaErrorMemoryAllocation ? XKNN_ERROR_OUT_OF_MEMORY : XKNN_ERROR_DEVICE,      \
-                       "cuda backend: %s: %s (%s, %s:%d)", cudaGetErrorName(e_), cudaGetErrorString(e_), #call, \
-                       __FILE__, __LINE__);                                                                     \
-            goto cleanup;                                                                                       \
-        }                                                                                                       \
-    } while (0)
-
-#define XKNN__CUBLAS_CHECK(call)                                                                             \
-    do {                                                                                                     \
-        const cublasStatus_t s_ = (call);                                                                    \
-        if (s_ != CUBLAS_STATUS_SUCCESS) {                                                                   \
-            st = failf(er, s_ == CUBLAS_STATUS_ALLOC_FAILED ? XKNN_ERROR_OUT_OF_MEMORY : XKNN_ERROR_DEVICE,  \
-                       "cuda backend: cuBLAS %s (%s, %s:%d)", cublasGetStatusName(s_), #call, __FILE__,      \
-                       __LINE__);                                                                            \
-            goto cleanup;                                                                                    \
-        }                                                                                                    \
-    } while (0)
-
-#define XKNN__TRY(expr)                                \
-    do {                                               \
-        st = (expr);                                   \
-        if (st != XKNN_SUCCESS) goto cleanup;          \
-    } while (0)
 
 /* ---- small helpers ------------------------------------------------------------------ */
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
