@@ -4,7 +4,7 @@
  *
  * Layering (CUB-like): warp_primitives.cuh (thread -> warp), block_primitives.cuh
  * (warp -> block, each taking the caller's shared-memory TempStorage), kernels in
- * filter.cu / final.cu (block -> device), host orchestration in engine.cu.
+ * filter.cu / final.cu (block -> device), host code in the files of engine.cuh.
  */
 #ifndef XKNN_CUDA_COMMON_CUH
 #define XKNN_CUDA_COMMON_CUH
