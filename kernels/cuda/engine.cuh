@@ -302,6 +302,7 @@ xknn_status block_finish(const Run &r, int64_t qs, int64_t *ids, float *dist, in
 FusedParams fused_params(const Plan &p, void *ws, const float *Q, int64_t ldq, int64_t qs, const float *R,
                          int64_t ldr, int exclude, int64_t self_local0, int64_t *ids, float *dist, int64_t id_offset);
 int rescue_blocks(const xknn_cuda_context *ctx, int64_t qs);
+xknn_status unresolved_error(const unsigned long long *stats, Err er);
 xknn_status fused_block(const xknn_cuda_context *ctx, const Plan &p, void *ws, cudaStream_t stream, const float *Q,
                         int64_t ldq, int64_t qs, const float *R, int64_t ldr, int exclude, int64_t self_local0,
                         int64_t *ids, float *dist, int64_t id_offset, Err er);

@@ -209,8 +209,7 @@ xknn_status host_search(const xknn__job *job, Err er)
                 const int b = (int)(c & 1);
                 const int64_t rows = min64(chunk, n - r0);
                 /* the previous copy out of pinned[b] is complete: refill it on the host
-                 * (OpenMP threads, as the staging ring: one core's copy bounded this loop
-                 * at 3.5-4.2 GB/s in the streamed rows of benchmarks/RESULTS.md) */
+                 * (OpenMP threads, as the staging ring: one core's copy bounds this loop) */
                 XKNN__CUDA_CHECK(cudaEventSynchronize(h2d_done[b]));
                 host_rows_copy((char *)hb.pinned[b], (const char *)(job->ref + r0 * job->ldr), rows, row_bytes,
                                (size_t)job->ldr * sizeof(float), prm->num_threads);
@@ -235,9 +234,7 @@ xknn_status host_search(const xknn__job *job, Err er)
                 "xknn: cuda: %llu candidates appended, %llu bound compactions, %llu exact compactions, %llu "
                 "queries re-run exactly\n",
                 stats[kStatAppended], stats[kStatUnion], stats[kStatExact], stats[kStatReruns]);
-    if (stats[kStatUnresolved])
-        st = failf(er, XKNN_ERROR_INTERNAL, "cuda backend: %llu final candidates had no canonical distance",
-                   stats[kStatUnresolved]);
+    if (stats[kStatUnresolved]) st = unresolved_error(stats, er);
 
 cleanup:
     if (sc) (void)cudaStreamSynchronize(sc);

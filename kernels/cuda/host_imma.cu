@@ -29,6 +29,43 @@ int64_t imma_rows(const xknn__job *job, const xknn_cuda_context *ctx)
     return imma_smem_bytes(dp) <= ctx->smem_optin ? dp : 0;
 }
 
+/* Offsets into the int8 path's single device allocation, for state blocks of QS queries
+ * (raw: the packed input rows; rawq: the queries' own area on a staged call). */
+struct ImmaLayout {
+    size_t stats, R, rsum, rsq, ncol, raw, rawq, Q, qsum, qsq, gmin, th, cnt, tau, mcount, cand, ids, dist, bytes;
+};
+
+static void imma_layout(ImmaLayout &w, const xknn__job *job, int64_t QS, int64_t dp, int64_t ga, int64_t cap,
+                        size_t raw_row, int self_res, int staged, int wgmma)
+{
+    const int64_t n = job->n, k = job->k;
+    size_t o = 0;
+    auto take = [&](size_t bytes) {
+        const size_t at = o;
+        o = align_up(o + bytes);
+        return at;
+    };
+    w.stats = take(sizeof(unsigned long long) * kStatCount);
+    w.R = take((size_t)n * dp);
+    w.rsum = take((size_t)n * sizeof(int));
+    w.rsq = take((size_t)n * sizeof(int));
+    w.ncol = take(wgmma ? imma_ncol_entries(n) * sizeof(int) : 0);
+    w.raw = take((size_t)max64(self_res || staged ? n : max64(n, QS), 1) * raw_row);
+    w.rawq = staged && !self_res ? take((size_t)QS * raw_row) : w.raw;
+    w.Q = take(self_res ? 0 : (size_t)QS * dp);
+    w.qsum = take(self_res ? 0 : (size_t)QS * sizeof(int));
+    w.qsq = take(self_res ? 0 : (size_t)QS * sizeof(int));
+    w.gmin = take((size_t)QS * ga * sizeof(long long));
+    w.th = take((size_t)QS * sizeof(long long));
+    w.cnt = take((size_t)QS * sizeof(int));
+    w.tau = take((size_t)QS * sizeof(float));
+    w.mcount = take((size_t)QS * sizeof(long long));
+    w.cand = take((size_t)QS * cap * sizeof(Cand));
+    w.ids = take((size_t)QS * k * sizeof(int64_t));
+    w.dist = take(job->dist ? (size_t)QS * k * sizeof(float) : 0);
+    w.bytes = o;
+}
+
 /* The int8 path for host arrays, references resident. *done = 0 (and SUCCESS) when its
  * workspace does not fit the budget: the canonical tiles take the job. staged (a
  * caller's context): inputs in and results out through the pinned staging ring; the raw
@@ -48,8 +85,7 @@ xknn_status host_imma(const xknn__job *job, xknn_cuda_context *ctx, int staged, 
     HostBuffers hb;
     xknn_status st = XKNN_SUCCESS;
     int64_t QS, nA, ga, cap;
-    size_t o = 0, off_stats, off_R, off_rsum, off_rsq, off_ncol, off_raw, off_rawq, off_Q, off_qsum, off_qsq, off_gmin,
-           off_th, off_cnt, off_tau, off_mcount, off_cand, off_ids, off_dist;
+    ImmaLayout w;
     int piece = 0;
     char *b;
     unsigned long long stats[kStatCount];
@@ -76,34 +112,11 @@ xknn_status host_imma(const xknn__job *job, xknn_cuda_context *ctx, int staged, 
         if (cap > INT_MAX / 2) return XKNN_SUCCESS;
     }
     for (QS = min64(nq, kMaxStateQueries);; QS = (QS + 1) / 2) {
-        auto take = [&](size_t bytes) {
-            const size_t at = o;
-            o = align_up(o + bytes);
-            return at;
-        };
-        o = 0;
-        off_stats = take(sizeof(unsigned long long) * kStatCount);
-        off_R = take((size_t)n * dp);
-        off_rsum = take((size_t)n * sizeof(int));
-        off_rsq = take((size_t)n * sizeof(int));
-        off_ncol = take(imma_wgmma ? imma_ncol_entries(n) * sizeof(int) : 0);
-        off_raw = take((size_t)max64(self_res || staged ? n : max64(n, QS), 1) * raw_row);
-        off_rawq = staged && !self_res ? take((size_t)QS * raw_row) : off_raw;
-        off_Q = take(self_res ? 0 : (size_t)QS * dp);
-        off_qsum = take(self_res ? 0 : (size_t)QS * sizeof(int));
-        off_qsq = take(self_res ? 0 : (size_t)QS * sizeof(int));
-        off_gmin = take((size_t)QS * ga * sizeof(long long));
-        off_th = take((size_t)QS * sizeof(long long));
-        off_cnt = take((size_t)QS * sizeof(int));
-        off_tau = take((size_t)QS * sizeof(float));
-        off_mcount = take((size_t)QS * sizeof(long long));
-        off_cand = take((size_t)QS * cap * sizeof(Cand));
-        off_ids = take((size_t)QS * k * sizeof(int64_t));
-        off_dist = take(job->dist ? (size_t)QS * k * sizeof(float) : 0);
-        if (o <= budget) break;
+        imma_layout(w, job, QS, dp, ga, cap, raw_row, self_res, staged, imma_wgmma);
+        if (w.bytes <= budget) break;
         if (QS == 1) return XKNN_SUCCESS; /* does not fit: canonical tiles */
     }
-    if (hb.alloc(&hb.dWs, o) != cudaSuccess) {
+    if (hb.alloc(&hb.dWs, w.bytes) != cudaSuccess) {
         (void)cudaGetLastError();
         return XKNN_SUCCESS;
     }
@@ -113,24 +126,24 @@ xknn_status host_imma(const xknn__job *job, xknn_cuda_context *ctx, int staged, 
                 "xknn: cuda: %s on %s (%s), exact integer tensor cores: %lld queries per block, witnesses over "
                 "%lld references (%lld groups), %lld candidate slots, workspace %.1f MiB of a %.1f MiB budget\n",
                 xknn_metric_name(prm->metric), xknn_dtype_name(job->dtype), ctx->name, (long long)QS, (long long)nA,
-                (long long)ga, (long long)cap, (double)o / 1048576.0, (double)budget / 1048576.0);
+                (long long)ga, (long long)cap, (double)w.bytes / 1048576.0, (double)budget / 1048576.0);
     b = (char *)hb.dWs;
     if (prm->verbose) { /* -v: the device time after the reference upload, for benchmarks */
         for (int i = 0; i < 7; ++i) XKNN__CUDA_CHECK(cudaEventCreate(&ev[i]));
         XKNN__CUDA_CHECK(cudaEventRecord(ev[0], sc));
     }
-    XKNN__CUDA_CHECK(cudaMemsetAsync(b + off_stats, 0, sizeof(unsigned long long) * kStatCount, sc));
+    XKNN__CUDA_CHECK(cudaMemsetAsync(b + w.stats, 0, sizeof(unsigned long long) * kStatCount, sc));
     if (staged) {
-        XKNN__TRY(stage_bytes(ctx, b + off_raw, (const char *)job->ref_data, n, raw_row, (size_t)job->ldr * ub,
+        XKNN__TRY(stage_bytes(ctx, b + w.raw, (const char *)job->ref_data, n, raw_row, (size_t)job->ldr * ub,
                               prm->num_threads, &piece, er));
         XKNN__CUDA_CHECK(cudaStreamWaitEvent(sc, ctx->stage_done[(piece - 1) & 1], 0));
     } else {
-        XKNN__CUDA_CHECK(cudaMemcpy2DAsync(b + off_raw, raw_row, job->ref_data, (size_t)job->ldr * ub, raw_row,
+        XKNN__CUDA_CHECK(cudaMemcpy2DAsync(b + w.raw, raw_row, job->ref_data, (size_t)job->ldr * ub, raw_row,
                                            (size_t)n, cudaMemcpyHostToDevice, sc));
     }
     if (ev[1]) XKNN__CUDA_CHECK(cudaEventRecord(ev[1], sc));
-    XKNN__CUDA_CHECK(launch_imma_prep(b + off_raw, (int64_t)(raw_row / ub), n, d, dp, shift, (signed char *)(b + off_R),
-                                      (int *)(b + off_rsum), (int *)(b + off_rsq), sc));
+    XKNN__CUDA_CHECK(launch_imma_prep(b + w.raw, (int64_t)(raw_row / ub), n, d, dp, shift, (signed char *)(b + w.R),
+                                      (int *)(b + w.rsum), (int *)(b + w.rsq), sc));
     for (int64_t q0 = 0; q0 < nq; q0 += QS) {
         const int64_t qs = min64(QS, nq - q0);
         ImmaParams ip;
@@ -140,40 +153,40 @@ xknn_status host_imma(const xknn__job *job, xknn_cuda_context *ctx, int staged, 
         fp.smem_merge = ctx->smem_optin >= kFinalMergeSmem;
         if (ev[3]) XKNN__CUDA_CHECK(cudaEventRecord(ev[3], sc));
         if (self_res) {
-            ip.Q = (const signed char *)(b + off_R) + q0 * dp;
-            ip.qsum = (const int *)(b + off_rsum) + q0;
-            ip.qsq = (const int *)(b + off_rsq) + q0;
+            ip.Q = (const signed char *)(b + w.R) + q0 * dp;
+            ip.qsum = (const int *)(b + w.rsum) + q0;
+            ip.qsq = (const int *)(b + w.rsq) + q0;
         } else {
             const char *hq = (const char *)job->query_data + (size_t)q0 * job->ldq * ub;
             if (staged) {
-                XKNN__TRY(stage_bytes(ctx, b + off_rawq, hq, qs, raw_row, (size_t)job->ldq * ub, prm->num_threads,
+                XKNN__TRY(stage_bytes(ctx, b + w.rawq, hq, qs, raw_row, (size_t)job->ldq * ub, prm->num_threads,
                                       &piece, er));
                 XKNN__CUDA_CHECK(cudaStreamWaitEvent(sc, ctx->stage_done[(piece - 1) & 1], 0));
             } else {
-                XKNN__CUDA_CHECK(cudaMemcpy2DAsync(b + off_rawq, raw_row, hq, (size_t)job->ldq * ub, raw_row,
+                XKNN__CUDA_CHECK(cudaMemcpy2DAsync(b + w.rawq, raw_row, hq, (size_t)job->ldq * ub, raw_row,
                                                    (size_t)qs, cudaMemcpyHostToDevice, sc));
             }
-            XKNN__CUDA_CHECK(launch_imma_prep(b + off_rawq, (int64_t)(raw_row / ub), qs, d, dp, shift,
-                                              (signed char *)(b + off_Q), (int *)(b + off_qsum), (int *)(b + off_qsq),
+            XKNN__CUDA_CHECK(launch_imma_prep(b + w.rawq, (int64_t)(raw_row / ub), qs, d, dp, shift,
+                                              (signed char *)(b + w.Q), (int *)(b + w.qsum), (int *)(b + w.qsq),
                                               sc));
-            ip.Q = (const signed char *)(b + off_Q);
-            ip.qsum = (const int *)(b + off_qsum);
-            ip.qsq = (const int *)(b + off_qsq);
+            ip.Q = (const signed char *)(b + w.Q);
+            ip.qsum = (const int *)(b + w.qsum);
+            ip.qsq = (const int *)(b + w.qsq);
         }
-        ip.R = (const signed char *)(b + off_R);
-        ip.rsum = (const int *)(b + off_rsum);
-        ip.rsq = (const int *)(b + off_rsq);
+        ip.R = (const signed char *)(b + w.R);
+        ip.rsum = (const int *)(b + w.rsum);
+        ip.rsq = (const int *)(b + w.rsq);
         ip.n = n;
         ip.nA = nA;
         ip.ga = ga;
         ip.d = d;
         ip.dp = dp;
         ip.self_local0 = prm->query_id_offset + q0 - prm->ref_id_offset;
-        ip.gmin = (long long *)(b + off_gmin);
-        ip.th = (long long *)(b + off_th);
-        ip.cnt = (int *)(b + off_cnt);
-        ip.cand = (Cand *)(b + off_cand);
-        ip.stats = (unsigned long long *)(b + off_stats);
+        ip.gmin = (long long *)(b + w.gmin);
+        ip.th = (long long *)(b + w.th);
+        ip.cnt = (int *)(b + w.cnt);
+        ip.cand = (Cand *)(b + w.cand);
+        ip.stats = (unsigned long long *)(b + w.stats);
         ip.qs = (int)qs;
         ip.cap = (int)cap;
         ip.exclude = prm->exclude_self;
@@ -182,16 +195,16 @@ xknn_status host_imma(const xknn__job *job, xknn_cuda_context *ctx, int staged, 
         ip.bin = bin;
         ip.euclid = prm->metric == XKNN_METRIC_EUCLIDEAN;
         ip.wgmma_optin = imma_wgmma ? (int)ctx->smem_optin : 0;
-        ip.ncol = imma_wgmma ? (int *)(b + off_ncol) : NULL;
+        ip.ncol = imma_wgmma ? (int *)(b + w.ncol) : NULL;
         if (ev[4]) XKNN__CUDA_CHECK(cudaEventRecord(ev[4], sc));
-        XKNN__CUDA_CHECK(launch_init_state((float *)(b + off_tau), ip.cnt, (int)qs, 1, sc));
+        XKNN__CUDA_CHECK(launch_init_state((float *)(b + w.tau), ip.cnt, (int)qs, 1, sc));
         XKNN__CUDA_CHECK(launch_imma(ip, (int)kk, ctx->sms, sc));
-        fp.tau = (const float *)(b + off_tau);
+        fp.tau = (const float *)(b + w.tau);
         fp.cnt = ip.cnt;
         fp.cand = ip.cand;
-        fp.mcount = (long long *)(b + off_mcount);
-        fp.ids = (int64_t *)(b + off_ids);
-        fp.dist = job->dist ? (float *)(b + off_dist) : NULL;
+        fp.mcount = (long long *)(b + w.mcount);
+        fp.ids = (int64_t *)(b + w.ids);
+        fp.dist = job->dist ? (float *)(b + w.dist) : NULL;
         fp.k = k;
         fp.id_offset = prm->ref_id_offset;
         fp.stats = ip.stats;
@@ -218,7 +231,7 @@ xknn_status host_imma(const xknn__job *job, xknn_cuda_context *ctx, int staged, 
             }
         }
     }
-    XKNN__CUDA_CHECK(cudaMemcpyAsync(stats, b + off_stats, sizeof stats, cudaMemcpyDeviceToHost, sc));
+    XKNN__CUDA_CHECK(cudaMemcpyAsync(stats, b + w.stats, sizeof stats, cudaMemcpyDeviceToHost, sc));
     XKNN__CUDA_CHECK(cudaStreamSynchronize(sc));
     if (prm->verbose) {
         float up = 0.0f, rest = 0.0f;

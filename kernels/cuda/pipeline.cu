@@ -330,6 +330,14 @@ FusedParams fused_params(const Plan &p, void *ws, const float *Q, int64_t ldq, i
     return fp;
 }
 
+/* A run's statistics counted final candidates without a canonical value (they must
+ * stay 0): the INTERNAL error that says how many. */
+xknn_status unresolved_error(const unsigned long long *stats, Err er)
+{
+    return failf(er, XKNN_ERROR_INTERNAL, "cuda backend: %llu final candidates had no canonical distance",
+                 stats[kStatUnresolved]);
+}
+
 int rescue_blocks(const xknn_cuda_context *ctx, int64_t qs) { return (int)min64(qs, 2 * (int64_t)ctx->sms); }
 
 xknn_status fused_block(const xknn_cuda_context *ctx, const Plan &p, void *ws, cudaStream_t stream, const float *Q,

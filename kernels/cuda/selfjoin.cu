@@ -310,9 +310,7 @@ xknn_status host_sym(const xknn__job *job, xknn_cuda_context *ctx, int staged, s
                 stats[kStatAppended], stats[kStatReruns], (h_alloc - h0) * 1e3, (h_up - h_alloc) * 1e3, ms[0], ms[1],
                 ms[2], (wall_seconds() - h0) * 1e3);
     }
-    if (stats[kStatUnresolved])
-        st = failf(er, XKNN_ERROR_INTERNAL, "cuda backend: %llu final candidates had no canonical distance",
-                   stats[kStatUnresolved]);
+    if (stats[kStatUnresolved]) st = unresolved_error(stats, er);
 cleanup:
     (void)cudaStreamSynchronize(sc);
     if (ctx->copy_stream) (void)cudaStreamSynchronize(ctx->copy_stream);
