@@ -142,6 +142,7 @@
 
 #ifdef XKNN_MPI_HAVE_CUDA
 #include "xknn/cuda.h"
+#include "xknn/impl/cuda_internal.h"
 #endif
 
 /* Distance evaluations of a diagonal of m rows, and of its first h rows (their

@@ -28,6 +28,7 @@
 #include "tune.cuh"
 #include "xknn/cuda.h"
 #include "xknn/impl/backend.h"
+#include "xknn/impl/cuda_internal.h"
 
 struct xknn_cuda_context {
     int device;
