@@ -22,6 +22,7 @@
 #include "bench_common.h"
 #include "xknn.h"
 #include "xknn/cuda.h"
+#include "xknn/impl/cuda_internal.h"
 #include "xknn/io.h"
 
 #ifdef XKNN_BENCH_CUDA

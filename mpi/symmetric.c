@@ -67,6 +67,7 @@
 
 #ifdef XKNN_MPI_HAVE_CUDA
 #include "xknn/cuda.h"
+#include "xknn/impl/cuda_internal.h"
 #endif
 
 /* The worker's news to the main thread: rows [0, rows) of a list set are final on this

@@ -22,6 +22,7 @@
 #include "tap/tap.h"
 #include "xknn.h"
 #include "xknn/cuda.h"
+#include "xknn/impl/cuda_internal.h"
 
 typedef struct {
     const char *what;

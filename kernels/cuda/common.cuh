@@ -1,10 +1,10 @@
 /*
- * kernels/cuda/common.cuh -- every limit of the CUDA backend in one place, the candidate
- * record, key encodings, and the checked-call macros of the host code.
+ * kernels/cuda/common.cuh -- every limit of the CUDA backend's kernels in one place, the
+ * candidate record and the key encodings (the host code's checked calls: checks.cuh).
  *
  * Layering (CUB-like): warp_primitives.cuh (thread -> warp), block_primitives.cuh
  * (warp -> block, each taking the caller's shared-memory TempStorage), kernels in
- * filter.cu / final.cu (block -> device), host orchestration in engine.cu.
+ * filter.cu / final.cu (block -> device), host code in the files of engine.cuh.
  */
 #ifndef XKNN_CUDA_COMMON_CUH
 #define XKNN_CUDA_COMMON_CUH

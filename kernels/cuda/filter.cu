@@ -6,7 +6,7 @@
  * For query i and reference j the tile holds T = -2 q.x from cuBLAS; with s = |q|^2 +
  * |x|^2 (norms rounded to float) and D the exact squared distance,
  *     L = e - m <= D <= U = e + m,   e = s + T,   m = mrel * s + mabs,
- * evaluated in float with explicit roundings. engine.cu derives mrel and mabs: they hold
+ * evaluated in float with explicit roundings. plan.cu derives mrel and mabs: they hold
  * the GEMM's error bound (fp32 or TF32) plus the float rounding of these four operations.
  * Per query tau = the k-th smallest U seen so far (only decreases; shared by the splits
  * of a query through atomicMin on its bits: U > 0, so integer order = float order).
@@ -69,7 +69,7 @@ cudaError_t launch_sqnorms(const float *X, int64_t ld, int64_t rows, int64_t d, 
  * ld_out >= d, the columns [d, ld_out) zero. One warp per row: the sum of squares in
  * double (any order), inv = 1 / sqrt(sum) in double, each element (float)(x_t * inv).
  * Every element is then x_t / |x| (1 + r), |r| <= 2^-24 + (d + 4) 2^-53 (plus an
- * absolute 2^-150 where it underflows), the error engine.cu's cosine bound allows; no
+ * absolute 2^-150 where it underflows), the error plan.cu's cosine bound allows; no
  * input can overflow it. */
 __global__ __launch_bounds__(kBlock) void unit_rows_kernel(const float *__restrict__ X, int64_t ld, int64_t rows,
                                                            int64_t d, float *__restrict__ out, int64_t ld_out)
@@ -95,7 +95,7 @@ cudaError_t launch_unit_rows(const float *X, int64_t ld, int64_t rows, int64_t d
 
 /* ---- centred rows (l2 / euclidean tensor-core passes) --------------------------------
  * The TF32 bound is relative to s = |q|^2 + |x|^2, and L2 distances do not change when
- * both points move by the same vector mu; engine.cu (center_wanted) takes mu = the mean
+ * both points move by the same vector mu; plan.cu (center_wanted) takes mu = the mean
  * of the references (a sample of them), so the tensor cores see rows of smaller norm
  * and the bound's band holds fewer candidates. */
 
@@ -420,7 +420,7 @@ cudaError_t launch_filter(const FilterParams &p, int qb, cudaStream_t st)
  * (S, qs); ~38 KB static shared memory (WarpCanonical staging), 5 blocks per SM; the
  * work is FP64 FMAs on staged rows, coalesced 128-byte row loads.
  *
- * THE ESTIMATED THRESHOLD'S CERTIFICATE (cert > 0: engine.cu's plan_estimate, kCanonL2,
+ * THE ESTIMATED THRESHOLD'S CERTIFICATE (cert > 0: plan.cu's plan_estimate, kCanonL2,
  * S = 1). tau is then the select's estimate, not a bound, and pass B appended every
  * reference with L <= tau'. If at least cert = kk entries have a canonical value <= tau,
  * no other reference can be in the top kk: it has D > tau', so its canonical value is
@@ -466,13 +466,13 @@ cudaError_t launch_resolve(const ResolveParams &p, int qs, cudaStream_t st)
 }
 
 /* ---- resolve by reference range --------------------------------------------------------
- * With an estimated threshold at large k (engine.cu's plan_estimate) each query holds
+ * With an estimated threshold at large k (plan.cu's plan_estimate) each query holds
  * thousands of candidates, and the re-rank gathers one reference row per candidate from
  * all over the references: about 50 GB of random row reads at W3 (k = 4096), bound by
  * HBM. Each reference row is wanted by about kk / n of the queries, so the rows are read
  * many times, but queries resolved together share almost none. Resolving by reference
  * range instead: bucket_kernel reorders each query's entries by range (nb ranges of rb
- * references, a range's rows as large as the L2: engine.cu's kRangeL2Part), then
+ * references, a range's rows as large as the L2: tune.cuh's kRangeL2Part), then
  * resolve_range_kernel's grid runs range 0 of every query, then range 1, ...: the rows
  * of one range stay in L2 while every query gathers from it. The certificate counts are
  * summed over the ranges. Entry order within a query does not matter downstream (the

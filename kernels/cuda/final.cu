@@ -305,9 +305,9 @@ cudaError_t launch_final(const FinalParams &p, int qs, cudaStream_t st)
     return cudaGetLastError();
 }
 
-/* ---- running lists on the device (engine.cu's list mirrors) ------------------------
+/* ---- running lists on the device (staging.cu's list mirrors) -----------------------
  * A list is k entries (id, distance) sorted by the result order -- (distance, id), by
- * -distance for ip -- with its padding (id -1) last, as on the host (engine.cu's
+ * -distance for ip -- with its padding (id -1) last, as on the host (pair.cu's
  * merge_row, whose rules these kernels follow bit for bit). One thread a row: the rows
  * of a pair's block are a few million at most, and the merge reads each entry once. */
 

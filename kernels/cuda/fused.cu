@@ -26,7 +26,7 @@
  * |theta| <= u:  |e - D| <= gamma_{d+2} D + d 2^-149,  gamma_m = m u / (1 - m u),
  * D the exact squared distance. Hence, with g = gamma_{d+2} and a = d 2^-149,
  *   L = e (1 - g) - a <= D <= U = e (1 + g / (1 - g)) + a / (1 - g),
- * evaluated with directed roundings (__fmul_rd/__fsub_rd for L, _ru for U). engine.cu
+ * evaluated with directed roundings (__fmul_rd/__fsub_rd for L, _ru for U). plan.cu
  * rounds the four constants outward. A distance that overflows is clamped to FLT_MAX
  * before selection: its U is +inf, so a certificate that would need it fails and the
  * query goes to the rescue kernel (exact; huge inputs stay correct, only slower).
@@ -56,7 +56,7 @@ __device__ __forceinline__ unsigned long long fkey(float e, int j)
 }
 
 /* Distance functor: the fast float step, its certified bounds, the canonical step.
- * Another metric plugs in with its own functor (and bound constants from engine.cu). */
+ * Another metric plugs in with its own functor (and bound constants from plan.cu). */
 struct L2Direct {
     __device__ __forceinline__ static float step(float acc, float q, float x)
     {

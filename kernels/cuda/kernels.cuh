@@ -12,7 +12,7 @@ namespace xknn_cuda {
 
 /* Statistics counters at the start of the workspace (unsigned long long each); the
  * public names are XKNN_CUDA_STAT_* in include/xknn/cuda.h (same values, checked in
- * engine.cu). */
+ * entry.cu). */
 enum {
     kStatUnion = 0,     /* bound compactions (k-th smallest upper bound, drop by lower bound) */
     kStatExact = 1,     /* exact compactions (canonical top k of a full buffer)               */
@@ -42,7 +42,7 @@ struct FilterParams {
     int64_t r_local0;   /* local index of R's row 0                                  */
     int64_t d;
     unsigned long long *stats;
-    float mrel, mabs;   /* margin m = mrel * s + mabs (see engine.cu)                */
+    float mrel, mabs;   /* margin m = mrel * s + mabs (see plan.cu)                  */
     int qrow0;          /* state index of tile row 0                                 */
     int S;              /* splits per query                                          */
     int cap;            /* entries per buffer                                        */
