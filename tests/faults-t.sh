@@ -1,6 +1,6 @@
 #!/bin/sh
-# faults-t.sh KNN_MPI MKDATA MPIRUN|none [FAULT_INJECT_SO|none] -- the fault catalogue of
-# knn_mpi (TAP).
+# faults-t.sh KNN_MPI MKDATA MPIRUN|none [FAULT_INJECT_SO|none [KNN_PRUNE|none]] -- the
+# fault catalogue of knn_mpi (TAP).
 #
 # Every bad input, bad option and resource fault below runs twice: as one plain process
 # and under `mpirun -np 4`. Each run must end, within 60 s, with the documented exit
@@ -9,7 +9,9 @@
 # file, no temporary. cli-t.sh covers the happy paths and a first set of errors; this
 # file widens the errors to every reader, to faults seen by one rank only, and to the
 # environment (unwritable output, full disk, file size limit, no GPU, a rank killed
-# mid-run).
+# mid-run). Further groups:
+#   - outputs naming an input (./, a/../, symbolic and hard links, the default name) or
+#     each other, knn_prune's derived subset naming REF: exit 1, the input unchanged.
 #
 # A case that exposes a known knn_mpi bug is reported as "not ok ... # TODO <bug>" while
 # the bug lasts (TAP: it does not fail the suite) and as a plain "ok" once fixed.
@@ -18,9 +20,10 @@
 KNN=$1
 MK=$2
 MPIRUN=${3:-none}
-FI=${4:-none}     # tests/fault_inject.c: writes to chosen files fail with ENOSPC
+FI=${4:-none}     # tests/fault_inject.c: chosen writes fail with ENOSPC, opens with EMFILE
+PRUNE=${5:-none}  # knn_prune, for its derived output names
 . "$(dirname "$0")/tap.sh"
-tap_begin faults-t 129
+tap_begin faults-t 165
 TAP_DIAG=tap_run_diag
 O=$T/outdir       # the output directory of every case: must stay empty
 D=$T/data
@@ -385,6 +388,89 @@ else
     diag "what the user sees (stderr, first lines):"
     grep -v '^ *$' "$T/err" | grep -v '^---' | head -n 4 | sed 's/^/#   /'
     rm -rf "$O"/*
+fi
+
+# ---- outputs that would overwrite an input, or each other (exit 1) ----------------------------
+# Caught before any work: the input keeps its bytes and no temporary is made beside it.
+awk 'BEGIN { for (i = 0; i < 400; i++) print i % 3 }' >"$D/lab.txt"
+awk 'BEGIN { for (i = 0; i < 30; i++) print i % 3 }' >"$D/ql.txt"
+mk weights 8 3 "$D/w8.fbin"
+mkdir "$D/sub"
+ln -s ref.fbin "$D/ref-link.bin"
+ln "$D/q.fbin" "$D/q-hard.bin"
+cp "$D/q.fbin" "$D/ref.knn7.bin" # a QUERY at REF's default output name for -k 7
+# collide FILE KEYS DESCRIPTION ARGS...: case_ with exit 1, then one more ok: FILE (an
+# input named, in some spelling, as an output) has its old bytes, no temporary beside it.
+# CL_LINK, when set, is the link the output names: it must still be the same directory
+# entry (inode) with the same bytes (a rename over it would spare FILE but not the link).
+CL_LINK=
+inode() { ls -di "$1" | awk '{ print $1 }'; }
+collide() {
+    cl_file=$1 cl_desc=$3
+    cl_sum=$(cksum <"$cl_file")
+    [ -z "$CL_LINK" ] || cl_link="$(inode "$CL_LINK") $(cksum <"$CL_LINK")"
+    shift
+    case_ 1 "$@"
+    WHY=
+    cl_tmp=$(ls -A "$(dirname "$cl_file")" | grep -F '.xknn-tmp.')
+    if [ "$(cksum <"$cl_file")" != "$cl_sum" ]; then WHY="$cl_file changed"
+    elif [ -n "$cl_tmp" ]; then WHY="temporary beside $cl_file: $cl_tmp"
+    elif [ -n "$CL_LINK" ] && [ "$(inode "$CL_LINK") $(cksum <"$CL_LINK")" != "$cl_link" ]; then
+        WHY="the link $CL_LINK was replaced or changed"
+    fi
+    [ -z "$WHY" ]
+    ok $? "$cl_desc: $(basename "$cl_file")${CL_LINK:+ and the link} unchanged afterwards, no temporary beside it"
+    CL_LINK=
+}
+collide "$D/ref.fbin" "output $D/ref.fbin|input REF" "-o naming REF" \
+    -o "$D/ref.fbin" "$D/ref.fbin" "$D/q.fbin"
+collide "$D/q.fbin" "output $D/./q.fbin|input QUERY" "-o naming QUERY through ./" \
+    -o "$D/./q.fbin" "$D/ref.fbin" "$D/q.fbin"
+collide "$D/q.fbin" "output $D/sub/../q.fbin|input QUERY" "-o naming QUERY through sub/../" \
+    -o "$D/sub/../q.fbin" "$D/ref.fbin" "$D/q.fbin"
+CL_LINK=$D/ref-link.bin
+collide "$D/ref.fbin" "output $D/ref-link.bin|input REF" "-o a symbolic link to REF" \
+    -o "$D/ref-link.bin" "$D/ref.fbin" "$D/q.fbin"
+CL_LINK=$D/q-hard.bin
+collide "$D/q.fbin" "output $D/q-hard.bin|input QUERY" "-o a hard link to QUERY" \
+    -o "$D/q-hard.bin" "$D/ref.fbin" "$D/q.fbin"
+collide "$D/ref.fbin" "--json $D/ref.fbin|input REF" "--json naming REF" \
+    --json "$D/ref.fbin" -o "$O/r.bin" "$D/ref.fbin" "$D/q.fbin"
+collide "$D/lab.txt" "--predict $D/lab.txt|input --labels" "--predict naming the --labels file" \
+    --labels "$D/lab.txt" --predict "$D/lab.txt" -o "$O/r.bin" "$D/ref.fbin" "$D/q.fbin"
+collide "$D/ref.knn7.bin" "output $D/ref.knn7.bin|input QUERY" "no -o, QUERY at the default output name" \
+    -k 7 "$D/ref.fbin" "$D/ref.knn7.bin"
+collide "$D/ql.txt" "--predict $D/ql.txt|input --query-labels" "--predict naming the --query-labels file" \
+    --labels "$D/lab.txt" --query-labels "$D/ql.txt" --predict "$D/ql.txt" -o "$O/r.bin" "$D/ref.fbin" "$D/q.fbin"
+collide "$D/w8.fbin" "output $D/w8.fbin|input --weights" "-o naming the --weights file" \
+    -m whamming --binarize 1 --weights "$D/w8.fbin" -o "$D/w8.fbin" "$D/ref.fbin" "$D/q.fbin"
+case_ 1 "--json $O/f.bin|same file" "--json F -o F" --json "$O/f.bin" -o "$O/f.bin" "$D/ref.fbin" "$D/q.fbin"
+case_ 1 "--predict $O/p.txt|same file" "--predict P -o P" \
+    --labels "$D/lab.txt" --predict "$O/p.txt" -o "$O/p.txt" "$D/ref.fbin" "$D/q.fbin"
+
+# knn_prune derives its subset's name from -o: OUT.txt -> OUT.fbin, here REF itself.
+if [ "$PRUNE" = none ]; then
+    skip 2 "knn_prune not given: -o whose derived subset is REF"
+else
+    mkdir "$T/prune"
+    cp "$D/ref.fbin" "$T/prune/pref.fbin"
+    pr_sum=$(cksum <"$T/prune/pref.fbin")
+    timeout -k 5 60 "$PRUNE" --cnn --labels "$D/lab.txt" -o "$T/prune/pref.txt" "$T/prune/pref.fbin" \
+        >"$T/out" 2>"$T/err"
+    RC=$?
+    WHY=
+    if [ "$RC" -ne 1 ]; then WHY="exit $RC, want 1"
+    elif [ "$(grep -c '^knn_prune: ' "$T/err")" -ne 1 ]; then WHY="not exactly one 'knn_prune: ' line"
+    elif ! grep -q "^knn_prune: --subset $T/prune/pref.fbin is the input REF" "$T/err"; then
+        WHY="the message does not name --subset and REF"
+    elif [ "$(ls -A "$T/prune")" != pref.fbin ]; then WHY="left beside REF: $(ls -A "$T/prune" | tr '\n' ' ')"
+    fi
+    [ -z "$WHY" ]
+    ok $? "knn_prune -o pref.txt, derived subset pref.fbin = REF: exit 1, one message, nothing written"
+    WHY=
+    [ "$(cksum <"$T/prune/pref.fbin")" = "$pr_sum" ] || WHY="REF changed"
+    [ -z "$WHY" ]
+    ok $? "knn_prune -o pref.txt, derived subset = REF: REF byte-identical afterwards"
 fi
 
 tap_end
