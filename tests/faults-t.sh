@@ -17,7 +17,8 @@
 #   - Minkowski p = 1 .. 1e6 against the oracle; p = 300 distances finite;
 #   - an L2 distance beyond float's range: exit 2 naming the query row;
 #   - a FIFO or /dev/zero as input: refused, no hang;
-#   - SIGINT / SIGTERM mid-search: 128 + signal, no result, no temporary;
+#   - SIGINT / SIGTERM mid-search: 128 + signal, no result, no temporary (SIGTERM to
+#     mpirun: at most the documented temporary, see there);
 #   - no descriptor left (EMFILE) opening REF or creating the temporary: exit 3;
 #   - ranks given different arguments (MPMD): every rank ends, exit 1, one message.
 #
