@@ -1,6 +1,7 @@
 /*
  * fault_inject.c -- an LD_PRELOAD library for the fault tests: writes to chosen files fail
- * with ENOSPC, the way they fail on a full disk.
+ * with ENOSPC, the way they fail on a full disk; opens of chosen files fail with EMFILE,
+ * the way they fail once the process has no descriptor left.
  *
  *   XKNN_TEST_ENOSPC_PATH=PATTERN LD_PRELOAD=.../libxknn_fault_inject.so knn_mpi ...
  *
@@ -18,6 +19,16 @@
  * library cannot replace; everything in xknn writes with the calls above (knn_mpi's
  * MPI-IO goes through Open MPI's posix fbtl: pwritev / pwrite).
  *
+ *   XKNN_TEST_EMFILE_PATH=PATTERN LD_PRELOAD=.../libxknn_fault_inject.so knn_mpi ...
+ *
+ * Every open, open64, openat, openat64 (and glibc's __open_2, __open64_2) and every
+ * mkstemp, mkstemp64, mkostemp, mkostemp64 whose path matches PATTERN (fnmatch(3) without
+ * flags, on the path as the caller passes it: for mkstemp the template, "XXXXXX"
+ * included) returns -1 with errno EMFILE and opens nothing. Other paths, and every call
+ * while the variable is unset or empty, go to the C library unchanged. The C library's
+ * own opens (fopen, its mkstemp's inner open) are not seen: xknn opens with the calls
+ * above.
+ *
  * Under AddressSanitizer the preloaded library comes before the ASan runtime: run the
  * program with ASAN_OPTIONS=verify_asan_link_order=0.
  */
@@ -30,7 +41,9 @@
 
 #include <dlfcn.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <fnmatch.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -160,6 +173,132 @@ XKNN__FI_EXPORT ssize_t pwritev64v2(int fd, const struct iovec *iov, int n, off6
     if (xknn__fi_hit(fd, (long long)off, xknn__fi_iov_bytes(iov, n))) XKNN__FI_FAIL();
     xknn__fi_next("pwritev64v2", &next, sizeof next);
     return next(fd, iov, n, (off_t)off, flags);
+}
+
+/* ---- descriptor exhaustion ------------------------------------------------------------ */
+/* 1 when opening path must fail with EMFILE: XKNN_TEST_EMFILE_PATH is set and matches. */
+static int xknn__fi_emfile(const char *path)
+{
+    const char *pattern = getenv("XKNN_TEST_EMFILE_PATH");
+    return pattern && *pattern && path && fnmatch(pattern, path, 0) == 0;
+}
+
+#define XKNN__FI_NO_FD()   \
+    do {                   \
+        errno = EMFILE;    \
+        return -1;         \
+    } while (0)
+
+/* The mode argument exists only with O_CREAT or O_TMPFILE; reading it otherwise is
+ * undefined, so it is fetched only then. */
+#ifdef O_TMPFILE
+#define XKNN__FI_NEEDS_MODE(flags) (((flags) & O_CREAT) || ((flags) & O_TMPFILE) == O_TMPFILE)
+#else
+#define XKNN__FI_NEEDS_MODE(flags) ((flags) & O_CREAT)
+#endif
+#define XKNN__FI_MODE(flags, mode)             \
+    do {                                       \
+        if (XKNN__FI_NEEDS_MODE(flags)) {      \
+            va_list ap;                        \
+            va_start(ap, flags);               \
+            mode = (mode_t)va_arg(ap, int);    \
+            va_end(ap);                        \
+        }                                      \
+    } while (0)
+
+typedef int (*xknn__fi_open_fn)(const char *, int, ...);
+typedef int (*xknn__fi_openat_fn)(int, const char *, int, ...);
+typedef int (*xknn__fi_open2_fn)(const char *, int);
+typedef int (*xknn__fi_mkstemp_fn)(char *);
+typedef int (*xknn__fi_mkostemp_fn)(char *, int);
+
+XKNN__FI_EXPORT int open(const char *path, int flags, ...)
+{
+    xknn__fi_open_fn next;
+    mode_t mode = 0;
+    XKNN__FI_MODE(flags, mode);
+    if (xknn__fi_emfile(path)) XKNN__FI_NO_FD();
+    xknn__fi_next("open", &next, sizeof next);
+    return next(path, flags, mode);
+}
+
+XKNN__FI_EXPORT int open64(const char *path, int flags, ...)
+{
+    xknn__fi_open_fn next;
+    mode_t mode = 0;
+    XKNN__FI_MODE(flags, mode);
+    if (xknn__fi_emfile(path)) XKNN__FI_NO_FD();
+    xknn__fi_next("open64", &next, sizeof next);
+    return next(path, flags, mode);
+}
+
+XKNN__FI_EXPORT int openat(int dirfd, const char *path, int flags, ...)
+{
+    xknn__fi_openat_fn next;
+    mode_t mode = 0;
+    XKNN__FI_MODE(flags, mode);
+    if (xknn__fi_emfile(path)) XKNN__FI_NO_FD();
+    xknn__fi_next("openat", &next, sizeof next);
+    return next(dirfd, path, flags, mode);
+}
+
+XKNN__FI_EXPORT int openat64(int dirfd, const char *path, int flags, ...)
+{
+    xknn__fi_openat_fn next;
+    mode_t mode = 0;
+    XKNN__FI_MODE(flags, mode);
+    if (xknn__fi_emfile(path)) XKNN__FI_NO_FD();
+    xknn__fi_next("openat64", &next, sizeof next);
+    return next(dirfd, path, flags, mode);
+}
+
+/* What open() becomes under _FORTIFY_SOURCE when no mode is passed. */
+XKNN__FI_EXPORT int __open_2(const char *path, int flags)
+{
+    xknn__fi_open2_fn next;
+    if (xknn__fi_emfile(path)) XKNN__FI_NO_FD();
+    xknn__fi_next("__open_2", &next, sizeof next);
+    return next(path, flags);
+}
+
+XKNN__FI_EXPORT int __open64_2(const char *path, int flags)
+{
+    xknn__fi_open2_fn next;
+    if (xknn__fi_emfile(path)) XKNN__FI_NO_FD();
+    xknn__fi_next("__open64_2", &next, sizeof next);
+    return next(path, flags);
+}
+
+XKNN__FI_EXPORT int mkstemp(char *tmpl)
+{
+    xknn__fi_mkstemp_fn next;
+    if (xknn__fi_emfile(tmpl)) XKNN__FI_NO_FD();
+    xknn__fi_next("mkstemp", &next, sizeof next);
+    return next(tmpl);
+}
+
+XKNN__FI_EXPORT int mkstemp64(char *tmpl)
+{
+    xknn__fi_mkstemp_fn next;
+    if (xknn__fi_emfile(tmpl)) XKNN__FI_NO_FD();
+    xknn__fi_next("mkstemp64", &next, sizeof next);
+    return next(tmpl);
+}
+
+XKNN__FI_EXPORT int mkostemp(char *tmpl, int flags)
+{
+    xknn__fi_mkostemp_fn next;
+    if (xknn__fi_emfile(tmpl)) XKNN__FI_NO_FD();
+    xknn__fi_next("mkostemp", &next, sizeof next);
+    return next(tmpl, flags);
+}
+
+XKNN__FI_EXPORT int mkostemp64(char *tmpl, int flags)
+{
+    xknn__fi_mkostemp_fn next;
+    if (xknn__fi_emfile(tmpl)) XKNN__FI_NO_FD();
+    xknn__fi_next("mkostemp64", &next, sizeof next);
+    return next(tmpl, flags);
 }
 
 #else

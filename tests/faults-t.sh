@@ -1,6 +1,6 @@
 #!/bin/sh
-# faults-t.sh KNN_MPI MKDATA MPIRUN|none [FAULT_INJECT_SO|none] -- the fault catalogue of
-# knn_mpi (TAP).
+# faults-t.sh KNN_MPI MKDATA MPIRUN|none [FAULT_INJECT_SO|none [KNN_PRUNE|none]] -- the
+# fault catalogue of knn_mpi (TAP).
 #
 # Every bad input, bad option and resource fault below runs twice: as one plain process
 # and under `mpirun -np 4`. Each run must end, within 60 s, with the documented exit
@@ -9,7 +9,18 @@
 # file, no temporary. cli-t.sh covers the happy paths and a first set of errors; this
 # file widens the errors to every reader, to faults seen by one rank only, and to the
 # environment (unwritable output, full disk, file size limit, no GPU, a rank killed
-# mid-run).
+# mid-run). Further groups:
+#   - outputs naming an input (./, a/../, symbolic and hard links, the default name) or
+#     each other, knn_prune's derived subset naming REF: exit 1, the input unchanged;
+#   - one output failing (missing directory, disk full in --predict or --json): none left;
+#   - path lengths: 200- and 255-byte names, a 4000-byte path work; a 300-byte name fails;
+#   - Minkowski p = 1 .. 1e6 against the oracle; p = 300 distances finite;
+#   - an L2 distance beyond float's range: exit 2 naming the query row;
+#   - a FIFO or /dev/zero as input: refused, no hang;
+#   - SIGINT / SIGTERM mid-search: 128 + signal, no result, no temporary (SIGTERM to
+#     mpirun: at most the documented temporary, see there);
+#   - no descriptor left (EMFILE) opening REF or creating the temporary: exit 3;
+#   - ranks given different arguments (MPMD): every rank ends, exit 1, one message.
 #
 # A case that exposes a known knn_mpi bug is reported as "not ok ... # TODO <bug>" while
 # the bug lasts (TAP: it does not fail the suite) and as a plain "ok" once fixed.
@@ -18,9 +29,10 @@
 KNN=$1
 MK=$2
 MPIRUN=${3:-none}
-FI=${4:-none}     # tests/fault_inject.c: writes to chosen files fail with ENOSPC
+FI=${4:-none}     # tests/fault_inject.c: chosen writes fail with ENOSPC, opens with EMFILE
+PRUNE=${5:-none}  # knn_prune, for its derived output names
 . "$(dirname "$0")/tap.sh"
-tap_begin faults-t 129
+tap_begin faults-t 208
 TAP_DIAG=tap_run_diag
 O=$T/outdir       # the output directory of every case: must stay empty
 D=$T/data
@@ -385,6 +397,321 @@ else
     diag "what the user sees (stderr, first lines):"
     grep -v '^ *$' "$T/err" | grep -v '^---' | head -n 4 | sed 's/^/#   /'
     rm -rf "$O"/*
+fi
+
+# ---- outputs that would overwrite an input, or each other (exit 1) ----------------------------
+# Caught before any work: the input keeps its bytes and no temporary is made beside it.
+awk 'BEGIN { for (i = 0; i < 400; i++) print i % 3 }' >"$D/lab.txt"
+awk 'BEGIN { for (i = 0; i < 30; i++) print i % 3 }' >"$D/ql.txt"
+mk weights 8 3 "$D/w8.fbin"
+mkdir "$D/sub"
+ln -s ref.fbin "$D/ref-link.bin"
+ln "$D/q.fbin" "$D/q-hard.bin"
+cp "$D/q.fbin" "$D/ref.knn7.bin" # a QUERY at REF's default output name for -k 7
+# collide FILE KEYS DESCRIPTION ARGS...: case_ with exit 1, then one more ok: FILE (an
+# input named, in some spelling, as an output) has its old bytes, no temporary beside it.
+# CL_LINK, when set, is the link the output names: it must still be the same directory
+# entry (inode) with the same bytes (a rename over it would spare FILE but not the link).
+CL_LINK=
+inode() { ls -di "$1" | awk '{ print $1 }'; }
+collide() {
+    cl_file=$1 cl_desc=$3
+    cl_sum=$(cksum <"$cl_file")
+    [ -z "$CL_LINK" ] || cl_link="$(inode "$CL_LINK") $(cksum <"$CL_LINK")"
+    shift
+    case_ 1 "$@"
+    WHY=
+    cl_tmp=$(ls -A "$(dirname "$cl_file")" | grep -F '.xknn-tmp.')
+    if [ "$(cksum <"$cl_file")" != "$cl_sum" ]; then WHY="$cl_file changed"
+    elif [ -n "$cl_tmp" ]; then WHY="temporary beside $cl_file: $cl_tmp"
+    elif [ -n "$CL_LINK" ] && [ "$(inode "$CL_LINK") $(cksum <"$CL_LINK")" != "$cl_link" ]; then
+        WHY="the link $CL_LINK was replaced or changed"
+    fi
+    [ -z "$WHY" ]
+    ok $? "$cl_desc: $(basename "$cl_file")${CL_LINK:+ and the link} unchanged afterwards, no temporary beside it"
+    CL_LINK=
+}
+collide "$D/ref.fbin" "output $D/ref.fbin|input REF" "-o naming REF" \
+    -o "$D/ref.fbin" "$D/ref.fbin" "$D/q.fbin"
+collide "$D/q.fbin" "output $D/./q.fbin|input QUERY" "-o naming QUERY through ./" \
+    -o "$D/./q.fbin" "$D/ref.fbin" "$D/q.fbin"
+collide "$D/q.fbin" "output $D/sub/../q.fbin|input QUERY" "-o naming QUERY through sub/../" \
+    -o "$D/sub/../q.fbin" "$D/ref.fbin" "$D/q.fbin"
+CL_LINK=$D/ref-link.bin
+collide "$D/ref.fbin" "output $D/ref-link.bin|input REF" "-o a symbolic link to REF" \
+    -o "$D/ref-link.bin" "$D/ref.fbin" "$D/q.fbin"
+CL_LINK=$D/q-hard.bin
+collide "$D/q.fbin" "output $D/q-hard.bin|input QUERY" "-o a hard link to QUERY" \
+    -o "$D/q-hard.bin" "$D/ref.fbin" "$D/q.fbin"
+collide "$D/ref.fbin" "--json $D/ref.fbin|input REF" "--json naming REF" \
+    --json "$D/ref.fbin" -o "$O/r.bin" "$D/ref.fbin" "$D/q.fbin"
+collide "$D/lab.txt" "--predict $D/lab.txt|input --labels" "--predict naming the --labels file" \
+    --labels "$D/lab.txt" --predict "$D/lab.txt" -o "$O/r.bin" "$D/ref.fbin" "$D/q.fbin"
+collide "$D/ref.knn7.bin" "output $D/ref.knn7.bin|input QUERY" "no -o, QUERY at the default output name" \
+    -k 7 "$D/ref.fbin" "$D/ref.knn7.bin"
+collide "$D/ql.txt" "--predict $D/ql.txt|input --query-labels" "--predict naming the --query-labels file" \
+    --labels "$D/lab.txt" --query-labels "$D/ql.txt" --predict "$D/ql.txt" -o "$O/r.bin" "$D/ref.fbin" "$D/q.fbin"
+collide "$D/w8.fbin" "output $D/w8.fbin|input --weights" "-o naming the --weights file" \
+    -m whamming --binarize 1 --weights "$D/w8.fbin" -o "$D/w8.fbin" "$D/ref.fbin" "$D/q.fbin"
+case_ 1 "--json $O/f.bin|same file" "--json F -o F" --json "$O/f.bin" -o "$O/f.bin" "$D/ref.fbin" "$D/q.fbin"
+case_ 1 "--predict $O/p.txt|same file" "--predict P -o P" \
+    --labels "$D/lab.txt" --predict "$O/p.txt" -o "$O/p.txt" "$D/ref.fbin" "$D/q.fbin"
+
+# knn_prune derives its subset's name from -o: OUT.txt -> OUT.fbin, here REF itself.
+if [ "$PRUNE" = none ]; then
+    skip 2 "knn_prune not given: -o whose derived subset is REF"
+else
+    mkdir "$T/prune"
+    cp "$D/ref.fbin" "$T/prune/pref.fbin"
+    pr_sum=$(cksum <"$T/prune/pref.fbin")
+    timeout -k 5 60 "$PRUNE" --cnn --labels "$D/lab.txt" -o "$T/prune/pref.txt" "$T/prune/pref.fbin" \
+        >"$T/out" 2>"$T/err"
+    RC=$?
+    WHY=
+    if [ "$RC" -ne 1 ]; then WHY="exit $RC, want 1"
+    elif [ "$(grep -c '^knn_prune: ' "$T/err")" -ne 1 ]; then WHY="not exactly one 'knn_prune: ' line"
+    elif ! grep -q "^knn_prune: --subset $T/prune/pref.fbin is the input REF" "$T/err"; then
+        WHY="the message does not name --subset and REF"
+    elif [ "$(ls -A "$T/prune")" != pref.fbin ]; then WHY="left beside REF: $(ls -A "$T/prune" | tr '\n' ' ')"
+    fi
+    [ -z "$WHY" ]
+    ok $? "knn_prune -o pref.txt, derived subset pref.fbin = REF: exit 1, one message, nothing written"
+    WHY=
+    [ "$(cksum <"$T/prune/pref.fbin")" = "$pr_sum" ] || WHY="REF changed"
+    [ -z "$WHY" ]
+    ok $? "knn_prune -o pref.txt, derived subset = REF: REF byte-identical afterwards"
+fi
+
+# ---- a failure in any one output leaves none of them --------------------------------------------
+# The run's outputs are made as temporaries in order (result, --predict, --json): the last
+# one failing must take the others with it.
+case_ 2 "$T/no/such/run.json" "--json in a missing directory, -o and --predict in the output dir" \
+    --json "$T/no/such/run.json" --labels "$D/lab.txt" --predict "$O/p.txt" -o "$O/r.bin" "$D/ref.fbin" "$D/q.fbin"
+if [ "$FI" != none ] && [ -f "$FI" ]; then
+    OP=$(cd "$O" && pwd -P)
+    asan="ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}verify_asan_link_order=0"
+    XENV="LD_PRELOAD=$FI XKNN_TEST_ENOSPC_PATH=$OP/.p.txt.xknn-tmp.* $asan"
+    case_ 3 "$O/p.txt|No space left on device" "disk full while writing --predict (ENOSPC on its temporary)" \
+        --labels "$D/lab.txt" --predict "$O/p.txt" -o "$O/r.bin" "$D/ref.fbin" "$D/q.fbin"
+    XENV="LD_PRELOAD=$FI XKNN_TEST_ENOSPC_PATH=$OP/.run.json.xknn-tmp.* $asan"
+    case_ 3 "$O/run.json|No space left on device" "disk full while writing --json (ENOSPC on its temporary)" \
+        --json "$O/run.json" --labels "$D/lab.txt" --predict "$O/p.txt" -o "$O/r.bin" "$D/ref.fbin" "$D/q.fbin"
+    XENV=
+else
+    skip2 "no write-fault library (not Linux): disk full while writing --predict"
+    skip2 "no write-fault library (not Linux): disk full while writing --json"
+fi
+
+# ---- path lengths ------------------------------------------------------------------------------
+# File names of 200 and 255 bytes (NAME_MAX on common file systems) and a path of 4000
+# bytes through nested directories: exit 0 on 1 and 4 ranks, the bytes of a short-path
+# run, no temporary left. A 300-byte file name is refused before any work (exit 2).
+run_ 1 -o "$T/short.bin" "$D/ref.fbin" "$D/q.fbin"
+[ "$RC" -eq 0 ] || diag "the short-path run failed (exit $RC): the path-length cases below cannot match it"
+long_path() { # long_path DESCRIPTION PATH
+    for np in 1 4; do
+        if [ "$np" -ne 1 ] && [ "$MPIRUN" = none ]; then skip "MPI not built: $1 (4 ranks)"; continue; fi
+        rm -rf "$O"/* "$O"/.[!.]* 2>/dev/null
+        mkdir -p "$(dirname "$2")"
+        run_ $np -o "$2" "$D/ref.fbin" "$D/q.fbin"
+        WHY=
+        lp_tmp=$(find "$O" -name '*.xknn-tmp.*')
+        if [ "$RC" -ne 0 ]; then WHY="exit $RC, want 0"
+        elif ! cmp -s "$2" "$T/short.bin"; then WHY="output differs from the short-path run"
+        elif [ -n "$lp_tmp" ]; then WHY="temporary left: $lp_tmp"
+        fi
+        [ -z "$WHY" ]
+        ok $? "$1: exit 0, bytes of the short-path run ($np rank$([ $np -gt 1 ] && echo s))"
+    done
+    rm -rf "$O"/* "$O"/.[!.]* 2>/dev/null
+}
+long_path "-o with a 200-byte file name" "$O/$(printf '%0196d' 0).bin"
+long_path "-o with a 255-byte file name" "$O/$(printf '%0251d' 0).bin"
+lp=$O
+while [ $((${#lp} + 101)) -le 3950 ]; do lp=$lp/$(printf '%0100d' 0); done
+lp=$lp/$(printf "%0$((4000 - ${#lp} - 1 - 4))d" 0).bin
+[ ${#lp} -eq 4000 ] || diag "the long path has ${#lp} bytes, meant 4000"
+long_path "-o with a 4000-byte path (nested directories)" "$lp"
+case_ 2 "File name too long" "-o with a 300-byte file name" -o "$O/$(printf '%0300d' 0)" "$D/ref.fbin" "$D/q.fbin"
+
+# ---- Minkowski in scaled form --------------------------------------------------------------------
+# Integer data (values 0..3): |x-y|^p for p = 300 or 1e6 overflows float (and double for
+# 1e6) unless scaled. Results byte-identical to the oracle (tests/ref) on 1 and 4 ranks.
+for p in 1 2 3.5 300 1e6; do
+    mk oracle2 minkowski "$p" 10 "$D/ref.fbin" "$D/q.fbin" "$T/mink$p.bin"
+    for np in 1 4; do
+        if [ "$np" -ne 1 ] && [ "$MPIRUN" = none ]; then skip "MPI not built: Minkowski p = $p (4 ranks)"; continue; fi
+        run_ $np -q -m minkowski -p "$p" -k 10 -o "$T/m.bin" "$D/ref.fbin" "$D/q.fbin"
+        WHY=
+        if [ "$RC" -ne 0 ]; then WHY="exit $RC, want 0"
+        elif ! cmp -s "$T/m.bin" "$T/mink$p.bin"; then WHY="differs from mkdata oracle2 minkowski $p"
+        fi
+        [ -z "$WHY" ]
+        ok $? "Minkowski p = $p on integer data: bytes of the oracle ($np rank$([ $np -gt 1 ] && echo s))"
+        [ "$p" = 300 ] && [ "$RC" -eq 0 ] && cp "$T/m.bin" "$T/m300.bin"
+    done
+done
+# p = 300 is Chebyshev within a factor 8^(1/300) < 1.007 (d = 8): every distance is finite
+# and lies in [m, 1.007 m] for an integer m = max|x-y| in 0..3.
+WHY=
+if [ ! -f "$T/m300.bin" ]; then WHY="no p = 300 result"
+else
+    bad=$(od -An -v -tf4 -j $((8 + 30 * 10 * 4)) "$T/m300.bin" | awk '
+        { for (i = 1; i <= NF; i++) {
+            n++
+            if ($i !~ /^[0-9.]+(e[-+][0-9]+)?$/) { print "value " n ": " $i; next }
+            m = int($i + 0.01)
+            if (m > 3 || $i < m - 1e-5 || $i > 1.007 * m + 1e-5) print "value " n ": " $i
+        } }
+        END { if (n != 300) print n " distances, want 300" }')
+    [ -z "$bad" ] || WHY="distances not finite or not near max|x-y|: $(echo "$bad" | head -n 3 | tr '\n' ' ')"
+fi
+[ -z "$WHY" ]
+ok $? "Minkowski p = 300: all 300 distances finite, within [m, 1.007 m] of the Chebyshev distance m"
+
+# ---- a distance beyond float's range (exit 2) ----------------------------------------------------
+# Column 2 is -3e38 in every reference row and every query row but row 7, where it is
+# +3e38: only query 7 is 6e38 from every reference, beyond FLT_MAX.
+f32big() { byte 230; byte 177; byte 97; byte "$1"; } # +3e38 (127) or -3e38 (255)
+mk data integer 40 8 7 "$D/oref.fbin"
+mk data integer 10 8 8 "$D/oq.fbin"
+i=0
+while [ $i -lt 40 ]; do f32big 255 | patch "$D/oref.fbin" $((8 + (i * 8 + 2) * 4)); i=$((i + 1)); done
+i=0
+while [ $i -lt 10 ]; do
+    f32big $([ $i -eq 7 ] && echo 127 || echo 255) | patch "$D/oq.fbin" $((8 + (i * 8 + 2) * 4))
+    i=$((i + 1))
+done
+case_ 2 "overflows float|query row 7" "L2 distance beyond float (query +3e38, references -3e38)" \
+    -k 3 -o "$O/r.bin" "$D/oref.fbin" "$D/oq.fbin"
+
+# ---- inputs that are not regular files (exit 2, no hang) ------------------------------------------
+mkfifo "$D/fifo.fbin"         # no writer: reading it would block forever
+ln -s /dev/zero "$D/x.fbin"   # endless zeros
+case_ 2 "$D/fifo.fbin|not a regular file" "a FIFO without a writer as REF" -o "$O/r.bin" "$D/fifo.fbin" "$D/q.fbin"
+case_ 2 "$D/fifo.fbin|not a regular file" "a FIFO without a writer as QUERY" -o "$O/r.bin" "$D/ref.fbin" "$D/fifo.fbin"
+case_ 2 "$D/x.fbin|not a regular file" "x.fbin, a symbolic link to /dev/zero, as REF" -o "$O/r.bin" "$D/x.fbin" "$D/q.fbin"
+
+# ---- SIGINT / SIGTERM mid-run ---------------------------------------------------------------------
+# Once the result's temporary exists (the search has started) the run gets a signal: it
+# must end within 60 s, nonzero (128 + signal for knn_mpi itself), leaving no result and
+# no temporary. mpirun (Open MPI 4.1) passes SIGTERM on to its ranks and sends SIGKILL a
+# few milliseconds later: a rank 0 not scheduled in between dies before its handler runs
+# and its temporary stays (as in "a rank killed mid-run" above). So the ranks' own
+# handlers are checked by signalling the ranks; SIGTERM to mpirun allows only that
+# documented temporary and says which happened.
+[ -f "$D/kref.fbin" ] || mk data gaussian 200000 64 5 "$D/kref.fbin"
+[ -f "$D/kq.fbin" ] || mk data gaussian 20000 64 6 "$D/kq.fbin"
+signal_case() { # signal_case NP SIGNAL WANT TARGET DESCRIPTION
+    # WANT: the exit status, or "nonzero"; TARGET: "self" (knn_mpi, or mpirun on more
+    # ranks) or "ranks" (every rank process at once).
+    rm -rf "$O"/* "$O"/.[!.]* 2>/dev/null
+    set -- "$@" -k 50 --query-block 16 -o "$O/sig.bin" "$D/kref.fbin" "$D/kq.fbin"
+    sc_np=$1 sc_sig=$2 sc_want=$3 sc_target=$4 sc_desc=$5
+    shift 5
+    if [ "$sc_np" -eq 1 ]; then
+        "$KNN" "$@" >"$T/out" 2>"$T/err" &
+    else
+        "$MPIRUN" --allow-run-as-root --oversubscribe -np "$sc_np" "$KNN" "$@" >"$T/out" 2>"$T/err" &
+    fi
+    sc_pid=$!
+    waited=0
+    while [ -z "$(ls -A "$O" | grep -F 'xknn-tmp')" ] && kill -0 "$sc_pid" 2>/dev/null && [ $waited -lt 300 ]; do
+        sleep 0.1; waited=$((waited + 1))
+    done
+    sleep 0.5
+    sc_ranks=$(ps -o pid= --ppid "$sc_pid" 2>/dev/null | tr -d ' ' | tr '\n' ' ')
+    sc_to=$sc_pid
+    [ "$sc_target" = ranks ] && sc_to=$sc_ranks
+    WHY=
+    if ! kill -0 "$sc_pid" 2>/dev/null; then WHY="the run ended before the signal"
+    elif [ -z "$sc_to" ]; then WHY="no process to signal (mpirun's children: '$sc_ranks')"
+    else kill -"$sc_sig" $sc_to
+    fi
+    waited=0
+    while kill -0 "$sc_pid" 2>/dev/null && [ $waited -lt 600 ]; do sleep 0.1; waited=$((waited + 1)); done
+    if kill -0 "$sc_pid" 2>/dev/null; then
+        kill -9 $sc_ranks "$sc_pid" 2>/dev/null
+        [ -n "$WHY" ] || WHY="still running 60 s after SIG$sc_sig"
+    fi
+    wait "$sc_pid"
+    RC=$?
+    # mpirun may return before its ranks are gone (they are then reparented): the output
+    # directory is judged once none of them runs any more.
+    waited=0
+    while [ -n "$sc_ranks" ] && [ -n "$(ps -o stat= -p "$(echo $sc_ranks | tr ' ' ',')" 2>/dev/null | grep -v Z)" ] &&
+        [ $waited -lt 100 ]; do
+        sleep 0.1; waited=$((waited + 1))
+    done
+    sc_left=$(ls -A "$O" | tr '\n' ' ')
+    sc_doc='^\.sig\.bin\.xknn-tmp\.[0-9]*\.......$'
+    if [ -n "$WHY" ]; then :
+    elif [ "$sc_want" = nonzero ] && [ "$RC" -eq 0 ]; then WHY="exit 0 after SIG$sc_sig"
+    elif [ "$sc_want" != nonzero ] && [ "$RC" -ne "$sc_want" ]; then WHY="exit $RC, want $sc_want"
+    elif [ -e "$O/sig.bin" ]; then WHY="result file $O/sig.bin exists"
+    elif [ "$sc_np" -gt 1 ] && [ "$sc_target" = self ]; then
+        [ -z "$(ls -A "$O" | grep -v "$sc_doc")" ] || WHY="left in the output directory: $sc_left"
+    elif [ -n "$sc_left" ]; then WHY="left in the output directory: $sc_left"
+    fi
+    [ -z "$WHY" ]
+    ok $? "$sc_desc"
+    if [ "$sc_np" -gt 1 ]; then
+        diag "mpirun's exit status: $RC; left in the output directory: '$sc_left'"
+    fi
+    rm -rf "$O"/* "$O"/.[!.]* 2>/dev/null
+}
+signal_case 1 INT 130 self "SIGINT to knn_mpi mid-search (1 rank): exit 130, no result, no temporary"
+signal_case 1 TERM 143 self "SIGTERM to knn_mpi mid-search (1 rank): exit 143, no result, no temporary"
+if [ "$MPIRUN" = none ]; then
+    skip 2 "MPI not built: SIGTERM mid-search on 4 ranks"
+else
+    signal_case 4 TERM nonzero ranks \
+        "SIGTERM to the 4 ranks mid-search: mpirun exits nonzero, no result, no temporary"
+    signal_case 4 TERM nonzero self \
+        "SIGTERM to mpirun mid-search (4 ranks): nonzero, no result, at most the documented temporary"
+fi
+
+# ---- no file descriptor left (exit 3) ------------------------------------------------------------
+# tests/fault_inject.c with XKNN_TEST_EMFILE_PATH: opening the matching path fails with
+# EMFILE, as in a process at its descriptor limit.
+if [ "$FI" != none ] && [ -f "$FI" ]; then
+    asan="ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}verify_asan_link_order=0"
+    XENV="LD_PRELOAD=$FI XKNN_TEST_EMFILE_PATH=$D/ref.fbin $asan"
+    case_ 3 "$D/ref.fbin|Too many open files" "no descriptor left to open REF (EMFILE)" \
+        -o "$O/r.bin" "$D/ref.fbin" "$D/q.fbin"
+    XENV="LD_PRELOAD=$FI XKNN_TEST_EMFILE_PATH=*/.r.bin.xknn-tmp.* $asan"
+    case_ 3 "$O/r.bin|Too many open files" "no descriptor left to create the output's temporary (EMFILE)" \
+        -o "$O/r.bin" "$D/ref.fbin" "$D/q.fbin"
+    XENV=
+else
+    skip2 "no fault library (not Linux): EMFILE opening REF"
+    skip2 "no fault library (not Linux): EMFILE creating the temporary"
+fi
+
+# ---- ranks given different arguments (MPMD): every rank ends, exit 1, one message ------------------
+mpmd() { # mpmd KEYS DESCRIPTION ARGS0 -- ARGS1-3
+    md_keys=$1 md_desc=$2
+    shift 2
+    md_a=
+    while [ "$1" != -- ]; do md_a="$md_a $1"; shift; done
+    shift
+    rm -rf "$O"/* "$O"/.[!.]* 2>/dev/null
+    set -f # the arguments hold no blanks: split, never globbed
+    timeout -k 5 60 "$MPIRUN" --allow-run-as-root --oversubscribe -np 1 "$KNN" $md_a : -np 3 "$KNN" "$@" \
+        >"$T/out" 2>"$T/err"
+    RC=$?
+    set +f
+    verdict 1 "$md_keys"
+    ok $? "$md_desc"
+    rm -rf "$O"/* "$O"/.[!.]* 2>/dev/null
+}
+if [ "$MPIRUN" = none ]; then
+    skip 2 "MPI not built: ranks with different arguments"
+else
+    mpmd "-k|'0'" "usage error on ranks 1-3 only (-k 0): every rank ends, exit 1, one message" \
+        -o "$O/r.bin" "$D/ref.fbin" "$D/q.fbin" -- -k 0 -o "$O/r.bin" "$D/ref.fbin" "$D/q.fbin"
+    mpmd "--help|some ranks only" "--help on rank 0 only: every rank ends, exit 1, one message" \
+        --help -- -o "$O/r.bin" "$D/ref.fbin" "$D/q.fbin"
 fi
 
 tap_end
