@@ -6,7 +6,9 @@ on the root rank. Results are gathered on root: (ids, dist) there, None elsewher
 identical to xknn.search over the whole reference set. Every call is collective over
 comm and ends the same way on every rank: a bad argument or value on any rank raises the
 same exception, with the message of the lowest failing rank, everywhere. The library
-works on its own duplicate of comm, never on MPI_COMM_WORLD unless that is comm.
+works on its own duplicate of comm (never on MPI_COMM_WORLD unless that is comm); the
+Index learns the total row count and which search is asked for (queries or the graph)
+through small collectives on comm itself.
 
 Needs mpi4py (MPI is initialised by importing mpi4py.MPI) and an xknn built with MPI.
 """
@@ -60,9 +62,13 @@ class Index:
                 self.ref = _core.as_rows(ref_slice, "reference", self._bits > 0)
         except (ValueError, TypeError) as e:
             err = f"rank {self.rank}: {e}"
+        try:  # every rank raises the lowest failing rank's error
+            ext.agree(self._ctx, err)
+        except BaseException:
+            self.close()
+            raise
         # ranks with an empty slice learn the bit count from the others
-        self._bits = comm.allreduce(self._bits if err is None else 0, op=_max())
-        self._err = err
+        self._bits = comm.allreduce(self._bits, op=_max())
         self.n = comm.allreduce(0 if self.ref is None else self.ref.shape[0])
 
     def search(self, query=None, k=10, root=0):
@@ -74,7 +80,7 @@ class Index:
         if not 0 <= root < self.size:
             raise ValueError(f"root={root}: the communicator has ranks 0 .. {self.size - 1}")
         self_join = self.comm.bcast(query is None if self.rank == root else None, root=root)
-        err, q, ids, dist = self._err, None, None, None
+        err, q, ids, dist = None, None, None, None
         try:
             kk = _core._k_of(k)
             if self.rank == root:
@@ -85,7 +91,7 @@ class Index:
                 dist = np.empty((nq, max(kk, 0)), dtype=np.float32)
         except (ValueError, TypeError) as e:
             kk = 1
-            err = err or f"rank {self.rank}: {e}"
+            err = f"rank {self.rank}: {e}"
         ext.search(self._ctx, self.ref, self.ref_offset, q, root, bool(self_join), kk, ids, dist,
                    self.metric, self.p, self.backend, self.threads, self.weights, self._bits, err)
         return (ids, dist) if self.rank == root else None

@@ -28,7 +28,7 @@ import os
 
 import numpy as np
 from scipy import sparse
-from sklearn.base import BaseEstimator, ClassifierMixin, KNeighborsMixin, RegressorMixin
+from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin
 from sklearn.utils.extmath import weighted_mode
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted
@@ -115,7 +115,7 @@ def _threads(n_jobs):
     return int(n_jobs)
 
 
-class _Base(KNeighborsMixin, BaseEstimator):
+class _Base(BaseEstimator):
     """What the three estimators share: the fitted rows and the exact kneighbors."""
 
     def _fit_rows(self, X):
