@@ -53,7 +53,11 @@ def test_host_arrays_are_not_gpu_arrays():
         def __dlpack_device__(self):
             return (1, 0)
 
+    class FakeCai:
+        __cuda_array_interface__ = {"shape": (2, 2), "typestr": "<f4", "data": (0, False), "version": 3}
+
     assert _gpu.is_gpu_array(FakeCuda()) and not _gpu.is_gpu_array(FakeCpu())
+    assert _gpu.is_gpu_array(FakeCai())
 
 
 @needs_gpu

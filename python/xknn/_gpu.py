@@ -1,8 +1,10 @@
 """GPU arrays searched in place with the library's device entry point (xknn/cuda.h).
 
-PyTorch CUDA tensors and CuPy arrays are read where they are; another CUDA array that
-exports __dlpack__ is taken through torch.from_dlpack, else cupy.from_dlpack, without a
-copy. Inputs: C-contiguous float32 (n, d) on one device; metric l2 or euclidean (ip and
+PyTorch CUDA tensors and CuPy arrays are read where they are; another CUDA array is
+taken without a copy through CuPy (cupy.asarray for __cuda_array_interface__, which
+waits for the stream the interface names; cupy.from_dlpack for __dlpack__), else
+PyTorch (torch.as_tensor, torch.from_dlpack), and the results are arrays of that
+library. Inputs: C-contiguous float32 (n, d) on one device; metric l2 or euclidean (ip and
 cosine where the tensor-core path applies, else ValueError with the library's reason).
 The search is enqueued on the array library's current stream of that device
 (torch.cuda.current_stream, cupy.cuda.get_current_stream): work the caller queued there
@@ -23,12 +25,14 @@ _ALIGN = 256  # the workspace's alignment (xknn_cuda_search)
 
 
 def _kind(x):
-    """'torch', 'cupy', 'dlpack' or None."""
+    """'torch', 'cupy', 'cai' (__cuda_array_interface__), 'dlpack' or None."""
     mod = type(x).__module__.split(".")[0]
     if mod == "torch":
         return "torch" if getattr(x, "is_cuda", False) else None
     if mod == "cupy":
         return "cupy"
+    if hasattr(x, "__cuda_array_interface__"):
+        return "cai"
     dev = getattr(x, "__dlpack_device__", None)
     if dev is not None and not hasattr(x, "__array_interface__"):
         try:
@@ -45,14 +49,14 @@ def is_gpu_array(x):
 def _adopt(x):
     """(array of torch or cupy, library name)."""
     kind = _kind(x)
-    if kind != "dlpack":
+    if kind in ("torch", "cupy"):
         return x, kind
     try:
-        import torch
-        return torch.from_dlpack(x), "torch"
-    except ImportError:
         import cupy
-        return cupy.from_dlpack(x), "cupy"
+        return (cupy.asarray(x) if kind == "cai" else cupy.from_dlpack(x)), "cupy"
+    except ImportError:
+        import torch
+        return (torch.as_tensor(x, device="cuda") if kind == "cai" else torch.from_dlpack(x)), "torch"
 
 
 def _describe(a, lib, what):

@@ -1,0 +1,74 @@
+/*
+ * overhead.c -- the C side of python/bench/overhead.py: reads REF and QUERY in their own
+ * type, runs xknn_search (k, metric l2, defaults otherwise) REPEAT times and prints each
+ * call's seconds on one line, for comparison with the same search through xknn.search.
+ *   cc -O2 -Iinclude python/bench/overhead.c -Lbuild/... -lxknn -o overhead
+ *   overhead REF QUERY K REPEAT
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+#include "xknn.h"
+#include "xknn/io.h"
+
+static void *read_all(const char *path, xknn_matrix *m)
+{
+    xknn_file_info info;
+    xknn_error err;
+    void *buf;
+    if (xknn_file_probe(path, NULL, &info, &err) != XKNN_SUCCESS) {
+        fprintf(stderr, "%s\n", err.message);
+        exit(1);
+    }
+    m->dtype = xknn_file_native_dtype(&info);
+    m->rows = info.rows;
+    m->cols = info.cols;
+    m->ld = 0;
+    buf = malloc((size_t)(xknn_row_bytes(m->dtype, info.cols) * info.rows));
+    if (!buf || xknn_file_read_rows_as(path, &info, 0, info.rows, m->dtype, buf, &err) != XKNN_SUCCESS) {
+        fprintf(stderr, "%s: %s\n", path, buf ? err.message : "out of memory");
+        exit(1);
+    }
+    m->data = buf;
+    return buf;
+}
+
+int main(int argc, char **argv)
+{
+    xknn_matrix ref, qry;
+    xknn_params p = XKNN_PARAMS_INIT;
+    xknn_error err;
+    int64_t k, *ids;
+    float *dist;
+    int r, repeat;
+    void *rb, *qb;
+    if (argc != 5) {
+        fprintf(stderr, "usage: overhead REF QUERY K REPEAT\n");
+        return 2;
+    }
+    rb = read_all(argv[1], &ref);
+    qb = read_all(argv[2], &qry);
+    k = atoll(argv[3]);
+    repeat = atoi(argv[4]);
+    ids = malloc((size_t)(qry.rows * k) * sizeof *ids);
+    dist = malloc((size_t)(qry.rows * k) * sizeof *dist);
+    if (!ids || !dist) return 1;
+    for (r = 0; r < repeat; r++) {
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        if (xknn_search(&p, &ref, &qry, k, ids, dist, &err) != XKNN_SUCCESS) {
+            fprintf(stderr, "%s\n", err.message);
+            return 1;
+        }
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        printf("%.6f\n", (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec));
+        fflush(stdout);
+    }
+    free(ids);
+    free(dist);
+    free(rb);
+    free(qb);
+    return 0;
+}
