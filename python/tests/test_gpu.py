@@ -76,6 +76,57 @@ def test_device_search_equals_host(lib, metric):
     np.testing.assert_array_equal(to_host(gi, lib), xknn.search(R, None, k=5, metric=metric, backend="cpu")[0])
 
 
+def cudart():
+    import ctypes
+    for name in ("libcudart.so", "libcudart.so.13", "libcudart.so.12"):
+        try:
+            return ctypes.CDLL(name)
+        except OSError:
+            pass
+    return None
+
+
+@pytest.mark.skipif(xknn.backends()["cuda_devices"] < 1, reason="no CUDA device")
+def test_device_entry_point_with_raw_pointers():
+    # xknn._xknn.cuda_search on cudaMalloc'ed memory: no array library needed
+    import ctypes
+    rt = cudart()
+    if rt is None:
+        pytest.skip("libcudart not found")
+    rng = np.random.default_rng(9)
+    R = rng.integers(0, 4, size=(4096, 24)).astype(np.float32)
+    Q = rng.integers(0, 4, size=(100, 24)).astype(np.float32)
+    k = 8
+    ctx = _gpu._context(0)[0]
+    ws_bytes = xknn._xknn.cuda_workspace_size(ctx, "l2", len(R), len(Q), R.shape[1], k)
+    ptrs = []
+
+    def dalloc(nbytes):
+        p = ctypes.c_void_p()
+        assert rt.cudaMalloc(ctypes.byref(p), ctypes.c_size_t(nbytes)) == 0
+        ptrs.append(p)
+        return p
+
+    try:
+        rp, qp = dalloc(R.nbytes), dalloc(Q.nbytes)
+        ip, dp, wp = dalloc(len(Q) * k * 8), dalloc(len(Q) * k * 4), dalloc(ws_bytes)
+        assert rt.cudaMemcpy(rp, R.ctypes.data_as(ctypes.c_void_p), ctypes.c_size_t(R.nbytes), 1) == 0
+        assert rt.cudaMemcpy(qp, Q.ctypes.data_as(ctypes.c_void_p), ctypes.c_size_t(Q.nbytes), 1) == 0
+        xknn._xknn.cuda_search(ctx, "l2", rp.value, len(R), R.shape[1], qp.value, len(Q), k, ip.value, dp.value,
+                               wp.value, ws_bytes, 0)
+        assert rt.cudaDeviceSynchronize() == 0
+        ids = np.empty((len(Q), k), dtype=np.int64)
+        dist = np.empty((len(Q), k), dtype=np.float32)
+        assert rt.cudaMemcpy(ids.ctypes.data_as(ctypes.c_void_p), ip, ctypes.c_size_t(ids.nbytes), 2) == 0
+        assert rt.cudaMemcpy(dist.ctypes.data_as(ctypes.c_void_p), dp, ctypes.c_size_t(dist.nbytes), 2) == 0
+    finally:
+        for p in ptrs:
+            rt.cudaFree(p)
+    hi, hd = xknn.search(R, Q, k=k, backend="cpu")
+    np.testing.assert_array_equal(ids, hi)
+    np.testing.assert_array_equal(dist, hd)
+
+
 @needs_gpu
 @pytest.mark.parametrize("lib", LIBS)
 def test_device_errors(lib):
