@@ -39,7 +39,7 @@ log "pytest python/tests"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 # from the tests' own directory, so `import xknn` finds the installed package, not python/xknn
 cd "$top/python/tests" || exit 1
-"$py" -m pytest -p no:cacheprovider -q -rs 2>&1 | tee "$work/pytest.log"
+"$py" -m pytest -q -rs 2>&1 | tee "$work/pytest.log"
 status=${PIPESTATUS[0]}
 log "summary"
 grep -E '^(=+ )?[0-9]+ (passed|failed)|(passed|failed|error).* in [0-9.]+s' "$work/pytest.log" | tail -n 1
