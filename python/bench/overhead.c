@@ -3,11 +3,12 @@
  * type, runs xknn_search (k, metric l2, defaults otherwise) REPEAT times and prints each
  * call's seconds on one line, for comparison with the same search through xknn.search.
  *   cc -O2 -Iinclude python/bench/overhead.c -Lbuild/... -lxknn -o overhead
- *   overhead REF QUERY K REPEAT
+ *   overhead REF QUERY K REPEAT [BACKEND]     (BACKEND: auto, cpu or cuda; default auto)
  */
 #define _POSIX_C_SOURCE 200809L
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #include "xknn.h"
@@ -44,10 +45,12 @@ int main(int argc, char **argv)
     float *dist;
     int r, repeat;
     void *rb, *qb;
-    if (argc != 5) {
-        fprintf(stderr, "usage: overhead REF QUERY K REPEAT\n");
+    if (argc != 5 && argc != 6) {
+        fprintf(stderr, "usage: overhead REF QUERY K REPEAT [BACKEND]\n");
         return 2;
     }
+    if (argc == 6) p.backend = !strcmp(argv[5], "cpu") ? XKNN_BACKEND_CPU
+                               : !strcmp(argv[5], "cuda") ? XKNN_BACKEND_CUDA : XKNN_BACKEND_AUTO;
     rb = read_all(argv[1], &ref);
     qb = read_all(argv[2], &qry);
     k = atoll(argv[3]);
