@@ -9,11 +9,18 @@ top=$(pwd)
 work="$top/build-python-ci"
 log() { printf '\n=== %s\n' "$*"; }
 
-if ! python3 -c 'import ensurepip, venv' >/dev/null 2>&1; then
-  log "installing: python3-venv"
-  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO=sudo
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends python3-venv python3-dev \
-    >/dev/null || { echo "apt-get install python3-venv failed"; exit 1; }
+# ---- what the build and the tests need (Debian 12 packages) -----------------------------
+pkgs="gcc pkg-config python3-dev python3-venv libopenblas-dev libopenmpi-dev openmpi-bin zlib1g-dev dataset-fashion-mnist"
+if command -v apt-get >/dev/null 2>&1; then
+  need=""
+  for p in $pkgs; do dpkg -s "$p" >/dev/null 2>&1 || need="$need $p"; done
+  if [ -n "$need" ]; then
+    log "installing:$need"
+    SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO=sudo
+    export DEBIAN_FRONTEND=noninteractive
+    $SUDO apt-get update -qq && $SUDO apt-get install -y -qq --no-install-recommends $need >/dev/null || {
+      echo "apt-get install failed"; exit 1; }
+  fi
 fi
 
 rm -rf "$work"
