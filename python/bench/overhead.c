@@ -4,6 +4,9 @@
  * call's seconds on one line, for comparison with the same search through xknn.search.
  *   cc -O2 -Iinclude python/bench/overhead.c -Lbuild/... -lxknn -o overhead
  *   overhead REF QUERY K REPEAT [BACKEND]     (BACKEND: auto, cpu or cuda; default auto)
+ * Built as a shared object (-shared -fPIC -DXKNN_OVERHEAD_LIB), it exports
+ * xknn_overhead_search instead, which overhead.py calls through ctypes on the very arrays
+ * it gives xknn.search: the same process, memory and threads on both sides.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <stdio.h>
@@ -14,6 +17,37 @@
 #include "xknn.h"
 #include "xknn/io.h"
 
+static double seconds(const struct timespec *t0, const struct timespec *t1)
+{
+    return (double)(t1->tv_sec - t0->tv_sec) + 1e-9 * (double)(t1->tv_nsec - t0->tv_nsec);
+}
+
+static xknn_backend backend_of(const char *name)
+{
+    return !strcmp(name, "cpu") ? XKNN_BACKEND_CPU : !strcmp(name, "cuda") ? XKNN_BACKEND_CUDA : XKNN_BACKEND_AUTO;
+}
+
+#ifdef XKNN_OVERHEAD_LIB
+/* One xknn_search of host rows (dtype by xknn_dtype_from_name) into ids/dist; returns
+ * its wall seconds, or -1 on failure. */
+double xknn_overhead_search(const void *ref, int64_t n, const void *query, int64_t nq, int64_t d, const char *dtype,
+                            int64_t k, const char *backend, int64_t *ids, float *dist);
+double xknn_overhead_search(const void *ref, int64_t n, const void *query, int64_t nq, int64_t d, const char *dtype,
+                            int64_t k, const char *backend, int64_t *ids, float *dist)
+{
+    xknn_params p = XKNN_PARAMS_INIT;
+    xknn_matrix rm = XKNN_MATRIX_TYPED(ref, n, d, xknn_dtype_from_name(dtype));
+    xknn_matrix qm = XKNN_MATRIX_TYPED(query, nq, d, xknn_dtype_from_name(dtype));
+    xknn_error err;
+    struct timespec t0, t1;
+    xknn_status st;
+    p.backend = backend_of(backend);
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    st = xknn_search(&p, &rm, &qm, k, ids, dist, &err);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    return st == XKNN_SUCCESS ? seconds(&t0, &t1) : -1.0;
+}
+#else
 static void *read_all(const char *path, xknn_matrix *m)
 {
     xknn_file_info info;
@@ -49,8 +83,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "usage: overhead REF QUERY K REPEAT [BACKEND]\n");
         return 2;
     }
-    if (argc == 6) p.backend = !strcmp(argv[5], "cpu") ? XKNN_BACKEND_CPU
-                               : !strcmp(argv[5], "cuda") ? XKNN_BACKEND_CUDA : XKNN_BACKEND_AUTO;
+    if (argc == 6) p.backend = backend_of(argv[5]);
     rb = read_all(argv[1], &ref);
     qb = read_all(argv[2], &qry);
     k = atoll(argv[3]);
@@ -68,8 +101,7 @@ int main(int argc, char **argv)
         }
         clock_gettime(CLOCK_MONOTONIC, &t1);
         clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &c1);
-        printf("%.6f %.6f\n", (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec),
-               (double)(c1.tv_sec - c0.tv_sec) + 1e-9 * (double)(c1.tv_nsec - c0.tv_nsec));
+        printf("%.6f %.6f\n", seconds(&t0, &t1), seconds(&c0, &c1));
         fflush(stdout);
     }
     free(ids);
@@ -78,3 +110,4 @@ int main(int argc, char **argv)
     free(qb);
     return 0;
 }
+#endif /* XKNN_OVERHEAD_LIB */

@@ -5,8 +5,15 @@ best of several runs is the estimate least disturbed by other work), and the fix
 for the Python layer and C.
 
     python overhead.py PATH/TO/overhead REF QUERY [K [REPEAT [BACKEND]]]
+
+With PATH/TO/overhead.so beside the program (overhead.c built with -shared -fPIC
+-DXKNN_OVERHEAD_LIB), the C call also runs inside this process through ctypes on the
+same arrays, alternating with xknn.search: the comparison least disturbed by the rest of
+the machine.
 """
 
+import ctypes
+import os
 import statistics
 import subprocess
 import sys
@@ -40,6 +47,9 @@ def main():
           f"cpu median {med(c_c):.3f}")
     print(f"python/C - 1: wall median {100 * (med(py_t) / med(c_t) - 1):+.2f}%, wall best "
           f"{100 * (min(py_t) / min(c_t) - 1):+.2f}%, cpu median {100 * (med(py_c) / med(c_c) - 1):+.2f}%")
+    so = exe + ".so"
+    if os.path.exists(so):
+        in_process(so, ref, query, k, backend, repeat)
     tiny = ref[:1]
     calls = 2000
     t0 = time.perf_counter()
@@ -48,6 +58,33 @@ def main():
     per_call = (time.perf_counter() - t0) / calls
     print(f"one 1 x 1 xknn.search call: {1e6 * per_call:.1f} us "
           f"({100 * per_call / med(c_t):.5f}% of the C search above)")
+
+
+def in_process(so, ref, query, k, backend, repeat):
+    import numpy as np
+    lib = ctypes.CDLL(so)
+    fn = lib.xknn_overhead_search
+    fn.restype = ctypes.c_double
+    i64, vp, cp = ctypes.c_int64, ctypes.c_void_p, ctypes.c_char_p
+    fn.argtypes = [vp, i64, vp, i64, i64, cp, i64, cp, vp, vp]
+    ids = np.empty((query.shape[0], k), dtype=np.int64)
+    dist = np.empty((query.shape[0], k), dtype=np.float32)
+    name = {"float32": b"f32", "float16": b"f16", "uint8": b"u8", "int8": b"i8"}[str(ref.dtype)]
+    py_t, c_t = [], []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        got = xknn.search(ref, query, k=k, backend=backend)
+        py_t.append(time.perf_counter() - t0)
+        c = fn(ref.ctypes.data, ref.shape[0], query.ctypes.data, query.shape[0], ref.shape[1], name, k,
+               backend.encode(), ids.ctypes.data, dist.ctypes.data)
+        assert c > 0 and np.array_equal(ids, got[0]) and np.array_equal(dist, got[1])
+        c_t.append(c)
+    med = statistics.median
+    print(f"in one process (ctypes), {repeat} runs each, alternating, same results:")
+    print(f"python xknn.search wall s: {' '.join(f'{t:.3f}' for t in py_t)}  median {med(py_t):.3f}")
+    print(f"C xknn_search      wall s: {' '.join(f'{t:.3f}' for t in c_t)}  median {med(c_t):.3f}")
+    print(f"python/C - 1: wall median {100 * (med(py_t) / med(c_t) - 1):+.2f}%, wall best "
+          f"{100 * (min(py_t) / min(c_t) - 1):+.2f}%")
 
 
 if __name__ == "__main__":
