@@ -15,8 +15,9 @@ brute-force estimators do:
   distances recomputed from the data. Where several rows tie at the k-th distance,
   scikit-learn's brute force keeps the ones its heap happens to keep, so the two can
   differ there (and only there);
-- weights "uniform" or "distance" (callables are refused): 1/d: 1/d, and a query at distance 0 of some training rows gives those
-  rows weight 1 and the others 0; class ties go to the first class in classes_;
+- weights "uniform" or "distance" (callables are refused); "distance" is 1/d, and a
+  query at distance 0 of some training rows gives those rows weight 1 and the others 0;
+  class ties go to the first class in classes_;
 - kneighbors(None) searches the training rows for k + 1 neighbours and drops each row
   itself (the first column when the row is not among them, as duplicates can push it
   out), as scikit-learn does.
