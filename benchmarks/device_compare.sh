@@ -11,11 +11,13 @@
 #   W4    bench_knn n = 16384, nq = 4096, d = 128, k = 16, device and host arrays
 #   RING  knn_mpi REF (the symmetric ring), MPI_N uniform points, k = 16, on 1 and 2 ranks;
 #         every output must equal base's one-rank output byte for byte
-#   TESTS meson test on head's build for the names in TESTS (GPU suites touched)
+#   TESTS meson test on head's build for the names in TESTS (GPU suites touched); with
+#         STEPS containing both bench and tests and TEST_GPU set, the tests run on that GPU
+#         beside the W1W2/W4 rows, which then run on BENCH_GPU (default 0)
 # A summary table (median ms per row, head / base) is printed last and written to
 # OUT/compare.txt (logs in OUT/compare.log).
 # Environment: BASE (required), STEPS="build bench ring tests", REPEATS=5, MPI_N=4000000,
-#   TESTS="...", JOBS=(cores), WORK=/tmp/xknn-compare.
+#   TESTS="...", TEST_GPU, BENCH_GPU=0, TEST_TIMEOUT=420, JOBS=(cores), WORK=/tmp/xknn-compare.
 set -uo pipefail
 OUT=${OUT:-$PWD/device-out}
 BASE=${BASE:?set BASE to the baseline source tree}
@@ -23,6 +25,9 @@ STEPS=${STEPS:-"build bench ring tests"}
 REPEATS=${REPEATS:-5}
 MPI_N=${MPI_N:-4000000}
 TESTS=${TESTS:-"cuda metrics-cuda-1 cuda-sym cuda-ring"}
+TEST_GPU=${TEST_GPU:-}
+BENCH_GPU=${BENCH_GPU:-0}
+TEST_TIMEOUT=${TEST_TIMEOUT:-420}
 JOBS=${JOBS:-$(nproc)}
 WORK=${WORK:-/tmp/xknn-compare}
 mkdir -p "$OUT" "$WORK"
@@ -50,7 +55,20 @@ if has build; then
     echo "=== built both trees in $((SECONDS - t0)) s"
 fi
 
+run_tests() {
+    # shellcheck disable=SC2086 # TESTS: names
+    timeout "$TEST_TIMEOUT" meson test -C "$HB" --print-errorlogs --num-processes 1 $TESTS > "$WORK/tests.log" 2>&1
+    echo "=== tests ($TESTS): exit $?"
+    grep -E "^ *[0-9]+/[0-9]+ " "$WORK/tests.log"
+    cp "$HB/meson-logs/testlog.txt" "$OUT/compare_tests.txt" 2>/dev/null
+}
+beside=""
+if has tests && has bench && [ -n "$TEST_GPU" ]; then
+    ( export CUDA_VISIBLE_DEVICES=$TEST_GPU; run_tests ) &
+    beside=$!
+fi
 if has bench; then
+    export CUDA_VISIBLE_DEVICES=$BENCH_GPU
     for rep in 1 2; do # alternate: base, head, base, head
         for t in base head; do
             b=$HB; [ $t = base ] && b=$BB
@@ -60,6 +78,12 @@ if has bench; then
                 --mode device,host --repeats 20 --json "$WORK/W4_${t}_$rep.json" || echo "W4 $t FAILED"
         done
     done
+    unset CUDA_VISIBLE_DEVICES
+fi
+if [ -n "$beside" ]; then
+    wait "$beside"
+elif has tests; then
+    run_tests
 fi
 
 if has ring; then
@@ -81,14 +105,6 @@ if has ring; then
             done
         done
     done
-fi
-
-if has tests; then
-    # shellcheck disable=SC2086 # TESTS: names
-    timeout 420 meson test -C "$HB" --print-errorlogs --num-processes 1 $TESTS > "$WORK/tests.log" 2>&1
-    echo "=== tests ($TESTS): exit $?"
-    grep -E "^ *[0-9]+/[0-9]+ " "$WORK/tests.log"
-    cp "$HB/meson-logs/testlog.txt" "$OUT/compare_tests.txt" 2>/dev/null
 fi
 
 python3 - "$OUT" "$WORK" <<'PY' | tee "$OUT/compare.txt"
