@@ -49,7 +49,7 @@ if has build; then
     done
     ninja -C "$HB" -j "$JOBS" > "$WORK/build-head.log" 2>&1 &
     hp=$!
-    ninja -C "$BB" -j "$JOBS" benchmarks/bench_knn "$(basename "$(dirname "$(knn_of "$BB")")")/knn_mpi" tests/mkdata \
+    ninja -C "$BB" -j "$JOBS" benchmarks/bench_knn "$(basename "$(dirname "$(knn_of "$BB")")")/knn_mpi" \
         > "$WORK/build-base.log" 2>&1 || { tail -30 "$WORK/build-base.log"; exit 1; }
     wait $hp || { tail -30 "$WORK/build-head.log"; exit 1; }
     echo "=== built both trees in $((SECONDS - t0)) s"
