@@ -77,11 +77,13 @@ static const scase cases[] = {
     {"caller's context, 70001 points, ties", DATA_INTEGER, 70001, 8, 6, 0, 0, 0, 0, 1, 1, 0},
     /* rows whose norms are too large for the bounds (NaN there, mma.cu's norm_or_nan): such
      * a row's pairs are candidates on both sides of the triangle, never witnesses (prefix
-     * pass or band: meson test cuda-sym-band) */
-    {"huge rows", DATA_UNIFORM, 5000, 32, 8, 0, 0, 0, 0, 1, 0, 1},
-    {"huge rows, ties", DATA_INTEGER, 3001, 16, 6, 0, 0, 0, 0, 1, 0, 1},
+     * pass or band: meson test cuda-sym-band). Euclidean: every reported value stays in
+     * float's range (their l2 overflows it: an input error, one more line a case) */
+    {"huge rows", DATA_UNIFORM, 5000, 32, 8, XKNN_METRIC_EUCLIDEAN, 0, 0, 0, 1, 0, 1},
+    {"huge rows, ties", DATA_INTEGER, 3001, 16, 6, XKNN_METRIC_EUCLIDEAN, 0, 0, 0, 1, 0, 1},
 };
 #define NCASES (int)(sizeof cases / sizeof cases[0])
+enum { NHUGE = 2 }; /* cases with huge rows: one line more each */
 
 /* xknn_search_pair on the device: the slices of a partition (cut[0] = 0 < ... < cut[ns]
  * = n) applied pair by pair, (i, i) and (i, j > i), as the MPI ring does; the lists must
@@ -247,6 +249,13 @@ static void run_case(const scase *c)
     ok(sst == XKNN_SUCCESS && pst == XKNN_SUCCESS &&
            !memcmp(sid, pid, (size_t)(n * k) * sizeof(int64_t)) && !memcmp(sd, pd, (size_t)(n * k) * sizeof(float)),
        "%s: auto and plain outputs are the same bytes", name);
+    if (c->huge) { /* the same rows in l2: their squared distances overflow float */
+        scase l2 = *c;
+        l2.metric = XKNN_METRIC_L2;
+        sst = self_join(&l2, x, ld, k, XKNN_SELF_JOIN_AUTO, sid, sd, &serr);
+        ok(sst == XKNN_ERROR_INVALID_VALUE && strstr(serr.message, "overflows float"),
+           "%s: in l2 an input error naming the pair (%s)", name, sst == XKNN_SUCCESS ? "success" : serr.message);
+    }
     free(tight);
     free(x);
     free(sid);
@@ -539,14 +548,14 @@ int main(void)
     if (!xknn_backend_built(XKNN_BACKEND_CUDA) || xknn_cuda_device_count() == 0) skip_all("no CUDA device");
     const char *only = getenv("XKNN_CUDA_TEST_ONLY");
     quick = getenv("XKNN_CUDA_TEST_QUICK") ? atoi(getenv("XKNN_CUDA_TEST_QUICK")) : 0;
-    plan(3 * NCASES + 2 * NPCASES + 8);
+    plan(3 * NCASES + NHUGE + 2 * NPCASES + 8);
     run_keep_errors();
     run_lists_errors();
     for (i = 0; i < NCASES; i++) {
         if (only && *only && !strstr(cases[i].what, only))
-            skip(3, "%s: not selected by XKNN_CUDA_TEST_ONLY", cases[i].what);
+            skip(3 + cases[i].huge, "%s: not selected by XKNN_CUDA_TEST_ONLY", cases[i].what);
         else if (quick && cases[i].n > 6000)
-            skip(3, "%s n=%lld: not with XKNN_CUDA_TEST_QUICK", cases[i].what, (long long)cases[i].n);
+            skip(3 + cases[i].huge, "%s n=%lld: not with XKNN_CUDA_TEST_QUICK", cases[i].what, (long long)cases[i].n);
         else
             run_case(&cases[i]);
     }
