@@ -12,7 +12,7 @@ stop() { [ ${#spin[@]} -gt 0 ] && kill "${spin[@]}" 2>/dev/null; spin=(); }
 trap stop EXIT
 row() { # row BUILD N
     "$1/benchmarks/bench_knn" --backend cuda --n "$2" --nq 4096 --d 128 --k 16 --path auto --mode host \
-        --repeats "$REPEATS" 2>/dev/null | awk '$1 ~ /^[0-9]+$/ && $8 == "host" { print $9 }'
+        --repeats "$REPEATS" 2>/dev/null | awk '$1 ~ /^[0-9]+$/ && $7 == "host" { print $8 }'
 }
 for b in $BUILDS; do
     for n in 16384 65536; do
