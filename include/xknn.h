@@ -994,13 +994,19 @@ xknn_status xknn_search_pair(const xknn_params *params, const xknn_matrix *a, in
 xknn_status xknn_check_result(xknn_metric metric, int64_t query_row0, int64_t nq, int64_t k, const int64_t *ids,
                               const float *dist, xknn_error *err)
 {
-    int64_t i;
-    for (i = 0; i < nq * k; i++)
-        if (ids[i] >= 0 && !(dist[i] >= -FLT_MAX && dist[i] <= FLT_MAX))
-            return xknn__fail(err, XKNN_ERROR_INVALID_VALUE,
-                              "the %s distance of query row %lld and reference row %lld overflows float (the values "
-                              "are too large for this metric: scale them down)",
-                              xknn_metric_name(metric), (long long)(query_row0 + i / k), (long long)ids[i]);
+    const int64_t m = nq * k;
+    int64_t i, first = m;
+    /* finite distances pass without a look at the ids (padding is +-inf with id -1) */
+#if defined(_OPENMP)
+#pragma omp parallel for schedule(static) reduction(min : first) num_threads(xknn__scan_threads(0, m * 4))
+#endif
+    for (i = 0; i < m; i++)
+        if (!(dist[i] >= -FLT_MAX && dist[i] <= FLT_MAX) && ids[i] >= 0 && i < first) first = i;
+    if (first < m)
+        return xknn__fail(err, XKNN_ERROR_INVALID_VALUE,
+                          "the %s distance of query row %lld and reference row %lld overflows float (the values "
+                          "are too large for this metric: scale them down)",
+                          xknn_metric_name(metric), (long long)(query_row0 + first / k), (long long)ids[first]);
     return XKNN_SUCCESS;
 }
 
