@@ -36,7 +36,7 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
 has() { case " $STEPS " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 HB=$PWD/build-head
-BB=$BASE/build-base
+BB=$PWD/build-base-tree # beside head's: a carried BASE replaces what lies under it on each call
 knn_of() { if [ -x "$1/tools/knn_mpi" ]; then echo "$1/tools/knn_mpi"; else echo "$1/mpi/knn_mpi"; fi; }
 
 if has build; then
