@@ -315,8 +315,7 @@ XKNN_API xknn_status xknn_check_input(const xknn_params *params, const char *wha
 /* Not collective. The CPU threads a call uses when params.num_threads is 0: OpenMP's
  * default (the CPUs of the affinity mask, or OMP_NUM_THREADS) capped by the CPU quota of
  * the process's cgroup (cpu.max, or cpu.cfs_quota_us / cpu.cfs_period_us), rounded up; at
- * least 1. Steps on a few MB (input scans) use fewer: a thread per 16 MiB. The quota is
- * read once per process. */
+ * least 1. The quota is read once per process. */
 XKNN_API int xknn_thread_budget(void);
 
 /* 1 if the backend is compiled into this library (0 for an unknown value). */
@@ -635,9 +634,8 @@ int xknn_thread_budget(void)
     return n > 0 ? n : 1;
 }
 
-/* Threads for a scan of bytes: params.num_threads, or a thread per 16 MiB up to the
- * budget (a small step on many threads waits for all of them to be scheduled, which a
- * busy machine makes slow). */
+/* Threads for a pass over bytes: nt when given, else a thread per 16 MiB up to the
+ * budget (the result check, whose few MB would wait for every core to be scheduled). */
 #if defined(_OPENMP)
 static int xknn__scan_threads(int nt, int64_t bytes)
 {
@@ -646,7 +644,8 @@ static int xknn__scan_threads(int nt, int64_t bytes)
     if (nt > 0) return nt;
     return want < budget ? (int)want : budget;
 }
-#define XKNN__SCAN_THREADS(nt, m) xknn__scan_threads(nt, (m)->rows * xknn_row_bytes((m)->dtype, (m)->cols))
+/* The input scans: params.num_threads, or the budget */
+#define XKNN__SCAN_THREADS(nt, m) ((void)(m), (nt) > 0 ? (nt) : xknn_thread_budget())
 #endif
 
 /* Checks a float matrix for NaN/Inf; reports the first offending row and column.
