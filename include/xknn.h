@@ -995,12 +995,19 @@ xknn_status xknn_check_result(xknn_metric metric, int64_t query_row0, int64_t nq
 {
     const int64_t m = nq * k;
     int64_t i, first = m;
-    /* finite distances pass without a look at the ids (padding is +-inf with id -1) */
+    /* finite distances pass without a look at the ids (padding is +-inf with id -1); a
+     * few MB stay on this thread (a parallel region of one thread still resizes the
+     * caller's OpenMP team) */
 #if defined(_OPENMP)
-#pragma omp parallel for schedule(static) reduction(min : first) num_threads(xknn__scan_threads(0, m * 4))
+    const int nt = xknn__scan_threads(0, m * 4);
+    if (nt > 1) {
+#pragma omp parallel for schedule(static) reduction(min : first) num_threads(nt)
+        for (i = 0; i < m; i++)
+            if (!(dist[i] >= -FLT_MAX && dist[i] <= FLT_MAX) && ids[i] >= 0 && i < first) first = i;
+    } else
 #endif
-    for (i = 0; i < m; i++)
-        if (!(dist[i] >= -FLT_MAX && dist[i] <= FLT_MAX) && ids[i] >= 0 && i < first) first = i;
+        for (i = 0; i < m && first == m; i++)
+            if (!(dist[i] >= -FLT_MAX && dist[i] <= FLT_MAX) && ids[i] >= 0) first = i;
     if (first < m)
         return xknn__fail(err, XKNN_ERROR_INVALID_VALUE,
                           "the %s distance of query row %lld and reference row %lld overflows float (the values "
