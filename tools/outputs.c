@@ -216,6 +216,9 @@ static xknn_status knn__outs_share_names(knn_outs *o, xknn_error *err)
         if (o->rank != 0 && !(o->f[i].tmp = (char *)malloc((size_t)len + 1)))
             return knn__fail(err, XKNN_ERROR_OUT_OF_MEMORY, "rank %d: out of memory", o->rank);
         rc = MPI_Bcast(o->f[i].tmp, (int)len + 1, MPI_CHAR, 0, o->comm);
+        /* any rank's SIGINT/SIGTERM handler removes them: mpirun may kill rank 0 before
+         * its own handler runs */
+        if (rc == MPI_SUCCESS && o->rank != 0) knn__sig_register(i, o->f[i].tmp);
     }
     return rc == MPI_SUCCESS ? XKNN_SUCCESS : knn__mpi_fail(err, o->rank, rc, "MPI_Bcast (output names)");
 }
@@ -332,6 +335,7 @@ void knn_outs_discard(knn_outs *o)
             knn__sig_register(i, NULL);
             unlink(f->tmp);
         }
+        knn__sig_register(i, NULL);
         free(f->tmp);
         f->tmp = NULL;
     }
