@@ -42,6 +42,7 @@
 #include "knn_predict.h"
 #include "npz.h"
 #include "outputs.h"
+#include "progress.h"
 #include "xknn.h"
 #include "xknn/io.h"
 #include "xknn/learn.h"
@@ -67,7 +68,7 @@ typedef struct knn_opts {
     xknn_elem dtype;
     int threads;
     int64_t device_memory; /* bytes; 0: the backend's default (free device memory) */
-    int ids64, quiet, verbose, help, version;
+    int ids64, quiet, progress, verbose, help, version;
     int no_symmetric;       /* --no-symmetric: plain self-join (every distance twice) */
     /* classification / regression (knn_predict.c) */
     const char *labels, *targets, *query_labels, *predict;
@@ -160,7 +161,10 @@ static void knn__usage(FILE *f)
             "      --query-labels FILE  true labels of the queries: prints accuracy=... on the\n"
             "                       summary line (and a confusion matrix with -v)\n"
             "\n", f);
-    fputs("  -q, --quiet          no progress, no summary line\n"
+    fputs("      --progress       progress lines on stderr (rank 0) at least every 2 s: rows done,\n"
+          "                       rate, ETA; on by default when stderr is a terminal (rewritten\n"
+          "                       in place there), full lines otherwise\n"
+          "  -q, --quiet          no progress, no summary line (wins over --progress)\n"
             "  -v, --verbose        print the plan (slices, blocks, transfer mode, ranks without a\n"
             "                       CUDA device that search on the CPU) on stderr\n"
             "  -h, --help           this text\n"
@@ -412,6 +416,9 @@ static int knn__parse(int argc, char **argv, knn_opts *o, char *msg, size_t msz)
                 snprintf(msg, msz, "--vote: unknown vote '%s' (use uniform or distance)", val);
                 return EXIT_USAGE;
             }
+        } else if (KNN_FLAG(NULL, "--progress")) {
+            KNN_NO_VALUE();
+            o->progress = 1;
         } else if (KNN_FLAG("-q", "--quiet")) {
             KNN_NO_VALUE();
             o->quiet = 1;
@@ -539,6 +546,7 @@ typedef struct knn_run {
     xknn_result_format fmt;
     xknn_result_layout lay;
     knn_npz npz;            /* .npy / .npz result (tools/npz.h); kind NONE otherwise */
+    knn_progress prog;      /* rank 0's progress lines (tools/progress.h)         */
     xknn_read_opts ropts;
     xknn_file_info rinfo, qinfo;
     int64_t n, d, nq, row0, rows;
@@ -553,7 +561,7 @@ typedef struct knn_run {
     const char *transfer;
     unsigned char *wbuf;    /* the sink's encoding buffer                         */
     size_t wcap;
-    double t_start, last_progress;
+    double t_start;
     knn_predict pred;       /* --labels/--targets/--predict (knn_predict.c)       */
     int no_result;          /* --predict without -o: no neighbour file            */
     int64_t *rank_work;     /* rank 0, --json: per rank, distance evaluations and
@@ -635,25 +643,6 @@ static void knn__max_doubles(knn_run *r, double *v, int count)
 }
 
 #ifdef XKNN_HAVE_MPI
-/* Not collective: progress on rank 0's terminal (the serial search has no hook). */
-static void knn__progress(void *user, int64_t done, int64_t total)
-{
-    knn_run *r = (knn_run *)user;
-    double now = knn__now(), el = now - r->t_start;
-    if (done < total && now - r->last_progress < 0.5) return;
-    r->last_progress = now;
-    if (done >= total) {
-        fprintf(stderr, "\r%60s\r", "");
-    } else {
-        double rate = el > 0 ? (double)done / el : 0.0;
-        fprintf(stderr, "\rknn_mpi: %lld/%lld queries (%.1f%%), %.0f queries/s, ETA %.0f s   ", (long long)done,
-                (long long)total, 100.0 * (double)done / (double)total, rate,
-                rate > 0 ? (double)(total - done) / rate : 0.0);
-    }
-    fflush(stderr);
-}
-
-
 /* Collective; --backend auto with CUDA built. Rank 0 learns which ranks see no CUDA
  * device (they search on the CPU: identical results by contract): the summary and the
  * JSON name the mix ("cuda+cpu"), -v lists those ranks. */
@@ -928,6 +917,15 @@ static xknn_status knn__sink(void *user, int64_t q0, int64_t rows, int64_t k, co
     return XKNN_SUCCESS;
 }
 
+/* Not collective. Rank 0 starts its progress lines when asked (--progress, or stderr a
+ * terminal, and not -q); 1 when they run. */
+static int knn__progress_begin(knn_run *r)
+{
+    const int tty = isatty(STDERR_FILENO);
+    if (r->rank != 0 || r->o.quiet || !(r->o.progress || tty)) return 0;
+    return knn_progress_start(&r->prog, r->nq, r->o.query ? "queries" : "rows", tty) == 0;
+}
+
 #ifdef XKNN_HAVE_MPI
 /* ---- MPI: the search ---------------------------------------------------------------- */
 /* Collective. For --json: every rank's distance evaluations, busy seconds (the phase the
@@ -969,9 +967,9 @@ static xknn_status knn__search_and_write(knn_run *r, xknn_error *err)
     out.sink = knn__sink;
     out.sink_user = r;
     out.any_order = 1; /* (rows are written at their offsets) */
-    if (r->rank == 0 && !r->o.quiet && isatty(STDERR_FILENO)) {
-        out.progress = knn__progress;
-        out.progress_user = r;
+    if (knn__progress_begin(r)) {
+        out.progress = knn_progress_update;
+        out.progress_user = &r->prog;
     }
     r->t_start = knn__now();
     if (r->o.query)
@@ -979,6 +977,7 @@ static xknn_status knn__search_and_write(knn_run *r, xknn_error *err)
                              r->o.k, &out, &stats, err);
     else
         st = xknn_mpi_self_join(r->ctx, &r->params, r->rows > 0 ? &refm : NULL, r->row0, r->o.k, &out, &stats, err);
+    knn_progress_stop(&r->prog);
     r->query_block = stats.query_block;
     r->blocks = stats.blocks;
     r->transfer = xknn_mpi_transfer_name(stats.transfer);
@@ -1022,7 +1021,9 @@ static xknn_status knn__search_and_write(knn_run *r, xknn_error *err)
     t0 = knn__now();
     if (st == XKNN_SUCCESS) {
         r->params.query_block = r->o.query_block;
+        (void)knn__progress_begin(r); /* (no per-block hook here: elapsed time only) */
         st = xknn_search(&r->params, &refm, r->o.query ? &qm : NULL, r->o.k, ids, dist, err);
+        knn_progress_stop(&r->prog);
     }
     r->t_search = knn__now() - t0;
     r->t_query = r->t_search;
@@ -1419,6 +1420,7 @@ report:
     if (st != XKNN_SUCCESS && r->rank == 0) fprintf(stderr, "knn_mpi: %s\n", err.message);
 
 finalize:
+    knn_progress_stop(&r->prog); /* (joined before MPI_Finalize on every path) */
     knn_outs_discard(&r->outs); /* temporaries a failure left (rank 0 removes them) */
     knn_predict_free(&r->pred);
 #ifdef XKNN_HAVE_MPI
