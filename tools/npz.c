@@ -201,6 +201,7 @@ static xknn_status knn__gather_blocks(knn_npz *z, knn_outs *o, int64_t **all, in
     }
 #endif
     (void)o;
+    (void)err;
     *all = z->blocks;
     z->blocks = NULL;
     z->nblocks = z->cap = 0;
