@@ -120,8 +120,8 @@ static void knn__usage(FILE *f)
             "      --ids64          64-bit ids in the .bin result (needed above 2^31-1 references)\n"
             "      --no-symmetric   self-join (no QUERY): plain search of every row against all\n"
             "                       rows; the default computes each distance once for both of its\n"
-            "                       points (about half the work, the same bytes); -v tells which\n"
-            , f);
+            "                       points (about half the work, the same bytes); -v tells which\n",
+          f);
     fputs("      --backend NAME   auto (default), cpu or cuda\n"
             "      --query-block N  queries per broadcast block (default: automatic)\n"
             "      --dtype T        element type of '.bin' inputs: f32 (default), u8, i8, f16.\n"
