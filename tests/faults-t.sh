@@ -32,7 +32,7 @@ MPIRUN=${3:-none}
 FI=${4:-none}     # tests/fault_inject.c: chosen writes fail with ENOSPC, opens with EMFILE
 PRUNE=${5:-none}  # knn_prune, for its derived output names
 . "$(dirname "$0")/tap.sh"
-tap_begin faults-t 208
+tap_begin faults-t 210
 TAP_DIAG=tap_run_diag
 O=$T/outdir       # the output directory of every case: must stay empty
 D=$T/data
@@ -271,10 +271,13 @@ if [ "$FI" != none ] && [ -f "$FI" ]; then
     XENV="LD_PRELOAD=$FI XKNN_TEST_ENOSPC_PATH=$OP/* XKNN_TEST_ENOSPC_AFTER=4096 $asan"
     case_ 3 "$O/r.bin|No space left on device" "disk full after 4 KiB: result rows refused (ENOSPC)" \
         -k 100 --query-block 8 -o "$O/r.bin" "$D/ref.fbin" "$D/q.fbin"
+    case_ 3 "$O/r.npz|No space left on device" "disk full after 4 KiB: .npz rows refused (ENOSPC)" \
+        -k 100 --query-block 8 -o "$O/r.npz" "$D/ref.fbin" "$D/q.fbin"
     XENV=
 else
     skip2 "no write-fault library (not Linux): disk full (ENOSPC)"
     skip2 "no write-fault library (not Linux): disk full after 4 KiB"
+    skip2 "no write-fault library (not Linux): .npz, disk full after 4 KiB"
 fi
 
 # File too large: RLIMIT_FSIZE with SIGXFSZ ignored makes write() fail (EFBIG) past 4 MiB;
@@ -295,20 +298,20 @@ KNN=$KNN_REAL
 # /dev/full is a character device that fails every write with ENOSPC. Writing the result
 # through a temporary + rename() must not replace the device node by a regular file:
 # a copy of the node (root only) is the target, never /dev/full itself.
-if mknod "$T/full" c 1 7 2>/dev/null; then
+if mknod "$T/full.bin" c 1 7 2>/dev/null; then
     for np in 1 4; do
         if [ "$np" -ne 1 ] && [ "$MPIRUN" = none ]; then skip "MPI not built"; continue; fi
-        [ -c "$T/full" ] || { rm -f "$T/full"; mknod "$T/full" c 1 7; }
-        run_ $np -o "$T/full" "$D/ref.fbin" "$D/q.fbin"
+        [ -c "$T/full.bin" ] || { rm -f "$T/full.bin"; mknod "$T/full.bin" c 1 7; }
+        run_ $np -o "$T/full.bin" "$D/ref.fbin" "$D/q.fbin"
         WHY=
         if [ "$RC" -eq 0 ] || [ "$RC" -eq 124 ]; then WHY="exit $RC, want nonzero"
-        elif [ ! -c "$T/full" ]; then WHY="the device node was replaced by a regular file"
-        elif [ -n "$(ls -A "$T" | grep -F '.full.xknn-tmp.')" ]; then WHY="temporary left: $(ls -A "$T" | grep -F '.full.xknn-tmp.')"
+        elif [ ! -c "$T/full.bin" ]; then WHY="the device node was replaced by a regular file"
+        elif [ -n "$(ls -A "$T" | grep -F '.full.bin.xknn-tmp.')" ]; then WHY="temporary left: $(ls -A "$T" | grep -F '.full.bin.xknn-tmp.')"
         elif [ "$(grep -c '^knn_mpi: ' "$T/err")" -ne 1 ]; then WHY="not exactly one knn_mpi line"
         fi
         [ -z "$WHY" ]
         ok $? "output to a copy of /dev/full: nonzero exit, the device node kept ($np rank$([ $np -gt 1 ] && echo s))"
-        rm -f "$T"/.full.xknn-tmp.*
+        rm -f "$T"/.full.bin.xknn-tmp.*
     done
 else
     skip2 "mknod not permitted: output to a character device"
@@ -532,7 +535,7 @@ while [ $((${#lp} + 101)) -le 3950 ]; do lp=$lp/$(printf '%0100d' 0); done
 lp=$lp/$(printf "%0$((4000 - ${#lp} - 1 - 4))d" 0).bin
 [ ${#lp} -eq 4000 ] || diag "the long path has ${#lp} bytes, meant 4000"
 long_path "-o with a 4000-byte path (nested directories)" "$lp"
-case_ 2 "File name too long" "-o with a 300-byte file name" -o "$O/$(printf '%0300d' 0)" "$D/ref.fbin" "$D/q.fbin"
+case_ 2 "File name too long" "-o with a 300-byte file name" -o "$O/$(printf '%0296d' 0).bin" "$D/ref.fbin" "$D/q.fbin"
 
 # ---- Minkowski in scaled form --------------------------------------------------------------------
 # Integer data (values 0..3): |x-y|^p for p = 300 or 1e6 overflows float (and double for

@@ -40,7 +40,9 @@
 
 #include "cmd.h"
 #include "knn_predict.h"
+#include "npz.h"
 #include "outputs.h"
+#include "progress.h"
 #include "xknn.h"
 #include "xknn/io.h"
 #include "xknn/learn.h"
@@ -66,7 +68,7 @@ typedef struct knn_opts {
     xknn_elem dtype;
     int threads;
     int64_t device_memory; /* bytes; 0: the backend's default (free device memory) */
-    int ids64, quiet, verbose, help, version;
+    int ids64, quiet, progress, verbose, help, version;
     int no_symmetric;       /* --no-symmetric: plain self-join (every distance twice) */
     /* classification / regression (knn_predict.c) */
     const char *labels, *targets, *query_labels, *predict;
@@ -102,9 +104,12 @@ static void knn__usage(FILE *f)
             "                       --dtype u8) as packed bits: d bytes -> 8d bits, bit b of byte j\n"
             "                       is bit 8j+b\n"
             "      --binarize T     real data -> bits: bit t is 1 when value t > T\n"
-            "  -o, --output FILE    result file; '.ivecs' writes ids only (per row: int32 k, k int32\n"
-            "                       ids), anything else the big-ann ground-truth layout (uint32 nq,\n"
-            "                       uint32 k, int32 ids[nq*k], float32 dist[nq*k]).\n"
+            "  -o, --output FILE    result file, by extension: '.bin' the big-ann ground-truth layout\n"
+            "                       (uint32 nq, uint32 k, int32 ids[nq*k], float32 dist[nq*k]);\n"
+            "                       '.ivecs' ids only (per row: int32 k, k int32 ids); '.npy' the ids\n"
+            "                       as a NumPy array (int64, nq x k); '.npz' an uncompressed NumPy\n"
+            "                       archive of ids.npy (int64) and dist.npy (float32), nq x k, up to\n"
+            "                       4 GiB - 1 (no ZIP64). Any other extension is refused.\n"
             "                       Default: next to REF, REF_BASENAME.knn<k>.bin. Every output\n"
             "                       (this, --predict, --json) is written to a hidden temporary beside\n"
             "                       it, '.NAME.xknn-tmp.PID.XXXXXX' (NAME's first 64 bytes, PID rank\n"
@@ -115,8 +120,9 @@ static void knn__usage(FILE *f)
             "      --ids64          64-bit ids in the .bin result (needed above 2^31-1 references)\n"
             "      --no-symmetric   self-join (no QUERY): plain search of every row against all\n"
             "                       rows; the default computes each distance once for both of its\n"
-            "                       points (about half the work, the same bytes); -v tells which\n"
-            "      --backend NAME   auto (default), cpu or cuda\n"
+            "                       points (about half the work, the same bytes); -v tells which\n",
+          f);
+    fputs("      --backend NAME   auto (default), cpu or cuda\n"
             "      --query-block N  queries per broadcast block (default: automatic)\n"
             "      --dtype T        element type of '.bin' inputs: f32 (default), u8, i8, f16.\n"
             "                       Values are searched in their own type (u8 and i8 l2/euclidean/ip\n"
@@ -155,7 +161,10 @@ static void knn__usage(FILE *f)
             "      --query-labels FILE  true labels of the queries: prints accuracy=... on the\n"
             "                       summary line (and a confusion matrix with -v)\n"
             "\n", f);
-    fputs("  -q, --quiet          no progress, no summary line\n"
+    fputs("      --progress       progress lines on stderr (rank 0) at least every 2 s: rows done,\n"
+          "                       rate, ETA; on by default when stderr is a terminal (rewritten\n"
+          "                       in place there), full lines otherwise\n"
+          "  -q, --quiet          no progress, no summary line (wins over --progress)\n"
             "  -v, --verbose        print the plan (slices, blocks, transfer mode, ranks without a\n"
             "                       CUDA device that search on the CPU) on stderr\n"
             "  -h, --help           this text\n"
@@ -407,6 +416,9 @@ static int knn__parse(int argc, char **argv, knn_opts *o, char *msg, size_t msz)
                 snprintf(msg, msz, "--vote: unknown vote '%s' (use uniform or distance)", val);
                 return EXIT_USAGE;
             }
+        } else if (KNN_FLAG(NULL, "--progress")) {
+            KNN_NO_VALUE();
+            o->progress = 1;
         } else if (KNN_FLAG("-q", "--quiet")) {
             KNN_NO_VALUE();
             o->quiet = 1;
@@ -533,6 +545,8 @@ typedef struct knn_run {
     int slot_result, slot_json; /* their slots; -1: not written                   */
     xknn_result_format fmt;
     xknn_result_layout lay;
+    knn_npz npz;            /* .npy / .npz result (tools/npz.h); kind NONE otherwise */
+    knn_progress prog;      /* rank 0's progress lines (tools/progress.h)         */
     xknn_read_opts ropts;
     xknn_file_info rinfo, qinfo;
     int64_t n, d, nq, row0, rows;
@@ -547,7 +561,7 @@ typedef struct knn_run {
     const char *transfer;
     unsigned char *wbuf;    /* the sink's encoding buffer                         */
     size_t wcap;
-    double t_start, last_progress;
+    double t_start;
     knn_predict pred;       /* --labels/--targets/--predict (knn_predict.c)       */
     int no_result;          /* --predict without -o: no neighbour file            */
     int64_t *rank_work;     /* rank 0, --json: per rank, distance evaluations and
@@ -629,25 +643,6 @@ static void knn__max_doubles(knn_run *r, double *v, int count)
 }
 
 #ifdef XKNN_HAVE_MPI
-/* Not collective: progress on rank 0's terminal (the serial search has no hook). */
-static void knn__progress(void *user, int64_t done, int64_t total)
-{
-    knn_run *r = (knn_run *)user;
-    double now = knn__now(), el = now - r->t_start;
-    if (done < total && now - r->last_progress < 0.5) return;
-    r->last_progress = now;
-    if (done >= total) {
-        fprintf(stderr, "\r%60s\r", "");
-    } else {
-        double rate = el > 0 ? (double)done / el : 0.0;
-        fprintf(stderr, "\rknn_mpi: %lld/%lld queries (%.1f%%), %.0f queries/s, ETA %.0f s   ", (long long)done,
-                (long long)total, 100.0 * (double)done / (double)total, rate,
-                rate > 0 ? (double)(total - done) / rate : 0.0);
-    }
-    fflush(stderr);
-}
-
-
 /* Collective; --backend auto with CUDA built. Rank 0 learns which ranks see no CUDA
  * device (they search on the CPU: identical results by contract): the summary and the
  * JSON name the mix ("cuda+cpu"), -v lists those ranks. */
@@ -778,7 +773,7 @@ static xknn_status knn__plan(knn_run *r, xknn_error *err)
                            "--ids64: %s is an .ivecs file, which holds int32 ids only; use a .bin output",
                            r->output);
         r->fmt = XKNN_RESULT_BIN64;
-    } else if (r->n - 1 > INT32_MAX) {
+    } else if (r->n - 1 > INT32_MAX && r->npz.kind == KNN_NPZ_NONE) {
         st = knn__fail(err, XKNN_ERROR_INVALID_ARGUMENT,
                        "%s has n=%lld references: ids above 2^31-1 do not fit the int32 ids of %s; "
                        "add --ids64 (and a .bin output)",
@@ -787,7 +782,12 @@ static xknn_status knn__plan(knn_run *r, xknn_error *err)
     if (st == XKNN_SUCCESS && (r->nq > (int64_t)UINT32_MAX || o->k > (int64_t)UINT32_MAX))
         st = knn__fail(err, XKNN_ERROR_INVALID_ARGUMENT, "nq=%lld or k=%lld does not fit the result header (uint32)",
                        (long long)r->nq, (long long)o->k);
-    if (st == XKNN_SUCCESS) st = xknn_result_layout_of(r->fmt, r->nq, o->k, &r->lay, err);
+    if (st == XKNN_SUCCESS && r->npz.kind != KNN_NPZ_NONE) {
+        r->fmt = XKNN_RESULT_BIN64; /* its encoding: int64 ids, float32 distances */
+        st = knn_npz_layout(&r->npz, r->npz.kind, r->nq, o->k, &r->lay, err);
+    } else if (st == XKNN_SUCCESS) {
+        st = xknn_result_layout_of(r->fmt, r->nq, o->k, &r->lay, err);
+    }
     if (st == XKNN_SUCCESS && o->weights) st = knn__read_weights(r, err);
     return knn__agree(r, st, err);
 }
@@ -870,6 +870,7 @@ static xknn_status knn__open_output(knn_run *r, xknn_error *err)
         xknn_result_header(r->fmt, r->nq, r->o.k, hdr);
         st = knn_outs_write(&r->outs, r->slot_result, 0, hdr, r->lay.header_bytes, "the header", err);
     }
+    if (st == XKNN_SUCCESS && r->slot_result >= 0) st = knn_npz_write_head(&r->npz, &r->outs, r->slot_result, err);
     return knn__agree(r, st, err);
 }
 
@@ -879,7 +880,9 @@ static xknn_status knn__sink(void *user, int64_t q0, int64_t rows, int64_t k, co
                              const float *dist, xknn_error *err)
 {
     knn_run *r = (knn_run *)user;
-    const int64_t row_bytes = r->lay.ids_row_bytes + r->lay.dist_row_bytes;
+    /* every format but IVECS encodes 4k distance bytes a row (.npy writes none of them) */
+    const int64_t enc_dist = r->fmt == XKNN_RESULT_IVECS ? 0 : 4 * k;
+    const int64_t row_bytes = r->lay.ids_row_bytes + enc_dist;
     const int64_t fit = row_bytes > 0 ? ((int64_t)32 << 20) / row_bytes : rows;
     const int64_t piece = fit > 0 ? fit : 1;
     char what[96];
@@ -890,17 +893,18 @@ static xknn_status knn__sink(void *user, int64_t q0, int64_t rows, int64_t k, co
     if (r->no_result) return XKNN_SUCCESS;
     for (i0 = 0; i0 < rows; i0 += piece) {
         const int64_t nr = rows - i0 < piece ? rows - i0 : piece;
-        const int64_t ib = nr * r->lay.ids_row_bytes, db = nr * r->lay.dist_row_bytes;
-        if ((size_t)(ib + db + 1) > r->wcap) {
-            unsigned char *nb = (unsigned char *)realloc(r->wbuf, (size_t)(ib + db + 1));
+        const int64_t ib = nr * r->lay.ids_row_bytes, db = nr * r->lay.dist_row_bytes, eb = nr * enc_dist;
+        if ((size_t)(ib + eb + 1) > r->wcap) {
+            unsigned char *nb = (unsigned char *)realloc(r->wbuf, (size_t)(ib + eb + 1));
             if (!nb)
                 return knn__fail(err, XKNN_ERROR_OUT_OF_MEMORY, "out of memory encoding result rows (%lld bytes)",
-                                 (long long)(ib + db));
+                                 (long long)(ib + eb));
             r->wbuf = nb;
-            r->wcap = (size_t)(ib + db + 1);
+            r->wcap = (size_t)(ib + eb + 1);
         }
         st = xknn_result_encode_rows(r->fmt, nr, k, ids + i0 * k, dist ? dist + i0 * k : NULL, r->wbuf, r->wbuf + ib,
                                      err);
+        if (st == XKNN_SUCCESS) st = knn_npz_note(&r->npz, q0 + i0, nr, r->wbuf, ib, r->wbuf + ib, db, err);
         if (st != XKNN_SUCCESS) return st;
         snprintf(what, sizeof what, "rows %lld..%lld", (long long)(q0 + i0), (long long)(q0 + i0 + nr - 1));
         st = knn_outs_write(&r->outs, r->slot_result, r->lay.ids_offset + (q0 + i0) * r->lay.ids_row_bytes, r->wbuf,
@@ -911,6 +915,15 @@ static xknn_status knn__sink(void *user, int64_t q0, int64_t rows, int64_t k, co
         if (st != XKNN_SUCCESS) return st; /* the search prefixes the rank */
     }
     return XKNN_SUCCESS;
+}
+
+/* Not collective. Rank 0 starts its progress lines when asked (--progress, or stderr a
+ * terminal, and not -q); 1 when they run. */
+static int knn__progress_begin(knn_run *r)
+{
+    const int tty = isatty(STDERR_FILENO);
+    if (r->rank != 0 || r->o.quiet || !(r->o.progress || tty)) return 0;
+    return knn_progress_start(&r->prog, r->nq, r->o.query ? "queries" : "rows", tty) == 0;
 }
 
 #ifdef XKNN_HAVE_MPI
@@ -954,9 +967,9 @@ static xknn_status knn__search_and_write(knn_run *r, xknn_error *err)
     out.sink = knn__sink;
     out.sink_user = r;
     out.any_order = 1; /* (rows are written at their offsets) */
-    if (r->rank == 0 && !r->o.quiet && isatty(STDERR_FILENO)) {
-        out.progress = knn__progress;
-        out.progress_user = r;
+    if (knn__progress_begin(r)) {
+        out.progress = knn_progress_update;
+        out.progress_user = &r->prog;
     }
     r->t_start = knn__now();
     if (r->o.query)
@@ -964,6 +977,7 @@ static xknn_status knn__search_and_write(knn_run *r, xknn_error *err)
                              r->o.k, &out, &stats, err);
     else
         st = xknn_mpi_self_join(r->ctx, &r->params, r->rows > 0 ? &refm : NULL, r->row0, r->o.k, &out, &stats, err);
+    knn_progress_stop(&r->prog);
     r->query_block = stats.query_block;
     r->blocks = stats.blocks;
     r->transfer = xknn_mpi_transfer_name(stats.transfer);
@@ -977,6 +991,7 @@ static xknn_status knn__search_and_write(knn_run *r, xknn_error *err)
     /* predictions: collective, written after the search (their offsets need every row) */
     t0 = knn__now();
     st = knn__agree(r, st, err);
+    if (st == XKNN_SUCCESS) st = knn__agree(r, knn_npz_finish(&r->npz, &r->outs, r->slot_result, err), err);
     if (st == XKNN_SUCCESS) st = knn_predict_finish(&r->pred, err);
     v[0] = stats.local.write + (knn__now() - t0);
     v[1] = 0;
@@ -1006,12 +1021,15 @@ static xknn_status knn__search_and_write(knn_run *r, xknn_error *err)
     t0 = knn__now();
     if (st == XKNN_SUCCESS) {
         r->params.query_block = r->o.query_block;
+        (void)knn__progress_begin(r); /* (no per-block hook here: elapsed time only) */
         st = xknn_search(&r->params, &refm, r->o.query ? &qm : NULL, r->o.k, ids, dist, err);
+        knn_progress_stop(&r->prog);
     }
     r->t_search = knn__now() - t0;
     r->t_query = r->t_search;
     t0 = knn__now();
     if (st == XKNN_SUCCESS) st = knn__sink(r, 0, r->nq, r->o.k, ids, dist, err);
+    if (st == XKNN_SUCCESS) st = knn_npz_finish(&r->npz, &r->outs, r->slot_result, err);
     if (st == XKNN_SUCCESS) st = knn_predict_finish(&r->pred, err);
     r->t_write = knn__now() - t0;
     r->t_query += r->t_write;
@@ -1048,9 +1066,10 @@ static void knn__print_version(void)
     }
 }
 
-static const char *knn__result_format_name(xknn_result_format f)
+static const char *knn__result_format_name(const knn_run *r)
 {
-    switch (f) {
+    if (r->npz.kind != KNN_NPZ_NONE) return r->npz.kind == KNN_NPZ_NPY ? "npy" : "npz";
+    switch (r->fmt) {
     case XKNN_RESULT_BIN: return "bin";
     case XKNN_RESULT_BIN64: return "bin64";
     case XKNN_RESULT_IVECS: return "ivecs";
@@ -1089,7 +1108,7 @@ static xknn_status knn__write_json(knn_run *r, double qps, xknn_error *err)
         knn__json_str(f, r->pred.out_path);
     }
     if (r->pred.qlabels) fprintf(f, ",\n  \"accuracy\": %.6f", r->pred.accuracy);
-    fprintf(f, ",\n  \"output_format\": \"%s\",\n", knn__result_format_name(r->fmt));
+    fprintf(f, ",\n  \"output_format\": \"%s\",\n", knn__result_format_name(r));
     fprintf(f, "  \"self_join\": %s,\n", r->o.query ? "false" : "true");
     fprintf(f, "  \"n\": %lld,\n  \"d\": %lld,\n  \"nq\": %lld,\n  \"k\": %lld,\n", (long long)r->n, (long long)r->d,
             (long long)r->nq, (long long)r->o.k);
@@ -1149,7 +1168,8 @@ static int knn__declare_outputs(knn_run *r, char *msg, size_t msz)
     in_path[3] = o->targets;
     in_path[4] = o->query_labels;
     in_path[5] = o->weights;
-    return knn_outs_collision(&r->outs, in_opt, in_path, 6, msg, msz) ? EXIT_USAGE : EXIT_OK;
+    if (knn_outs_collision(&r->outs, in_opt, in_path, 6, msg, msz)) return EXIT_USAGE;
+    return o->output && !r->no_result && knn_npz_kind_of(o->output, &r->npz.kind, msg, msz) ? EXIT_USAGE : EXIT_OK;
 }
 
 /* Collective over every process. Ranks may have been given different arguments: a usage
@@ -1336,7 +1356,7 @@ int main(int argc, char **argv)
         if (r->no_result)
             fprintf(stderr, "knn_mpi: no neighbour file (--predict without -o)\n");
         else
-            fprintf(stderr, "knn_mpi: output %s (%s), temporary %s\n", r->output, knn__result_format_name(r->fmt),
+            fprintf(stderr, "knn_mpi: output %s (%s), temporary %s\n", r->output, knn__result_format_name(r),
                     r->outs.f[r->slot_result].tmp);
         if (r->pred.out_path)
             fprintf(stderr, "knn_mpi: predictions %s (%s vote), temporary %s\n", r->pred.out_path,
@@ -1400,6 +1420,7 @@ report:
     if (st != XKNN_SUCCESS && r->rank == 0) fprintf(stderr, "knn_mpi: %s\n", err.message);
 
 finalize:
+    knn_progress_stop(&r->prog); /* (joined before MPI_Finalize on every path) */
     knn_outs_discard(&r->outs); /* temporaries a failure left (rank 0 removes them) */
     knn_predict_free(&r->pred);
 #ifdef XKNN_HAVE_MPI
@@ -1409,6 +1430,7 @@ finalize:
     MPI_Finalize();
 #endif
     free(r->wbuf);
+    knn_npz_free(&r->npz);
     free(r->rank_busy);
     free(r->rank_work);
     free(r->ref);
