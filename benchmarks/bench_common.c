@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* bench_common.c -- generator, exact oracle and helpers of the benchmarks (see the header). */
 #define _POSIX_C_SOURCE 200809L
 #include "bench_common.h"

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * bench_common.h -- shared parts of the benchmark programs (bench_knn, bench_scaling):
  * the deterministic data generator, the exact host oracle for sampled queries, option

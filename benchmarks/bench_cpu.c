@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* bench_cpu: times one xknn_search on raw float32 files (used by peers_cpu.py).
  * usage: bench_cpu REF.f32 QRY.f32 n nq d k threads IDS_OUT.i64 DIST_OUT.f32 [loop|blas [QB [RB]]] */
 #define _POSIX_C_SOURCE 200809L

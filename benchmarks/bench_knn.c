@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * bench_knn -- single-device benchmark of xknn: sweeps of n, nq, d, k over the CPU and
  * CUDA backends, self-checked against an exact host oracle on sampled queries.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * bench_metrics.c -- times xknn_search for any metric and dtype (host arrays in and out,
  * copies included; a reused CUDA context, so context creation is not timed) and checks

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * bench_scaling -- strong and weak scaling of the distributed search (xknn_mpi.h).
  * Run under mpirun; every rank generates its own slice of the references with the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * bench_selfjoin -- the all-kNN graph (self-join) on one device: the symmetric path
  * against the plain one (params.self_join = XKNN_SELF_JOIN_PLAIN) on the same data in

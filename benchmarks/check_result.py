@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: MIT
 """Checks a knn_mpi result file (.bin ground-truth layout) against an exact float64 brute
 force on a sample of query rows: ids in (distance, id) order and distance bits must match.
 Reads IDX (.gz) and .fbin inputs. usage: check_result.py RESULT.bin REF QUERY [--sample N] [--self]

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
 # Fashion-MNIST with knn_mpi on the GPU machine: 1 and 2 ranks (one GPU each when there
 # are two), CUDA backend, k = 100, per-phase JSON; the result files are compared byte for
 # byte with each other and with a CPU-backend result file made elsewhere (REF_RESULT).

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
 # benchmarks/device_fused.sh -- the fused path's checks and rows on a single-GPU machine,
 # from the repository root, with OUT set to a folder whose files come back:
 #

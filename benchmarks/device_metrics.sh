@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
 # benchmarks/device_metrics.sh -- issue 8's rows on one GPU in one call: every metric and
 # dtype row of benchmarks/RESULTS.md ("Metrics and dtypes on the GPU") with its PyTorch
 # peer on the same data, in the same call. From the repository root, OUT set:

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
 # benchmarks/device_run.sh -- the one command for the single-GPU machine (H100/H200).
 # From the repository root, with OUT set to a folder whose files come back:
 #

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
 # benchmarks/device_scaling.sh -- strong and weak scaling of the distributed search on the
 # two-GPU machine (nvidia-h200-x2). From the repository root, with OUT set:
 #

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
 # benchmarks/device_selfjoin.sh -- issue 7's GPU rows. From the repository root, OUT set:
 #
 #   XKNN_GIT_COMMIT=<short hash> bash benchmarks/device_selfjoin.sh

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
 # Fashion-MNIST classification and pruning with knn_mpi / knn_prune: test accuracy for
 # k = 1, 5, 9 x {uniform, distance} (l2), the k = 5 distance run again on 2 ranks (its
 # prediction file must be byte-identical), Hart condensing (k = 1) and Wilson editing

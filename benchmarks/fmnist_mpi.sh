@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
 # Fashion-MNIST acceptance run of knn_mpi: exact top-100 of the 10k test images among
 # the 60k training images with 1..5 MPI ranks (CPU backend), byte-identical result files,
 # per-phase JSON, and an exactness check of a sample of rows against a float64 brute

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: MIT
 """CPU peers benchmark: xknn (CPU backend, through libxknn) vs faiss-cpu IndexFlatL2
 and scikit-learn brute force, same data, same process, same machine.
 

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: MIT
 """scikit-learn's KNeighborsClassifier(algorithm='brute') on Fashion-MNIST, compared with
 the prediction files of benchmarks/fmnist_learn.sh (p_K_VOTE.txt): accuracy of both and
 the number of test images whose predictions differ (0 expected: same votes, same ties).

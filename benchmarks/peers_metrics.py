@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: MIT
 """GPU peers of bench_metrics on the same data: PyTorch brute force for other metrics.
 
 Reads PREFIX.ref.bin and PREFIX.query.bin as written by `bench_metrics --write-data

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: MIT
 """PyTorch peer of bench_selfjoin: the all-kNN graph of an .fbin file by blocked
 `mm + topk` on the GPU (fp32, TF32 off; each point's own column set to +inf), timed with
 CUDA synchronisation, median of --repeats after a warm-up. Self-checked on --check

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: MIT
 """GPU peers of xknn on the same data: PyTorch brute force k-NN, self-checked.
 
 Reads PREFIX.ref.fbin and PREFIX.query.fbin (big-ann layout: uint32 n, uint32 d, float32

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: MIT
 """Plots and aggregates the JSON written by bench_knn, bench_scaling and peers_torch.py.
 
 Usage: plot.py [--out DIR] FILE.json [FILE.json ...]

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: MIT
 """Scaling model of the distributed search, fitted to bench_scaling runs, with projections.
 
     python3 benchmarks/scaling_model.py RUNS.json [RUNS.json ...] [--n 400M] [--weak-n 50M]

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* hello_knn: the README example. Exact k nearest neighbours of a few queries on host
  * arrays, CPU or GPU (backend auto). Build: cc hello_knn.c $(pkg-config --cflags --libs xknn) */
 #include <stdio.h>

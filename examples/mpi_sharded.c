@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* mpi_sharded: a code whose data is already distributed over its ranks, and which runs
  * the distributed search on ITS OWN sub-communicator.
  *

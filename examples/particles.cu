@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* particles: a smoothed-particle (SPH-style) gas in 3-D whose neighbour lists come from
  * xknn_cuda_search, with the positions kept on the GPU for the whole run.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * xknn.h -- exact k-nearest-neighbour search, C99 public API.
  *

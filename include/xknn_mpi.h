@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * xknn_mpi.h -- distributed exact k-nearest-neighbour search over MPI, C99 public API.
  *

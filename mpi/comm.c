@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * mpi/comm.c -- the context (duplicated communicator, local rank, device, transfer
  * mode), collective error agreement, and small helpers of the distributed layer.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * mpi/impl.h -- private pieces of the distributed layer shared by its .c files.
  * Not installed, not part of the API.

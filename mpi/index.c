@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * mpi/index.c -- the resident distributed index (xknn_mpi_index_*): each rank's slice is
  * copied once to where searches run and its values checked once, at create and update;

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * mpi/resident.c -- a rank's reference slice kept in GPU memory for a whole distributed
  * search. Without it every query block went through xknn_search on host arrays, which

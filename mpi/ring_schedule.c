@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * mpi/ring_schedule.c -- the symmetric ring's schedule (see ring_schedule.h).
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * mpi/ring_schedule.h -- the symmetric ring's schedule (mpi/symmetric.c): which slice
  * pair a rank computes in each step, the rows that balance the ranks' work, and the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * mpi/search.c -- the distributed search: argument agreement, query-block broadcast
  * pipeline (MPI_Ibcast, next block in flight), local xknn_search with global ids,

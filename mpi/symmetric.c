@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * mpi/symmetric.c -- the symmetric distributed self-join (the all-kNN graph).
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * mpi/tree_reduce.c -- moving candidate lists between ranks (both transfer modes), the
  * pairwise merge, and the binomial-tree reduction to a block's owner.

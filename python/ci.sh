@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
 # The Python package's CI: a fresh venv, `pip install ".[test]"` from the repository root
 # without the CUDA backend (CI machines compile CUDA but have no GPU), mpi4py when Open
 # MPI is there, then pytest over python/tests. Prints pytest's summary line; exits

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: MIT
 # cli-metrics-t.sh KNN_MPI MKDATA MPIRUN|none -- knn_mpi's metric options end to end
 # (TAP): -m (every metric), -p, --weights, --bits, --binarize on float32 and uint8 files,
 # results byte-identical to the oracle (tests/ref through mkdata oracle2) on 1 process

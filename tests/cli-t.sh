@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: MIT
 # cli-t.sh KNN_MPI MKDATA MPIRUN|none -- the knn_mpi command end to end (TAP).
 # Options and usage errors (exit 1), input errors (exit 2, one message naming the
 # file/option/rank), atomic output (no file, no temporary after a failure), results

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: MIT
 # Consumption of xknn by an outside project (tests/consumer), two ways. TAP.
 #  (a) as a Meson subproject: the xknn sources copied to subprojects/xknn (no wrap file),
 #      dependency('xknn') resolved through xknn's meson.override_dependency;

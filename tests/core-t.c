@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* core-t: the public API and the CPU backend against the oracle, byte for byte. */
 #include <math.h>
 #include <stdio.h>

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: MIT
 # cuda-ring-t.sh KNN_MPI MKDATA MPIRUN|none -- the all-kNN graph (no query file: the
 # symmetric self-join) on the CUDA backend, 1..5 ranks sharing the devices there are
 # (TAP, suite cuda).

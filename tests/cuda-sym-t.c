@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* cuda-sym-t: the symmetric self-join of the CUDA backend (the triangle of tensor-core
  * tiles, mma.cu mode 2; l2, euclidean, ip, cosine; in blocks where its state exceeds the
  * budget) against the plain self-join on the same device and against the oracle, byte for

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* cuda-t: the CUDA backend against the oracle and the CPU backend, byte for byte (ids
  * and distance bits), the embedding API on device buffers, and the error paths.
  *

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: MIT
 # determinism-t.sh KNN_MPI MKDATA MPIRUN|none -- the same search 20 times gives the same
 # bytes (TAP).
 #

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
 # tests/device-run.sh -- the CUDA backend's checks on a GPU machine, from the repository
 # root:  bash tests/device-run.sh
 #

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * fault_inject.c -- an LD_PRELOAD library for the fault tests: writes to chosen files fail
  * with ENOSPC, the way they fail on a full disk; opens of chosen files fail with EMFILE,

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: MIT
 # faults-gpu-t.sh KNN_MPI MKDATA MPIRUN|none -- knn_mpi's GPU faults (TAP, suite cuda).
 #
 #   - a rank that sees no device (simulated: a wrapper empties CUDA_VISIBLE_DEVICES on

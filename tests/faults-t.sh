@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: MIT
 # faults-t.sh KNN_MPI MKDATA MPIRUN|none [FAULT_INJECT_SO|none [KNN_PRUNE|none]] -- the
 # fault catalogue of knn_mpi (TAP).
 #

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* int8-t: float32 data whose values are 8-bit integers, searched by the CPU backend's
  * integer path (automatic and forced) against the oracle, byte for byte, and the forced
  * path's refusals. The integer kernel runs with AVX-512 VNNI where the CPU has it and a

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* io-t: the file readers and result writers of xknn/io.h (docs/DESIGN.md section 3).
  * Every file is written byte by byte here, into a fresh directory under /tmp, and read
  * back through the library; values are compared bit for bit. Malformed files must give

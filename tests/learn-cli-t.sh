@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: MIT
 # learn-cli-t.sh KNN_MPI MKDATA LEARN_ORACLE MPIRUN|none KNN_PRUNE -- knn_mpi's classification and
 # regression options (--labels, --targets, --vote, --predict, --query-labels) end to end
 # (TAP): predictions byte for byte equal to tests/learn-oracle.c's votes on the search

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* learn-oracle: expected outputs of knn_mpi's --predict and accuracy, written without
  * the library, from a neighbour file of the search oracle (tests/mkdata.c oracle):
  *   learn-oracle labels N CLASSES SEED OUT.txt        N labels in {-3, 7, ...} (text)

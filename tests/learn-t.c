@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* learn-t: votes, regression, accuracy and confusion (include/xknn/learn.h) on hand-made
  * cases and against a naive tally; the label/target readers; iris against scikit-learn;
  * condensing and editing against naive sequential definitions.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* metrics-t: every metric x dtype through xknn_search (CPU) and xknn_distance_ex against
  * the oracle, byte for byte, on tie-heavy data; the documented edge cases and errors.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * mkdata -- deterministic test files for the cli suite, and oracle results.
  *

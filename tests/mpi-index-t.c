@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* mpi-index-t: the resident distributed index (xknn_mpi_index_*) under mpirun, any rank
  * count. Slices of unequal sizes (an empty one from 3 ranks on), tie-heavy integer data
  * (n not a multiple of anything); every search compared byte for byte with

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * mpi-metrics-t: every metric family and dtype through the distributed layer, gathered
  * on rank 0 and compared with the oracle byte for byte, for whatever rank count mpirun

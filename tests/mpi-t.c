@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * mpi-t: the distributed layer (xknn_mpi.h) against the oracle and against one
  * single-process xknn_search, byte for byte, for whatever rank count mpirun gives.

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: MIT
 # npz-t.sh KNN_MPI MKDATA MPIRUN|none -- knn_mpi's NumPy outputs (TAP). On 1 and 3 ranks
 # '-o X.npz' must be, byte for byte, the archive built here from the --ids64 .bin output
 # of the same search (.npy headers, ZIP records, CRC-32 from gzip's trailer), '-o X.npy'

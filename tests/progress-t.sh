@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: MIT
 # progress-t.sh KNN_MPI MKDATA MPIRUN|none -- knn_mpi --progress under mpirun (TAP): stderr
 # is a file here, not a terminal, and rank 0 must still print full progress lines at
 # least every 2 s on a job of several seconds; -q prints none. POSIX sh.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* ring-schedule-t: the symmetric ring's schedule (mpi/ring_schedule.c) without MPI.
  * For P = 1..9 and many slicings (the standard one, empty slices, all rows on one rank):
  * every pair of rows is evaluated exactly once over all ranks and steps (the pieces'

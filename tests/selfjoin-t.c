@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* selfjoin-t: the symmetric self-join (each distance once for both points) against the
  * plain self-join and the oracle, byte for byte, for every metric and dtype, on
  * tie-heavy data, n not a multiple of the tile edge, k = 1 and k = n - 1; the tile

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* softknn-t: the soft-kNN model of include/xknn/softknn.h.
  *   (no argument)  suite unit: argument checks; the analytic gradient of every
  *                  parameter of the double-precision reference against central finite

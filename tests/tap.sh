@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: MIT
 # tests/tap.sh -- what the knn_mpi shell tests share (TAP; sourced, POSIX sh).
 #
 #   . "$(dirname "$0")/tap.sh"

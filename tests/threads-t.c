@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* threads-t: the thread policy (xknn_thread_budget). The library never runs more CPU
  * threads than the process may use: under an affinity mask of one CPU a search with the
  * default thread count leaves the process with its one thread, and gives the same bytes

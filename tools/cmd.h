@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * tools/cmd.h -- what the commands (knn_mpi, its prediction writer, knn_prune) share: the
  * documented exit statuses, the mapping from a status to them, printf-style error

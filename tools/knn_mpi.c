@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * knn_mpi -- exact k nearest neighbours of a query file among a reference file, or
  * the all-kNN graph of one file, on one process or many MPI ranks.
@@ -223,6 +224,60 @@ static int knn__is(const char *name, const char *s, const char *l)
     return (s && !strcmp(name, s)) || (l && !strcmp(name, l));
 }
 
+/* The options' combinations, once all are read: EXIT_USAGE and msg, or EXIT_OK. */
+static int knn__check_opts(knn_opts *o, char *msg, size_t msz)
+{
+    if (!o->ref) {
+        snprintf(msg, msz, "missing REF file (usage: knn_mpi [options] REF [QUERY]; see knn_mpi --help)");
+        return EXIT_USAGE;
+    }
+    if (o->ids64 && o->output && strlen(o->output) >= 6 && !strcmp(o->output + strlen(o->output) - 6, ".ivecs")) {
+        snprintf(msg, msz, "--ids64: %s is an .ivecs file, which holds int32 ids only; use a .bin output", o->output);
+        return EXIT_USAGE;
+    }
+    if (o->quiet && o->verbose) o->verbose = 0;
+    {
+        knn_predict lp;
+        knn_predict_init(&lp);
+        lp.labels_path = o->labels;
+        lp.targets_path = o->targets;
+        lp.qlabels_path = o->query_labels;
+        lp.out_path = o->predict;
+        if (knn_predict_check_options(&lp, msg, msz)) return EXIT_USAGE;
+    }
+    {
+        const int bin_metric = o->metric == XKNN_METRIC_HAMMING || o->metric == XKNN_METRIC_WHAMMING;
+        if (o->p != 0.0 && o->metric != XKNN_METRIC_MINKOWSKI) {
+            snprintf(msg, msz, "-p is the Minkowski exponent: use it with -m minkowski (metric is %s)",
+                     xknn_metric_name(o->metric));
+            return EXIT_USAGE;
+        }
+        if (o->bits && o->binarize) {
+            snprintf(msg, msz, "--bits and --binarize both make bit vectors: give one of them");
+            return EXIT_USAGE;
+        }
+        if ((o->bits || o->binarize) && !bin_metric) {
+            snprintf(msg, msz, "%s makes bit vectors: use -m hamming or -m whamming (metric is %s)",
+                     o->bits ? "--bits" : "--binarize", xknn_metric_name(o->metric));
+            return EXIT_USAGE;
+        }
+        if (bin_metric && !o->bits && !o->binarize) {
+            snprintf(msg, msz, "-m %s compares bit vectors: add --bits (packed uint8 data) or --binarize T",
+                     xknn_metric_name(o->metric));
+            return EXIT_USAGE;
+        }
+        if (o->metric == XKNN_METRIC_WHAMMING && !o->weights) {
+            snprintf(msg, msz, "-m whamming needs --weights FILE (one weight per bit)");
+            return EXIT_USAGE;
+        }
+        if (o->weights && o->metric != XKNN_METRIC_WHAMMING) {
+            snprintf(msg, msz, "--weights is for -m whamming (metric is %s)", xknn_metric_name(o->metric));
+            return EXIT_USAGE;
+        }
+    }
+    return EXIT_OK;
+}
+
 /* Fills msg and returns EXIT_USAGE on a bad command line; EXIT_OK otherwise. */
 static int knn__parse(int argc, char **argv, knn_opts *o, char *msg, size_t msz)
 {
@@ -440,55 +495,7 @@ static int knn__parse(int argc, char **argv, knn_opts *o, char *msg, size_t msz)
 #undef KNN_NO_VALUE
     }
     if (o->help || o->version) return EXIT_OK;
-    if (!o->ref) {
-        snprintf(msg, msz, "missing REF file (usage: knn_mpi [options] REF [QUERY]; see knn_mpi --help)");
-        return EXIT_USAGE;
-    }
-    if (o->ids64 && o->output && strlen(o->output) >= 6 && !strcmp(o->output + strlen(o->output) - 6, ".ivecs")) {
-        snprintf(msg, msz, "--ids64: %s is an .ivecs file, which holds int32 ids only; use a .bin output", o->output);
-        return EXIT_USAGE;
-    }
-    if (o->quiet && o->verbose) o->verbose = 0;
-    {
-        knn_predict lp;
-        knn_predict_init(&lp);
-        lp.labels_path = o->labels;
-        lp.targets_path = o->targets;
-        lp.qlabels_path = o->query_labels;
-        lp.out_path = o->predict;
-        if (knn_predict_check_options(&lp, msg, msz)) return EXIT_USAGE;
-    }
-    {
-        const int bin_metric = o->metric == XKNN_METRIC_HAMMING || o->metric == XKNN_METRIC_WHAMMING;
-        if (o->p != 0.0 && o->metric != XKNN_METRIC_MINKOWSKI) {
-            snprintf(msg, msz, "-p is the Minkowski exponent: use it with -m minkowski (metric is %s)",
-                     xknn_metric_name(o->metric));
-            return EXIT_USAGE;
-        }
-        if (o->bits && o->binarize) {
-            snprintf(msg, msz, "--bits and --binarize both make bit vectors: give one of them");
-            return EXIT_USAGE;
-        }
-        if ((o->bits || o->binarize) && !bin_metric) {
-            snprintf(msg, msz, "%s makes bit vectors: use -m hamming or -m whamming (metric is %s)",
-                     o->bits ? "--bits" : "--binarize", xknn_metric_name(o->metric));
-            return EXIT_USAGE;
-        }
-        if (bin_metric && !o->bits && !o->binarize) {
-            snprintf(msg, msz, "-m %s compares bit vectors: add --bits (packed uint8 data) or --binarize T",
-                     xknn_metric_name(o->metric));
-            return EXIT_USAGE;
-        }
-        if (o->metric == XKNN_METRIC_WHAMMING && !o->weights) {
-            snprintf(msg, msz, "-m whamming needs --weights FILE (one weight per bit)");
-            return EXIT_USAGE;
-        }
-        if (o->weights && o->metric != XKNN_METRIC_WHAMMING) {
-            snprintf(msg, msz, "--weights is for -m whamming (metric is %s)", xknn_metric_name(o->metric));
-            return EXIT_USAGE;
-        }
-    }
-    return EXIT_OK;
+    return knn__check_opts(o, msg, msz);
 }
 
 /* REF's directory + REF's name without ".gz" and its extension + ".knn<k>.bin". */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * knn_predict -- predictions of the knn_mpi command from the reduced neighbour rows
  * (see knn_predict.h for the flow). Votes follow include/xknn/learn.h.

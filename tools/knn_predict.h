@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * knn_predict -- the classification / regression part of the knn_mpi command
  * (--labels, --targets, --query-labels, --vote, --predict). Private to the command.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * knn_prune -- condensing (Hart) and editing (Wilson) of a labelled reference set with
  * the exact search (include/xknn/learn.h: xknn_condense, xknn_edit). One process; the

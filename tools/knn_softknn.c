@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* knn_softknn: trains the soft-kNN classifier of xknn/softknn.h on binarized
  * Fashion-MNIST (or MNIST), one class against the rest, and saves the learned weights
  * in the --weights format of knn_mpi (an .fbin of one row of d floats). */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * tools/npz.c -- NumPy outputs of knn_mpi (tools/npz.h): the fixed layout, the .npy
  * headers, and the ZIP records of an uncompressed .npz.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * tools/npz.h -- NumPy outputs of knn_mpi: '-o NAME.npy' (the ids) and '-o NAME.npz' (an
  * uncompressed ZIP holding ids.npy and dist.npy).

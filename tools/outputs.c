@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* tools/outputs.c -- see outputs.h: temporaries, pwrite, all-or-nothing rename. */
 #define _XOPEN_SOURCE 700 /* realpath */
 

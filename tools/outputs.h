@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * tools/outputs.h -- the one writer of every output of every command (knn_mpi's result,
  * predictions and JSON; knn_prune's three files; knn_softknn's weights).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * tools/progress.c -- knn_mpi's progress lines (tools/progress.h).
  */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * tools/progress.h -- knn_mpi's progress lines on rank 0's stderr.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * xknn/cuda.h -- embedding API of the CUDA backend: device pointers in and out, the
  * caller's stream, the caller's workspace. C99; needs no CUDA header (a cudaStream_t is

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * xknn/io.h -- readers and writers of the data formats (docs/DESIGN.md section 3).
  * Host code; the implementation is compiled behind XKNN_IMPLEMENTATION (libxknn does).

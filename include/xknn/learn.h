@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * xknn/learn.h -- learning on neighbour lists: classification by vote, regression by
  * mean, accuracy and confusion matrix. C99 host code; the implementation is compiled

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * xknn/softknn.h -- soft-kNN binary classifier with a learned weighted Hamming distance.
  *

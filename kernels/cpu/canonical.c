@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * Canonical distances on the CPU: the value every backend reports (docs/DESIGN.md section 2.2).
  *

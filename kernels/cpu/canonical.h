@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Private: canonical distance kernels of the CPU backend (kernels/cpu). */
 #ifndef XKNN_CPU_CANONICAL_H
 #define XKNN_CPU_CANONICAL_H

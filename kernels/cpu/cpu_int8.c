@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * CPU backend: float32 data whose values are all 8-bit integers (pixels stored as floats,
  * int8 codes), searched exactly in integer arithmetic.

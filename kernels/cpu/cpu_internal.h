@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Private: pieces shared by the CPU backend's paths (kernels/cpu). */
 #ifndef XKNN_CPU_INTERNAL_H
 #define XKNN_CPU_INTERNAL_H

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * CPU backend: ip and cosine on float32 through sgemm candidates, certified, then the
  * canonical value decides (docs/DESIGN.md section 2.3).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * CPU backend: u8 and i8 inputs with l2, euclidean and ip, exact in integer arithmetic.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Soft-kNN forward and backward passes on the CPU (see include/xknn/softknn.h and
  * include/xknn/impl/softknn_kernels.h for the model and the split host/pass):
  *   xknn__softknn_ref_eval  double precision, naive loops over pairs and bits: the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * CPU backend: symmetric self-join (the all-kNN graph). Every canonical distance is
  * symmetric in its two points bit for bit (xknn.h METRICS: x - y and y - x differ only

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * kernels/cuda/async_primitives.cuh -- the asynchronous-copy and matrix-descriptor layer
  * shared by the tensor-core kernels (mma.cu, imma.cu): cp.async into shared memory

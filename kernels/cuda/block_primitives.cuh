@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * kernels/cuda/block_primitives.cuh -- block layer (kBlock threads). Each primitive takes
  * the caller's shared-memory TempStorage (CUB style) so kernels can union them, and must

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * kernels/cuda/checks.cuh -- the checked calls of the CUDA backend's host code: an error
  * sink (Err) that writes the caller's xknn_error message, and the CUDA / cuBLAS macros

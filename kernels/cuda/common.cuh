@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * kernels/cuda/common.cuh -- every limit of the CUDA backend's kernels in one place, the
  * candidate record and the key encodings (the host code's checked calls: checks.cuh).

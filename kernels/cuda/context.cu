@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * kernels/cuda/context.cu -- the CUDA context (xknn_cuda_context_create / destroy): the
  * device's properties, its streams and memory pool, and what it owns until destroyed

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * kernels/cuda/copier.cu -- xknn_cuda_copy_lists_start / test: copies of kept lists to
  * the host run by a thread of the context's own, in ticket order, so the caller's thread

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * kernels/cuda/engine.cuh -- what the host files of the CUDA backend share: the context,
  * the plan, the device-level run, the host path's device buffers, and one declaration of

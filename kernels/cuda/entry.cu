@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * kernels/cuda/entry.cu -- the entry points: the backend's (xknn__cuda_search,
  * xknn__cuda_pair; include/xknn/impl/backend.h), which route a host-array job to its path

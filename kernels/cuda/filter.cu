@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * kernels/cuda/filter.cu -- norms, state initialisation, the candidate filter of each
  * distance tile, and the end-of-pass resolution.

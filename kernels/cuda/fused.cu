@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * kernels/cuda/fused.cu -- the fused path: distance tiles and warp-level k-selection in
  * one kernel, for small d (<= kFusedMaxD) and k (<= kFusedMaxKeep / 2).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * kernels/cuda/generic.cu -- every metric and dtype on the device: the canonical
  * distance itself, tile by tile, with the selection fused in.

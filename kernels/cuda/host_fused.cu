@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * kernels/cuda/host_fused.cu -- the fused path for host arrays: the references resident
  * (staged in quarters, each launch of slices waiting only for its quarter) and the

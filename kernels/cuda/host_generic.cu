@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * kernels/cuda/host_generic.cu -- the generic path for host arrays: every metric and
  * dtype the certified fast paths do not cover, through generic.cu's canonical tiles,

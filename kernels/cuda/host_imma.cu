@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * kernels/cuda/host_imma.cu -- the exact int8 tensor-core path (imma.cu) for host arrays:
  * u8 / i8 with l2, euclidean or ip and bit-packed hamming, references resident.

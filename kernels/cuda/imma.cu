@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * kernels/cuda/imma.cu -- u8/i8 data with l2, euclidean or ip, and hamming on bit-packed
  * rows, exactly, on integer tensor cores (mma.sync m16n8k32 s8, or m16n8k256 b1 with

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * kernels/cuda/kernels.cuh -- device-level layer: kernel parameter blocks and the host
  * launchers (filter.cu, final.cu). Every launcher only enqueues on the given stream and

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * kernels/cuda/lists.cu -- what a caller keeps on a context between calls: device copies
  * of host rows (xknn_cuda_keep_rows / forget_rows) and running lists on the device

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * kernels/cuda/mma.cu -- the tensor-core path (XKNN_CUDA_PATH_MMA): TF32 mma.sync tiles
  * whose epilogue does the candidate work in registers, so no distance tile ever goes

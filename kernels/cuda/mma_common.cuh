@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * kernels/cuda/mma_common.cuh -- what the tensor-core path's tile kernels share (mma.cu's
  * header describes the passes and their bounds): tile constants, the reference ring's

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * kernels/cuda/mma_ffma.cu -- ffma_kernel: the tensor-core path's passes A and B with
  * fp32 products on the CUDA cores (MmaParams.ffma; mma.cu's header: FP32 ON THE CUDA

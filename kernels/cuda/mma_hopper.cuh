@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * kernels/cuda/mma_hopper.cuh -- what the two Hopper kernel families share (mma_wgmma.cu,
  * mma_wgmma_ws.cu): the wgmma instruction and its operand layouts, the epilogues of its

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * kernels/cuda/mma_wgmma.cu -- wgmma_kernel: the tensor-core passes on Hopper's wgmma
  * (sm_90a code; mma_hopper.cuh has the layouts), two warpgroups of 128 resident queries

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * kernels/cuda/mma_wgmma_ws.cu -- wgmma_ws_kernel: the Hopper passes warp-specialized, a
  * producer warpgroup and two consumers taking turns on the tensor pipe; also the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * kernels/cuda/pair.cu -- xknn_search_pair on the device (mma.cu's TWO SETS): both sides'
  * states live at once, each distance computed once for both of its points; pairs too big

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * kernels/cuda/pipeline.cu -- the device-level pipeline of one state block on the
  * device: cuBLAS bound to the call's stream and workspace, the GEMM path's passes (tiles

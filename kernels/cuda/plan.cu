@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * kernels/cuda/plan.cu -- the planner: the path a search takes (choose_path), each path's
  * plan and workspace layout (one layout function per path, used by the size query and by

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * kernels/cuda/selfjoin.cu -- the symmetric self-join on the tensor-core path: every
  * point's state live at once (host_sym), or where that does not fit the device, the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * Soft-kNN forward and backward passes on the GPU (model and notation in
  * include/xknn/impl/softknn_kernels.h). Everything works on the packed 64-bit words of

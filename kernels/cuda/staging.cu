@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * kernels/cuda/staging.cu -- host memory to and from the device for host-array calls:
  * the pinned staging ring (inputs in pieces, copies overlapping the host's), kept rows

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* CUDA backend entry points when xknn is built without CUDA (-Dcuda=disabled or no
  * nvcc found): every call reports "not built", including the embedding API of
  * include/xknn/cuda.h and the internal entry points of include/xknn/impl/cuda_internal.h,

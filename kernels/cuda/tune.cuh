@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * kernels/cuda/tune.cuh -- every tuning constant of the CUDA backend's host code in one
  * place: the planner's path choice and shapes, the staging grain, the copier's ring. A

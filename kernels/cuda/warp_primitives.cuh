@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * kernels/cuda/warp_primitives.cuh -- thread and warp layer.
  *

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: MIT
 """KNeighborsClassifier(n_neighbors=5) on the full Fashion-MNIST (60k train, 10k test):
 xknn's estimator against scikit-learn's brute force, weights uniform and distance;
 prints each fit+predict time and whether the predictions are identical.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * overhead.c -- the C side of python/bench/overhead.py: reads REF and QUERY in their own
  * type, runs xknn_search (k, metric l2, defaults otherwise) REPEAT times and prints each

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: MIT
 """Python's calling overhead on a search: xknn.search against the same xknn_search call
 from C (overhead.c), alternating, each REPEAT times; prints the medians of wall and
 process CPU seconds and their ratios (and of the best runs: on a loaded machine the

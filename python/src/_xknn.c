@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * _xknn.c -- the xknn package's extension: host searches, value checks, the file
  * readers and the result writer, and the device-pointer search of xknn/cuda.h.

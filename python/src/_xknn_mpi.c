@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * _xknn_mpi.c -- xknn.mpi's extension over xknn_mpi.h. The communicator comes from
  * mpi4py as the address of its MPI_Comm handle (MPI._addressof); the library dups it,

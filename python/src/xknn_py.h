@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * xknn_py.h -- what the two extension modules (_xknn, _xknn_mpi) share: library errors
  * as Python exceptions, host buffers as xknn matrices, and the search parameters.

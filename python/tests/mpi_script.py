@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: MIT
 """Run under mpirun by test_mpi.py: xknn.mpi against single-process xknn.search."""
 
 import sys

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: MIT
 """The naive float64 search the tests compare xknn with, bit for bit.
 
 Canonical distances (include/xknn.h): double accumulation in dimension order, rounded

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: MIT
 """The scikit-learn estimators: scikit-learn's own estimator checks, and predictions
 equal to its brute-force estimators on iris and Fashion-MNIST."""
 

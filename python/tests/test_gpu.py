@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: MIT
 """GPU arrays searched in place (PyTorch, CuPy); skipped without CUDA and the library."""
 
 import numpy as np

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: MIT
 """xknn.read against files NumPy writes, and xknn.write_result's layouts."""
 
 import gzip

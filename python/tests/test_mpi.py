@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: MIT
 """xknn.mpi under mpirun (3 ranks): the script compares with single-process searches."""
 
 import os

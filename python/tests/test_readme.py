@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: MIT
 """The README's Python quick start, run as written."""
 
 import os

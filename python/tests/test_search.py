@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: MIT
 """xknn.search and xknn.Index against the float64 oracle, on tie-heavy data."""
 
 import tracemalloc

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: MIT
 """xknn: exact k-nearest-neighbour search (CPU, CUDA, MPI) for NumPy arrays.
 
     ids, dist = xknn.search(ref, query, k=10, metric="l2")

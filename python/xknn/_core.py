@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: MIT
 """Host searches, the resident Index, and the file readers and writer."""
 
 import numpy as np

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: MIT
 """GPU arrays searched in place with the library's device entry point (xknn/cuda.h).
 
 PyTorch CUDA tensors and CuPy arrays are read where they are; another CUDA array is

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: MIT
 """Distributed exact k-NN over mpi4py communicators (the library's xknn_mpi.h).
 
 Every rank holds a slice of the references (rows [ref_offset, ref_offset + len) of the

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: MIT
 """scikit-learn estimators over xknn.search: NearestNeighbors, KNeighborsClassifier,
 KNeighborsRegressor (importing this module imports scikit-learn).
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* consumer: the 3 nearest neighbours of one query among 5 points, through the installed
  * or subproject xknn. Exit 0 when the answer is right; prints the xknn version used. */
 #include <stdio.h>

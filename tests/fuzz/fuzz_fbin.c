@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* libFuzzer target: big-ann readers (.fbin .u8bin .i8bin .ibin, and .bin with each
  * --dtype). Byte 0 picks the extension (and for .bin the element type); the remaining
  * bytes are the file. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* libFuzzer target: TEXMEX readers (.fvecs .ivecs .bvecs, plain and .gz).
  * Byte 0 picks the extension and the path (plain file, gzip of the rest, or the rest
  * taken as a raw .gz stream); the remaining bytes are the file. */

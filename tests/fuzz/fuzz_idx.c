@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* libFuzzer target: the IDX reader (MNIST / Fashion-MNIST), plain and .gz. Byte 0
  * picks the name and the path: plain "-idx3-ubyte", the rest gzip-compressed as
  * "-idx3-ubyte.gz", or the rest taken as a raw .gz stream; the remaining bytes are

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * fuzz_io.h -- shared part of the reader fuzz targets (libFuzzer, clang only).
  *

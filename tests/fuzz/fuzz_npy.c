@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* libFuzzer target: the .npy reader (v1/v2 headers, dtype and shape parsing). The
  * bytes are the whole file. */
 #include "fuzz_io.h"

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* libFuzzer target: knn_mpi's command-line parser. tools/knn_mpi.c is compiled in this
  * translation unit without XKNN_HAVE_MPI (its serial build) and with its main renamed,
  * so the static knn__parse() and knn__default_output() are called directly; no file is

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * tests/fuzz/fuzz_stubs.h -- backend entry points for the fuzz targets, which compile the
  * header-only host code but none of the kernels: the code they drive (readers, the

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: MIT
 # run.sh SRCDIR BUILDDIR -- build the libFuzzer targets with clang and run each one for
 # FUZZ_SECONDS (default 20) from its seed corpus (TAP). Per target: it builds; every seed
 # and every saved crash (crashes/<target>/*, once fixed: a regression test) runs clean;

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: MIT
 # Two translation units that both define XKNN_IMPLEMENTATION must fail clearly at link
 # time ("multiple definition of `xknn_search'"), never link silently. TAP; test 2 is the
 # expected failure, test 1 the control (one unit links with the same flags).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* One translation unit that defines XKNN_IMPLEMENTATION itself and is linked with the
  * backends only (kernels/cpu and the CUDA stub, not libxknn): the header-only host code
  * must be complete, so this program links and answers a search. TAP. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * The oracle: naive double-precision exact k-NN, kept forever (HPCG's _ref idea).
  * It shares no code with the library: every pair's distance is accumulated in double

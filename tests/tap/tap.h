@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Minimal TAP producer for the xknn tests (plan, ok, is_int, is_double, diag,
  * skip_all, bail) and the k-NN comparator is_knn_equal(). */
 #ifndef XKNN_TAP_H

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * xknn/impl/backend.h -- private interface between the header-only host code and the
  * compiled backends (kernels/cpu, kernels/cuda). Not part of the public API.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * xknn/impl/canonical_math.h -- the canonical distance definitions, one source for the
  * host (C99) and the device (CUDA). Private: not part of the public API.

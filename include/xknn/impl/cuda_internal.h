@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * xknn/impl/cuda_internal.h -- entry points of the CUDA backend that the distributed
  * layer (mpi/), the tests and the benchmarks use, and embedding callers do not: rows and

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * xknn/impl/softknn_kernels.h -- private interface between the soft-kNN host code
  * (include/xknn/softknn.h) and its compiled passes (kernels/cpu/softknn.c,
