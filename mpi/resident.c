@@ -124,6 +124,7 @@ static int xknn__resident_buffers(xknn__resident *r, const xknn_params *params, 
     size_t free_b = 0, total_b = 0;
     cudaError_t ce = cudaSuccess;
     xknn_error e;
+    const int64_t want_k = k; /* this search's k; the buffers keep the largest seen */
     if (qb <= r->qb && k <= r->cap_k) {
         r->k = k;
         return 0;
@@ -162,7 +163,8 @@ static int xknn__resident_buffers(xknn__resident *r, const xknn_params *params, 
         return -1;
     }
     r->qb = qb;
-    r->k = r->cap_k = k;
+    r->cap_k = k;
+    r->k = want_k;
     return 0;
 }
 
