@@ -46,7 +46,7 @@ int knn_npz_kind_of(const char *path, knn_npz_kind *kind, char *msg, size_t msz)
 
 /* The .npy header of member m (version 1.0): magic, length, the dict padded with spaces
  * and ended by '\n' so that the data starts at a multiple of 64. Returns its length. */
-static int64_t knn__npy_header(int m, int64_t nq, int64_t k, char *out, size_t cap)
+static int64_t knn__npz_member_header(int m, int64_t nq, int64_t k, char *out, size_t cap)
 {
     char dict[160];
     int n = snprintf(dict, sizeof dict, "{'descr': '%s', 'fortran_order': False, 'shape': (%lld, %lld), }",
@@ -73,7 +73,7 @@ xknn_status knn_npz_layout(knn_npz *z, knn_npz_kind kind, int64_t nq, int64_t k,
     z->k = k;
     memset(lay, 0, sizeof *lay);
     if (kind == KNN_NPZ_NPY) {
-        lay->ids_offset = knn__npy_header(0, nq, k, h, sizeof h);
+        lay->ids_offset = knn__npz_member_header(0, nq, k, h, sizeof h);
         lay->ids_row_bytes = 8 * k;
         lay->dist_offset = lay->total_bytes = lay->ids_offset + 8 * nq * k;
         return XKNN_SUCCESS;
@@ -81,7 +81,7 @@ xknn_status knn_npz_layout(knn_npz *z, knn_npz_kind kind, int64_t nq, int64_t k,
     for (m = 0; m < 2; m++) {
         z->member_at[m] = at;
         z->data_at[m] = at + KNN__ZIP_LOCAL + (int64_t)strlen(knn__member[m]);
-        at = z->data_at[m] + knn__npy_header(m, nq, k, h, sizeof h);
+        at = z->data_at[m] + knn__npz_member_header(m, nq, k, h, sizeof h);
         if (m == 0) lay->ids_offset = at;
         else lay->dist_offset = at;
         at += knn__elem[m] * nq * k;
@@ -104,7 +104,7 @@ xknn_status knn_npz_write_head(knn_npz *z, knn_outs *o, int slot, xknn_error *er
     char h[256];
     int64_t n;
     if (z->kind != KNN_NPZ_NPY || o->rank != 0) return XKNN_SUCCESS;
-    n = knn__npy_header(0, z->nq, z->k, h, sizeof h);
+    n = knn__npz_member_header(0, z->nq, z->k, h, sizeof h);
     return knn_outs_write(o, slot, 0, h, n, "the .npy header", err);
 }
 
@@ -216,7 +216,7 @@ static xknn_status knn__write_member(knn_npz *z, knn_outs *o, int slot, int m, u
     unsigned char lh[KNN__ZIP_LOCAL + 16];
     char h[256];
     const uint32_t nlen = (uint32_t)strlen(knn__member[m]);
-    const int64_t hl = knn__npy_header(m, z->nq, z->k, h, sizeof h);
+    const int64_t hl = knn__npz_member_header(m, z->nq, z->k, h, sizeof h);
     const uint32_t size = (uint32_t)(hl + knn__elem[m] * z->nq * z->k);
     xknn_status st;
     memset(lh, 0, sizeof lh);
@@ -254,7 +254,7 @@ static xknn_status knn__write_zip(knn_npz *z, knn_outs *o, int slot, int64_t *al
     int m;
     xknn_status st = XKNN_SUCCESS;
     qsort(all, (size_t)n, 4 * sizeof(int64_t), knn__by_q0);
-    for (m = 0; m < 2; m++) crc[m] = knn__crc(0, h, knn__npy_header(m, z->nq, z->k, h, sizeof h));
+    for (m = 0; m < 2; m++) crc[m] = knn__crc(0, h, knn__npz_member_header(m, z->nq, z->k, h, sizeof h));
     for (i = 0; i < n; i++) {
         const int64_t *b = all + 4 * i;
         if (b[0] != next) break;

@@ -8,6 +8,9 @@
 #include "../../tools/knn_mpi.c"
 #undef main
 #include "../../tools/knn_predict.c" /* the parser checks the learning options with it */
+#include "../../tools/npz.c"
+#include "../../tools/outputs.c" /* the outputs are declared (and checked) by the parser */
+#include "../../tools/progress.c"
 
 #include "xknn/impl/backend.h"
 
