@@ -144,12 +144,6 @@ void xknn__sym_plan(int P, const int64_t *m, int64_t *half, int64_t *cut, int64_
     }
 }
 
-int64_t xknn__sym_mid(int64_t m, int64_t c0, double first)
-{
-    const int64_t r = m - c0;
-    return r > 0 ? c0 + (int64_t)((double)r * first) : c0;
-}
-
 int64_t xknn__sym_piece(int64_t m, int np, int q)
 {
     return m / np * q + m % np * q / np;

@@ -50,10 +50,6 @@ int xknn__sym_step_rects(int P, int r, int s, const int64_t *m, const int64_t *h
 int64_t xknn__sym_rect_evals(const xknn__sym_rect *b);
 int xknn__sym_is_pair(const xknn__sym_rect *b);
 
-/* Split: the own diagonal of rows [c0, m) in parts, the triangle of rows [c0, mid) in
- * step 0, mid - c0 = first (m - c0); c0 <= mid <= m for 0 < first <= 1. */
-int64_t xknn__sym_mid(int64_t m, int64_t c0, double first);
-
 /* Part q of np equal parts of m rows: rows [piece(m, np, q), piece(m, np, q + 1));
  * piece(m, np, 0) = 0, piece(m, np, np) = m, nondecreasing. */
 int64_t xknn__sym_piece(int64_t m, int np, int q);

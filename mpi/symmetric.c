@@ -31,8 +31,7 @@
  *
  * The tail. P = 2 runs its last pair in pieces: after each piece its rows' lists are
  * final on that side; they travel, are merged and go to the sink while the next piece
- * computes, so nothing moves after the last step. With split, the rest of the own
- * diagonal runs after the last pair, its rows final part by part.
+ * computes, so nothing moves after the last step.
  *
  * Device (CUDA backend). One context for all the steps; the own slice and the held one
  * are kept on the device (each row crosses once a step, not once a call), and so are
@@ -45,10 +44,10 @@
  * made itself, are released in a thread of their own (xknn__mpi_later) after the results
  * are delivered; device copies on a caller's context before the return.
  *
- * Options from the environment give the same results (xknn__ring_options; SPLIT,
- * BOUNDS and PIECES hold only where every rank has them): XKNN_MPI_SYM_THREAD=0,
- * _SPLIT=1 (_FIRST, _PARTS), _PIECES, _BOUNDS=0, _DEVICE_LISTS=0, _ASYNC=0,
- * _MERGE_THREADS, _BLOCK_ROWS; _TRACE=1 prints each rank's timeline on stderr.
+ * Options from the environment give the same results (xknn__ring_options; BOUNDS and
+ * PIECES hold only where every rank has them): XKNN_MPI_SYM_THREAD=0, _PIECES,
+ * _BOUNDS=0, _DEVICE_LISTS=0, _MERGE_THREADS, _BLOCK_ROWS; _TRACE=1 prints each rank's
+ * timeline on stderr (docs/DESIGN.md, section 10).
  */
 #define _GNU_SOURCE /* sched_yield, clock_gettime */
 #include <limits.h>
@@ -72,9 +71,9 @@
 #endif
 
 /* The worker's news to the main thread: rows [0, rows) of a list set are final on this
- * rank's side and on the host (split, after the last pair: the own rows'; P = 2's last
- * pair in pieces: slice 1's rows, the held set's on rank 0, the own set's on rank 1;
- * and in rows2 slice 0's, the own set's on rank 0, the held set's on rank 1) */
+ * rank's side and on the host (P = 2's last pair in pieces: slice 1's rows, the held
+ * set's on rank 0, the own set's on rank 1; and in rows2 slice 0's, the own set's on
+ * rank 0, the held set's on rank 1) */
 #define XKNN__SYM_QUEUE 40
 typedef struct xknn__sym_ready {
     pthread_mutex_t mu;
@@ -156,18 +155,14 @@ typedef struct xknn__sym_step {
     int fetch_held, fetch_own; /* the held slice's / the own lists to the host after the calls */
     int64_t held_from; /* ... of the held slice's, only rows [held_from, mj) (the others
                         * are padding: P = 2's last pair, on rank 1)                      */
-    int split;     /* the own diagonal in parts (step 0 and step S + 1)                  */
-    int parts;     /* split: the rectangle's parts in step S + 1                         */
-    double first;  /* split: the share of the diagonal's rows in step 0's triangle       */
-    xknn__sym_ready *rd; /* split, step S + 1: the rows final so far (NULL: none told)   */
+    xknn__sym_ready *rd; /* P = 2's pieces: the rows final so far (NULL: none told)       */
     int64_t pub, pub2; /* ... the rows told so far (rows, rows2)                         */
-    int own_dropped; /* split, step S + 1, or P = 2's pieces on rank 1: the own lists'
-                      * device copy is freed (every row came to the host before)         */
+    int own_dropped; /* P = 2's pieces: the own lists' device copy is freed (every row
+                      * came to the host before)                                        */
     int pieces;    /* P = 2's last pair in pieces of slice 1's rows (0: in one call)     */
     const void *forget[2]; /* kept rows to forget after the step (xknn_cuda_forget_rows)  */
     int hparts;    /* P = 2's pieces, rank 0: the last piece in parts of the own rows, each
                     * ending their lists (told in rows2; the sink takes any order)        */
-    int async;     /* the lists' copies to the host beside the next call (publish)      */
     int64_t last_ticket; /* the last such copy started (0: none)                       */
     /* out */
     int64_t nev;
@@ -256,7 +251,7 @@ static xknn_status xknn__sym_publish(xknn__sym_step *w, int two, const int64_t *
     (void)dev;
     if (hi <= *pub) return XKNN_SUCCESS;
 #ifdef XKNN_MPI_HAVE_CUDA
-    if (dev && w->rd && w->async) {
+    if (dev && w->rd) {
         /* the copy runs beside the next call (xknn_cuda_copy_lists_start: the context's
          * copier thread, on its own stream), and the main thread is told once it is over
          * (xknn__sym_news) */
@@ -309,33 +304,6 @@ static xknn_status xknn__sym_publish(xknn__sym_step *w, int two, const int64_t *
     return XKNN_SUCCESS;
 }
 
-/* Split, step S + 1: the rest of the own diagonal, the rectangle of rows [c0, mid)
- * against rows [mid, nloc) in parts of rows [a, b), then the triangle of rows
- * [mid, nloc). Rows [0, c0) are final on this side now, rows [a, b) after their part,
- * rows [mid, nloc) at the end. */
-static xknn_status xknn__sym_work_rest(xknn__sym_step *w, const xknn__ring_side *own)
-{
-    const int64_t nloc = w->nloc, c0 = w->cut[w->rank], mid = xknn__sym_mid(nloc, c0, w->first);
-    xknn_status ss = xknn__sym_publish(w, 0, w->l0, w->own_dev, c0);
-    int part;
-    for (part = 0; part < w->parts && ss == XKNN_SUCCESS && nloc > 0; part++) {
-        const int64_t a = c0 + (mid - c0) * part / w->parts, b = c0 + (mid - c0) * (part + 1) / w->parts;
-        ss = xknn__sym_call(w, own, a, b - a, own, mid, nloc - mid);
-        if (ss == XKNN_SUCCESS) ss = xknn__sym_publish(w, 0, w->l0, w->own_dev, b);
-    }
-    if (ss == XKNN_SUCCESS && nloc > 0) ss = xknn__sym_call(w, own, mid, nloc - mid, NULL, 0, 0);
-    if (ss == XKNN_SUCCESS) ss = xknn__sym_publish(w, 0, w->l0, w->own_dev, nloc);
-#ifdef XKNN_MPI_HAVE_CUDA
-    if (w->own_dev) {
-        /* every row came to the host above (or the step failed): the device copy goes */
-        xknn_error fe;
-        (void)xknn_cuda_fetch_lists((xknn_cuda_context *)w->kctx, w->l0, 0, &fe);
-        w->own_dropped = 1;
-    }
-#endif
-    return ss;
-}
-
 /* P = 2's last pair in pieces (no cut rows in slice 0; g = m_0 - half[0]): rank 0
  * computes its rows [g, m_0) against slice 1, rank 1 slice 0's rows [0, g) against its
  * own, both in pieces of slice 1's rows (xknn__sym_slice1). After piece q its rows'
@@ -378,8 +346,8 @@ static xknn_status xknn__sym_work_pieces(xknn__sym_step *w, const xknn__ring_sid
     return ss;
 }
 
-/* Steps 0 .. S: the step's blocks of the schedule (xknn__sym_step_rects); with split,
- * step 0's triangle ends at mid; with pieces, the pair runs in pieces. */
+/* Steps 0 .. S: the step's blocks of the schedule (xknn__sym_step_rects); with pieces,
+ * the pair runs in pieces. */
 static xknn_status xknn__sym_work_step(xknn__sym_step *w, const xknn__ring_side *own, const xknn__ring_side *held)
 {
     xknn__sym_rect blk[3];
@@ -388,9 +356,8 @@ static xknn_status xknn__sym_work_step(xknn__sym_step *w, const xknn__ring_side 
     int i;
     for (i = 0; i < nb && ss == XKNN_SUCCESS; i++) {
         const xknn__sym_rect *b = &blk[i];
-        const int64_t a1 = w->s == 0 && w->split ? xknn__sym_mid(w->nloc, b->a0, w->first) : b->a1;
         if (w->pieces > 0 && xknn__sym_is_pair(b)) continue;
-        ss = xknn__sym_call(w, b->a == XKNN__SYM_OWN ? own : held, b->a0, a1 - b->a0,
+        ss = xknn__sym_call(w, b->a == XKNN__SYM_OWN ? own : held, b->a0, b->a1 - b->a0,
                             b->b == XKNN__SYM_NONE ? NULL : b->b == XKNN__SYM_OWN ? own : held, b->b0, b->b1 - b->b0);
     }
     if (ss == XKNN_SUCCESS && w->pieces > 0) ss = xknn__sym_work_pieces(w, own, held);
@@ -471,7 +438,7 @@ static void *xknn__sym_work(void *arg)
     else if (w->s >= 1 && w->s <= w->S && !w->prepadded)
         xknn__sym_pad(w->lj, w->dj, w->mj * w->k, w->neg, w->p->num_threads);
     xknn__sym_mark(w);
-    ss = w->s == w->S + 1 ? xknn__sym_work_rest(w, &own) : xknn__sym_work_step(w, &own, &held);
+    ss = xknn__sym_work_step(w, &own, &held);
     w->tf0 = xknn__sym_now();
     ss = xknn__sym_work_fetch(w, ss);
     w->tf1 = xknn__sym_now();
@@ -552,8 +519,7 @@ typedef struct xknn__ring {
     int nacc; /* accumulator, receive buffer, merge output (P = 2 in pieces: 2)        */
     xknn_params p, pw; /* pw: the worker's (one core fewer: the main thread polls)    */
     /* options, agreed: see xknn__ring_options */
-    int threaded, split, bounds, parts, pieces;
-    double first;
+    int threaded, bounds, pieces;
     /* buffers */
     int64_t *plan, *half, *cut; /* the plan: half, cut, scratch (P + 1)                */
     int64_t *allev;             /* rank 0: every rank's distance evaluations           */
@@ -576,7 +542,7 @@ typedef struct xknn__ring {
     int64_t pg;        /* P = 2 in pieces: g = m_0 - half[0], rank 0 computes rows [g, m_0) */
     int64_t nev, owned, done_q;
     int broken;        /* an MPI call failed: no more communication                     */
-    xknn__sym_ready rd; /* the worker's news of final rows (split, P = 2's pieces)     */
+    xknn__sym_ready rd; /* the worker's news of final rows (P = 2's pieces)            */
     int rd_made;
     xknn__sym_step base; /* the fields every step's compute shares                     */
 #ifdef XKNN_MPI_HAVE_CUDA
@@ -643,42 +609,27 @@ static void xknn__ring_mpi_failed(xknn__ring *R, int rc, const char *what)
     R->broken = 1;
 }
 
-/* The options (the same results with any of them): where the compute runs, and how the
- * own diagonal, P = 2's last pair and the bounds go. Read from the environment here;
- * split, bounds and pieces hold only where every rank has them (xknn__ring_agree). */
+/* The options (the same results with any of them): where the compute runs, and how
+ * P = 2's last pair and the bounds go. Read from the environment here; bounds and
+ * pieces hold only where every rank has them (xknn__ring_agree). */
 static void xknn__ring_options(xknn__ring *R, const xknn_params *params)
 {
     const char *env;
     int lvl = MPI_THREAD_SINGLE, is_main = 0;
-    R->parts = 3;
     R->pieces = 4;
-    R->first = 0.8;
     /* The compute runs in a worker thread while this (the main) thread moves the data,
      * where MPI allows it: MPI_THREAD_FUNNELED or more, called from the main thread.
      * XKNN_MPI_SYM_THREAD=0: inline (a diagnostic). */
     env = getenv("XKNN_MPI_SYM_THREAD");
     if (MPI_Query_thread(&lvl) == MPI_SUCCESS && MPI_Is_thread_main(&is_main) == MPI_SUCCESS)
         R->threaded = R->P > 1 && lvl >= MPI_THREAD_FUNNELED && is_main && !(env && env[0] == '0');
-    /* XKNN_MPI_SYM_SPLIT=1: the own diagonal in parts (xknn__sym_mid), the triangle of
-     * the first XKNN_MPI_SYM_FIRST of its rows (default 0.8) in step 0, the rest after
-     * the last pair, its rectangle in XKNN_MPI_SYM_PARTS parts of rows (default 3, 1 to
-     * 16): the last pair's lists travel while it computes, and the own rows' lists are
-     * final, merged and given to the sink part by part while the next part computes.
-     * Off by default: its parts compute slower than the one triangle, and the held rows
-     * after the first triangle have no bounds for the last pair. */
-    env = getenv("XKNN_MPI_SYM_SPLIT");
-    R->split = R->P > 1 && env && env[0] == '1';
-    env = getenv("XKNN_MPI_SYM_PARTS");
-    if (env && atoi(env) >= 1 && atoi(env) <= 16) R->parts = atoi(env);
-    env = getenv("XKNN_MPI_SYM_FIRST");
-    if (env && atof(env) > 0.0 && atof(env) <= 1.0) R->first = atof(env);
     /* XKNN_MPI_SYM_PIECES (P = 2, default 4, 0 to 16): the last pair in that many
      * pieces, whose lists travel, are merged and go to the sink while the next piece
      * computes (see the opening comment); 0: in one call each, the lists after it. Not
-     * with split, nor with cut rows in slice 0. */
+     * with cut rows in slice 0. */
     env = getenv("XKNN_MPI_SYM_PIECES");
     if (env && env[0] >= '0' && env[0] <= '9' && atoi(env) >= 0 && atoi(env) <= 16) R->pieces = atoi(env);
-    if (R->P != 2 || R->split) R->pieces = 0;
+    if (R->P != 2) R->pieces = 0;
     if (R->pieces > 0) R->nacc = 2; /* (the final lists of the own rows, made while the held set is in use) */
     /* Bounds (see the opening comment): on unless XKNN_MPI_SYM_BOUNDS=0; l2/euclidean
      * only, and n within an int count. */
@@ -749,25 +700,23 @@ static int xknn__ring_alloc(xknn__ring *R)
  * match). Returns 0 when the ring goes on. */
 static int xknn__ring_agree(xknn__ring *R, int have_all)
 {
-    int have[4], every[4] = {0, 0, 0, 0}, rc;
+    int have[3], every[3] = {0, 0, 0}, rc;
     have[0] = have_all;
-    have[1] = R->split;
-    have[2] = R->bounds;
-    have[3] = R->pieces;
+    have[1] = R->bounds;
+    have[2] = R->pieces;
     if (!have[0])
         R->st = xknn__mpi_fail(R->lerr, XKNN_ERROR_OUT_OF_MEMORY,
                                "rank %d: out of memory for the symmetric self-join (%d list sets of %lld rows, k=%lld)",
                                R->rank, 1 + R->nvis + R->nacc, (long long)R->maxrows, (long long)R->k);
-    rc = MPI_Allreduce(have, every, 4, MPI_INT, MPI_MIN, R->ctx->comm);
+    rc = MPI_Allreduce(have, every, 3, MPI_INT, MPI_MIN, R->ctx->comm);
     if (rc != MPI_SUCCESS) {
         xknn__ring_mpi_failed(R, rc, "MPI_Allreduce");
         return -1;
     }
     if (!every[0]) return -1;
-    R->split = every[1];
-    R->bounds = every[2];
-    /* (with split somewhere, pieces is 0 there; no piece without a row) */
-    R->pieces = R->split || R->P != 2 ? 0 : every[3] < R->rowss[1] ? every[3] : (int)R->rowss[1];
+    R->bounds = every[1];
+    /* (no piece without a row) */
+    R->pieces = R->P != 2 ? 0 : every[2] < R->rowss[1] ? every[2] : (int)R->rowss[1];
     return 0;
 }
 
@@ -887,15 +836,6 @@ static int xknn__ring_start(xknn__ring *R)
     b->S = R->S;
     b->rank = R->rank;
     b->neg = R->neg;
-    b->split = R->split;
-    b->parts = R->parts;
-    {
-        /* XKNN_MPI_SYM_ASYNC=0 (a diagnostic): the worker copies each piece's lists to
-         * the host itself, between its calls */
-        const char *env = getenv("XKNN_MPI_SYM_ASYNC");
-        b->async = !(env && env[0] == '0');
-    }
-    b->first = R->first;
     memset(&R->rd, 0, sizeof R->rd);
     R->rd_made = pthread_mutex_init(&R->rd.mu, NULL) == 0; /* (else no news: rows final after the loop) */
     return 0;
@@ -1024,10 +964,10 @@ static void xknn__ring_launch(xknn__ring *R, xknn__ring_round *o)
 #endif
     w->fetch_held = R->held_dev;
     w->held_from = s == S && R->P == 2 && R->rank == 1 ? R->lfrom : 0;
-    /* (split: the worker's step S + 1 brings them part by part; pieces: piece by piece) */
-    w->fetch_own = R->own_dev && s == S && !R->split && R->pieces == 0;
+    /* (pieces: the worker brings them piece by piece) */
+    w->fetch_own = R->own_dev && s == S && R->pieces == 0;
 #ifdef XKNN_MPI_HAVE_CUDA
-    if (s == S && !R->split) {
+    if (s == S) {
         /* (the last step that reads the own rows and the held slice) */
         w->forget[0] = R->kept[0];
         w->forget[1] = s >= 1 ? R->kept[1 + (s & 1)] : NULL;
@@ -1036,7 +976,7 @@ static void xknn__ring_launch(xknn__ring *R, xknn__ring_round *o)
     w->pieces = s == S ? R->pieces : 0;
     /* (rank 0's own rows [g, m_0) go to the sink as they end: sink-only, any order) */
     w->hparts = s == S && R->pieces > 0 && R->rank == 0 && out->sink && out->gather_root < 0 && out->any_order;
-    if ((s == S + 1 || (s == S && R->pieces > 0)) && R->rd_made) {
+    if (s == S && R->pieces > 0 && R->rd_made) {
         xknn__sym_ready *rd = &R->rd;
         rd->rows = 0;
         rd->rows2 = 0;
@@ -1300,36 +1240,6 @@ static void xknn__ring_pieces(xknn__ring *R, xknn__ring_round *o)
     }
 }
 
-/* Split, step S + 1: every list set of the own rows is here; rows whose own lists the
- * worker has finished are final: merged and given to the sink while it computes the
- * next part. */
-static void xknn__ring_split_news(xknn__ring *R)
-{
-    R->fin = R->nrecv > 0 ? R->spare : R->own;
-    for (;;) {
-        int64_t hi;
-        int over;
-        xknn__sym_news(&R->rd, &hi, NULL, &over);
-        if (hi > R->fdone) {
-            xknn__ring_final(R, R->nrecv > 0, R->fdone, hi, R->p.num_threads);
-            if (R->out->sink && R->st == XKNN_SUCCESS && R->nloc > 0 &&
-                (R->st = xknn__ring_sink(R, R->ref_offset, R->fdone, hi, &R->fin)) == XKNN_SUCCESS) {
-                R->sunk = hi;
-                R->owned++;
-            }
-            if (R->trace)
-                fprintf(stderr, "xknn_mpi: trace rank %d: rows %lld..%lld final %.3f\n", R->rank, (long long)R->fdone,
-                        (long long)hi - 1, xknn__sym_now() - R->tr0);
-            R->fdone = hi;
-        } else if (over) {
-            break;
-        } else {
-            const struct timespec nap = {0, 100000};
-            nanosleep(&nap, NULL);
-        }
-    }
-}
-
 /* The trace's line of a round. */
 static void xknn__ring_trace_round(const xknn__ring *R, const xknn__ring_round *o)
 {
@@ -1437,7 +1347,7 @@ static int xknn__ring_round_run(xknn__ring *R, int s)
     o.t = s - 1;
     o.cur = s == 0 ? R->ownrows : R->slice[s & 1];
     o.nxt = R->slice[(s + 1) & 1];
-    o.compute = R->st == XKNN_SUCCESS && (s <= S || R->split);
+    o.compute = R->st == XKNN_SUCCESS && s <= S;
     for (r = 0; r < 6; r++) o.req[r] = MPI_REQUEST_NULL;
     for (r = 0; r < 64; r++) o.preq[r] = MPI_REQUEST_NULL;
     o.w = R->base;
@@ -1455,7 +1365,7 @@ static int xknn__ring_round_run(xknn__ring *R, int s)
         xknn__lists_pad(R->acc[0].ids, R->acc[0].dist, R->lfrom * R->k, R->neg);
     }
     o.tw = xknn__sym_now();
-    if (s == S + 1 && P == 2 && rank == 0 && R->lfrom > 0 && !R->split && R->pieces == 0 && R->out->sink &&
+    if (s == S + 1 && P == 2 && rank == 0 && R->lfrom > 0 && R->pieces == 0 && R->out->sink &&
         R->out->gather_root < 0 && R->st == XKNN_SUCCESS && !R->own_dev)
         xknn__ring_early_sink(R, &o);
     o.rc = xknn__sym_wait(6, o.req, o.worker);
@@ -1483,8 +1393,6 @@ static int xknn__ring_round_run(xknn__ring *R, int s)
         R->padded_next = 1;
     }
     if (o.rc == MPI_SUCCESS && R->pieces > 0 && s == S) xknn__ring_pieces(R, &o);
-    if (o.rc == MPI_SUCCESS && o.worker && o.compute && s == S + 1 && o.w.rd && R->st == XKNN_SUCCESS)
-        xknn__ring_split_news(R);
     xknn__ring_join(R, &o);
     if (R->bounds && s == 0 && !R->broken) xknn__ring_bounds(R);
     return 0;
@@ -1543,7 +1451,7 @@ static void xknn__ring_balance(xknn__ring *R)
     if (rc == MPI_SUCCESS) rc = MPI_Gather(&busy, 1, MPI_DOUBLE, R->all, 1, MPI_DOUBLE, 0, R->ctx->comm);
     if (rc == MPI_SUCCESS && R->rank == 0 && R->ctx->config.verbose) {
         fprintf(stderr, "xknn_mpi: symmetric ring: %d steps, %lld distance evaluations over %d ranks (compute %s)\n",
-                R->S + 1 + R->split, (long long)xknn__sym_tri(R->n), R->P,
+                R->S + 1, (long long)xknn__sym_tri(R->n), R->P,
                 R->threaded ? "in a worker thread, transfers overlapped" : "inline, transfers after it");
         for (j = 0; j < R->P; j++)
             fprintf(stderr, "xknn_mpi: rank %d: distance_evals=%lld busy=%.3f s\n", j, (long long)R->allev[j],
@@ -1672,9 +1580,8 @@ xknn_status xknn__sym_ring(xknn_mpi_context *ctx, const xknn__sym_job *job, xknn
         xknn__ring_device(R, job->params);
 #endif
         if (xknn__ring_start(R) == 0) {
-            /* Steps s = 0 .. S: the own diagonal (split: its first part), the S slice
-             * pairs; round S + 1 moves step S's lists (split: while the rest of the own
-             * diagonal computes). */
+            /* Steps s = 0 .. S: the own diagonal, the S slice pairs; round S + 1 moves
+             * step S's lists. */
             if (R->trace) fprintf(stderr, "xknn_mpi: trace rank %d: set up %.3f\n", R->rank, xknn__sym_now() - R->tr0);
             for (s = 0; s <= R->S + 1 && !R->broken; s++)
                 if (xknn__ring_round_run(R, s) != 0) break;
