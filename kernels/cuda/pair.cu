@@ -243,6 +243,12 @@ cleanup:
 
 /* One host_pair call: its arguments, plan, buffers and what its phases hand on. */
 struct PairCall {
+    PairCall(const xknn__job *job_, xknn_cuda_context *ctx_, int staged_, size_t budget_, const xknn__sym_side *a_,
+             const xknn__sym_side *b_, Err er_)
+        : job(job_), ctx(ctx_), staged(staged_), budget(budget_), a(a_), b(b_), er(er_), prm(&job_->params),
+          na(a_->rows), nb(b_->rows), d(job_->d), k(job_->k), b0(pair_b0(a_->rows)), row_bytes((size_t)d * sizeof(float))
+    {
+    }
     const xknn__job *job;
     xknn_cuda_context *ctx;
     int staged;
@@ -556,21 +562,7 @@ cleanup:
 xknn_status host_pair(const xknn__job *job, xknn_cuda_context *ctx, int staged, size_t budget, const xknn__sym_side *a,
                       const xknn__sym_side *b, int *done, int *too_big, Err er)
 {
-    PairCall c;
-    c.job = job;
-    c.ctx = ctx;
-    c.staged = staged;
-    c.budget = budget;
-    c.a = a;
-    c.b = b;
-    c.er = er;
-    c.prm = &job->params;
-    c.na = a->rows;
-    c.nb = b->rows;
-    c.d = job->d;
-    c.k = job->k;
-    c.b0 = pair_b0(c.na);
-    c.row_bytes = (size_t)c.d * sizeof(float);
+    PairCall c(job, ctx, staged, budget, a, b, er);
     const xknn_params *prm = c.prm;
     const int64_t na = c.na, nb = c.nb;
     xknn_status st = XKNN_SUCCESS;

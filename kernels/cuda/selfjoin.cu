@@ -91,6 +91,12 @@ xknn_status run_stats_fetch(const Run &run, const cudaEvent_t ev[4], int verbose
 
 /* One host_sym call: its arguments, plan, buffers and what its phases hand on. */
 struct SymCall {
+    SymCall(const xknn__job *job_, xknn_cuda_context *ctx_, int staged_, size_t budget_, Err er_, int64_t *mir_ids_,
+            float *mir_dist_)
+        : job(job_), ctx(ctx_), staged(staged_), budget(budget_), er(er_), mir_ids(mir_ids_), mir_dist(mir_dist_),
+          prm(&job_->params), n(job_->n), d(job_->d), k(job_->k), row_bytes((size_t)d * sizeof(float))
+    {
+    }
     const xknn__job *job;
     xknn_cuda_context *ctx;
     int staged;
@@ -360,19 +366,7 @@ cleanup:
 xknn_status host_sym(const xknn__job *job, xknn_cuda_context *ctx, int staged, size_t budget, int *done,
                      int *too_big, Err er, int64_t *mir_ids, float *mir_dist)
 {
-    SymCall c;
-    c.job = job;
-    c.ctx = ctx;
-    c.staged = staged;
-    c.budget = budget;
-    c.er = er;
-    c.mir_ids = mir_ids;
-    c.mir_dist = mir_dist;
-    c.prm = &job->params;
-    c.n = job->n;
-    c.d = job->d;
-    c.k = job->k;
-    c.row_bytes = (size_t)c.d * sizeof(float);
+    SymCall c(job, ctx, staged, budget, er, mir_ids, mir_dist);
     const xknn_params *prm = c.prm;
     const int64_t n = c.n;
     xknn_status st = XKNN_SUCCESS;
