@@ -241,6 +241,22 @@ cleanup:
     return st;
 }
 
+/* The end of a host call, whatever its outcome: its work on the stream sc and the copy
+ * stream done, its phase events ev[0..3] and fin[0..1] (NULL: none) destroyed, its
+ * device buffers released. */
+void host_call_end(xknn_cuda_context *ctx, cudaStream_t sc, const cudaEvent_t ev[4], const cudaEvent_t *fin,
+                   HostBuffers &hb)
+{
+    (void)cudaStreamSynchronize(sc);
+    if (ctx->copy_stream) (void)cudaStreamSynchronize(ctx->copy_stream);
+    for (int i = 0; i < 4; ++i)
+        if (ev[i]) cudaEventDestroy(ev[i]);
+    for (int i = 0; fin && i < 2; ++i)
+        if (fin[i]) cudaEventDestroy(fin[i]);
+    hb.release();
+    (void)cudaStreamSynchronize(sc);
+}
+
 /* One host_pair call: its arguments, plan, buffers and what its phases hand on. */
 struct PairCall {
     PairCall(const xknn__job *job_, xknn_cuda_context *ctx_, int staged_, size_t budget_, const xknn__sym_side *a_,
@@ -617,12 +633,7 @@ xknn_status host_pair(const xknn__job *job, xknn_cuda_context *ctx, int staged, 
     }
     if (stats[kStatUnresolved]) st = unresolved_error(stats, er);
 cleanup:
-    (void)cudaStreamSynchronize(sc);
-    if (ctx->copy_stream) (void)cudaStreamSynchronize(ctx->copy_stream);
-    for (int i = 0; i < 4; ++i)
-        if (c.ev[i]) cudaEventDestroy(c.ev[i]);
-    c.hb.release();
-    (void)cudaStreamSynchronize(sc);
+    host_call_end(ctx, sc, c.ev, NULL, c.hb);
     free(c.kth);
     if (!c.pinned_out) {
         free(c.tdist);

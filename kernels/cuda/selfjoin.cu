@@ -85,9 +85,12 @@ const char *plan_sym(const xknn_cuda_context *ctx, const xknn__job *job, size_t 
 }
 
 /* Defined in pair.cu: the run's statistics to the host, and with verbose the device
- * times between the phase events. */
+ * times between the phase events; the end of a host call (streams done, events
+ * destroyed, buffers released). */
 xknn_status run_stats_fetch(const Run &run, const cudaEvent_t ev[4], int verbose, cudaStream_t sc,
                             unsigned long long stats[kStatCount], float ms[3], Err er);
+void host_call_end(xknn_cuda_context *ctx, cudaStream_t sc, const cudaEvent_t ev[4], const cudaEvent_t *fin,
+                   HostBuffers &hb);
 
 /* One host_sym call: its arguments, plan, buffers and what its phases hand on. */
 struct SymCall {
@@ -431,14 +434,7 @@ xknn_status host_sym(const xknn__job *job, xknn_cuda_context *ctx, int staged, s
     }
     if (stats[kStatUnresolved]) st = unresolved_error(stats, er);
 cleanup:
-    (void)cudaStreamSynchronize(sc);
-    if (ctx->copy_stream) (void)cudaStreamSynchronize(ctx->copy_stream);
-    for (int i = 0; i < 4; ++i)
-        if (c.ev[i]) cudaEventDestroy(c.ev[i]);
-    for (int i = 0; i < 2; ++i)
-        if (c.fin[i]) cudaEventDestroy(c.fin[i]);
-    c.hb.release();
-    (void)cudaStreamSynchronize(sc);
+    host_call_end(ctx, sc, c.ev, c.fin, c.hb);
     return st;
 }
 
