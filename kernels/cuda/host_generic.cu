@@ -8,6 +8,11 @@
 
 namespace xknn_cuda {
 
+/* Defined in pipeline.cu: the final selection's parameters of a block. */
+FinalParams final_params(const xknn_cuda_context *ctx, const float *tau, const int *cnt, Cand *cand, long long *mcount,
+                         unsigned long long *stats, int64_t S, int64_t cap, int64_t kk, int64_t *ids, float *dist,
+                         int64_t k, int64_t id_offset, int encoded, int negate);
+
 /* ---- generic path: every other metric and dtype (generic.cu) ------------------------ */
 /* 1 when the job is not f32 l2/euclidean/ip/cosine, the metrics the certified fast paths
  * cover (ip and cosine only on the tensor-core path: host_search sends them back here
@@ -160,10 +165,7 @@ xknn_status host_generic(const xknn__job *job, Err er)
     for (int64_t q0 = 0; q0 < nq; q0 += g.QS) {
         const int64_t qs = min64(g.QS, nq - q0);
         GenParams gp;
-        FinalParams fp;
         memset(&gp, 0, sizeof gp);
-        memset(&fp, 0, sizeof fp);
-        fp.smem_merge = ctx->smem_optin >= kFinalMergeSmem;
         if (g.resident && self_res) {
             gp.Q = b + g.off_ref + (size_t)q0 * row_bytes;
             gp.qnorm = (const double *)(b + g.off_rnorm) + q0;
@@ -213,20 +215,10 @@ xknn_status host_generic(const xknn__job *job, Err er)
             gp.r_local0 = r0;
             XKNN__CUDA_CHECK(launch_gen_tiles(gp, sc));
         }
-        fp.tau = (const float *)(b + g.off_tau);
-        fp.cnt = gp.cnt;
-        fp.cand = gp.cand;
-        fp.mcount = (long long *)(b + g.off_mcount);
-        fp.ids = (int64_t *)(b + g.off_ids);
-        fp.dist = job->dist ? (float *)(b + g.off_dist) : NULL;
-        fp.k = k;
-        fp.id_offset = prm->ref_id_offset;
-        fp.stats = gp.stats;
-        fp.S = (int)g.S;
-        fp.cap = (int)g.cap;
-        fp.kk = (int)g.kk;
-        fp.encoded = 1;
-        fp.negate = gp.negate;
+        const FinalParams fp = final_params(ctx, (const float *)(b + g.off_tau), gp.cnt, gp.cand,
+                                            (long long *)(b + g.off_mcount), gp.stats, g.S, g.cap, g.kk,
+                                            (int64_t *)(b + g.off_ids), job->dist ? (float *)(b + g.off_dist) : NULL, k,
+                                            prm->ref_id_offset, 1, gp.negate);
         XKNN__CUDA_CHECK(launch_final(fp, (int)qs, sc));
         XKNN__TRY(results_out(ctx, own_ctx == NULL, job->ids + q0 * k, fp.ids, job->dist ? job->dist + q0 * k : NULL,
                               fp.dist, (size_t)(qs * k), prm->num_threads, sc, &piece, er));

@@ -7,6 +7,11 @@
 
 namespace xknn_cuda {
 
+/* Defined in pipeline.cu: the final selection's parameters of a block. */
+FinalParams final_params(const xknn_cuda_context *ctx, const float *tau, const int *cnt, Cand *cand, long long *mcount,
+                         unsigned long long *stats, int64_t S, int64_t cap, int64_t kk, int64_t *ids, float *dist,
+                         int64_t k, int64_t id_offset, int encoded, int negate);
+
 /* ---- exact int8 tensor-core path (imma.cu) ---------------------------------------- */
 /* Padded row bytes when the job takes the int8 tensor-core path, else 0: u8/i8 with l2,
  * euclidean or ip, d <= XKNN_INT8_EXACT_MAX_D, or hamming on bit-packed rows (b1 tensor
@@ -148,10 +153,7 @@ xknn_status host_imma(const xknn__job *job, xknn_cuda_context *ctx, int staged, 
     for (int64_t q0 = 0; q0 < nq; q0 += QS) {
         const int64_t qs = min64(QS, nq - q0);
         ImmaParams ip;
-        FinalParams fp;
         memset(&ip, 0, sizeof ip);
-        memset(&fp, 0, sizeof fp);
-        fp.smem_merge = ctx->smem_optin >= kFinalMergeSmem;
         if (ev[3]) XKNN__CUDA_CHECK(cudaEventRecord(ev[3], sc));
         if (self_res) {
             ip.Q = (const signed char *)(b + w.R) + q0 * dp;
@@ -200,20 +202,10 @@ xknn_status host_imma(const xknn__job *job, xknn_cuda_context *ctx, int staged, 
         if (ev[4]) XKNN__CUDA_CHECK(cudaEventRecord(ev[4], sc));
         XKNN__CUDA_CHECK(launch_init_state((float *)(b + w.tau), ip.cnt, (int)qs, 1, sc));
         XKNN__CUDA_CHECK(launch_imma(ip, (int)kk, ctx->sms, sc));
-        fp.tau = (const float *)(b + w.tau);
-        fp.cnt = ip.cnt;
-        fp.cand = ip.cand;
-        fp.mcount = (long long *)(b + w.mcount);
-        fp.ids = (int64_t *)(b + w.ids);
-        fp.dist = job->dist ? (float *)(b + w.dist) : NULL;
-        fp.k = k;
-        fp.id_offset = prm->ref_id_offset;
-        fp.stats = ip.stats;
-        fp.S = 1;
-        fp.cap = (int)cap;
-        fp.kk = (int)kk;
-        fp.encoded = 1;
-        fp.negate = ip.ip;
+        const FinalParams fp = final_params(ctx, (const float *)(b + w.tau), ip.cnt, ip.cand,
+                                            (long long *)(b + w.mcount), ip.stats, 1, cap, kk,
+                                            (int64_t *)(b + w.ids), job->dist ? (float *)(b + w.dist) : NULL, k,
+                                            prm->ref_id_offset, 1, ip.ip);
         XKNN__CUDA_CHECK(launch_final(fp, (int)qs, sc));
         if (ev[5]) XKNN__CUDA_CHECK(cudaEventRecord(ev[5], sc));
         XKNN__TRY(results_out(ctx, staged, job->ids + q0 * k, fp.ids, job->dist ? job->dist + q0 * k : NULL, fp.dist,

@@ -227,23 +227,58 @@ int lists_kth(const xknn_params *prm, const xknn__sym_side *s, int64_t k, float 
     return 1;
 }
 
-/* The pair (A, B) of two disjoint sets on the device: each distance of A x B once, for
- * A's lists and B's (mma.cu's TWO SETS), merged into the running lists on the host.
- * *done = 0 (and XKNN_SUCCESS) when the shape does not allow it (XKNN_CUDA_SYM_REQUIRE=1:
- * an error instead) or, with *too_big = 1, when the memory does not. */
-xknn_status host_pair(const xknn__job *job, xknn_cuda_context *ctx, int staged, size_t budget, const xknn__sym_side *a,
-                      const xknn__sym_side *b, int *done, int *too_big, Err er)
+/* The run's statistics to the host (waiting for the stream); with verbose, also the
+ * device times between the phase events ev[0..3] into ms[0..2]. */
+xknn_status run_stats_fetch(const Run &run, const cudaEvent_t ev[4], int verbose, cudaStream_t sc,
+                            unsigned long long stats[kStatCount], float ms[3], Err er)
 {
-    const xknn_params *prm = &job->params;
-    const int64_t na = a->rows, nb = b->rows, d = job->d, k = job->k, b0 = pair_b0(na);
-    const size_t row_bytes = (size_t)d * sizeof(float);
     xknn_status st = XKNN_SUCCESS;
+    XKNN__CUDA_CHECK(cudaMemcpyAsync(stats, run.stats, kStatCount * sizeof *stats, cudaMemcpyDeviceToHost, sc));
+    XKNN__CUDA_CHECK(cudaStreamSynchronize(sc));
+    if (verbose)
+        for (int i = 0; i < 3; ++i) XKNN__CUDA_CHECK(cudaEventElapsedTime(&ms[i], ev[i], ev[i + 1]));
+cleanup:
+    return st;
+}
+
+/* The end of a host call, whatever its outcome: its work on the stream sc and the copy
+ * stream done, its phase events ev[0..3] and fin[0..1] (NULL: none) destroyed, its
+ * device buffers released. */
+void host_call_end(xknn_cuda_context *ctx, cudaStream_t sc, const cudaEvent_t ev[4], const cudaEvent_t *fin,
+                   HostBuffers &hb)
+{
+    (void)cudaStreamSynchronize(sc);
+    if (ctx->copy_stream) (void)cudaStreamSynchronize(ctx->copy_stream);
+    for (int i = 0; i < 4; ++i)
+        if (ev[i]) cudaEventDestroy(ev[i]);
+    for (int i = 0; fin && i < 2; ++i)
+        if (fin[i]) cudaEventDestroy(fin[i]);
+    hb.release();
+    (void)cudaStreamSynchronize(sc);
+}
+
+/* One host_pair call: its arguments, plan, buffers and what its phases hand on. */
+struct PairCall {
+    PairCall(const xknn__job *job_, xknn_cuda_context *ctx_, int staged_, size_t budget_, const xknn__sym_side *a_,
+             const xknn__sym_side *b_, Err er_)
+        : job(job_), ctx(ctx_), staged(staged_), budget(budget_), a(a_), b(b_), er(er_), prm(&job_->params),
+          na(a_->rows), nb(b_->rows), d(job_->d), k(job_->k), b0(pair_b0(a_->rows)), row_bytes((size_t)d * sizeof(float))
+    {
+    }
+    const xknn__job *job;
+    xknn_cuda_context *ctx;
+    int staged;
+    size_t budget;
+    const xknn__sym_side *a, *b;
+    Err er;
+    const xknn_params *prm;
+    int64_t na, nb, d, k, b0;
+    size_t row_bytes;
     HostBuffers hb;
     Plan plan;
     Run run;
     int64_t wa = 0, wb = 0, block = 0;
-    int piece = 0, ok = 0;
-    unsigned long long stats[kStatCount];
+    int piece = 0;
     int64_t *tids = NULL;
     float *tdist = NULL;
     float *kth = NULL; /* the sides' k-th list values (A's, then B's), where full */
@@ -253,92 +288,117 @@ xknn_status host_pair(const xknn__job *job, xknn_cuda_context *ctx, int staged, 
      * results merge there, and full lists give their thresholds there */
     int64_t *mi[2] = {NULL, NULL};
     float *md[2] = {NULL, NULL};
-    const int mir_a = mirror_of(ctx, a->ids, na, k, &mi[0], &md[0]);
-    const int mir_b = mirror_of(ctx, b->ids, nb, k, &mi[1], &md[1]);
-    const int ip = prm->metric == XKNN_METRIC_IP;
-    cudaStream_t sc = ctx->stream;
-    const char *why = plan_pair(ctx, job, na, nb, budget, &plan, &wa, &wb, &block);
+    int mir_a = 0, mir_b = 0, ip = 0;
+    cudaStream_t sc = nullptr;
     cudaEvent_t ev[4] = {NULL, NULL, NULL, NULL}; /* -v: phase times */
-    const double h0 = wall_seconds();
-    double h_up = 0.0, h_dev = 0.0, h_a = 0.0;
-    const char *req = getenv("XKNN_CUDA_SYM_REQUIRE");
-    const int require = req && *req && *req != '0';
+    double h0 = 0.0, h_up = 0.0, h_dev = 0.0, h_a = 0.0;
+};
 
-    *done = 0;
-    *too_big = why == kPairNoFit;
-    if (why) {
-        if (prm->verbose) fprintf(stderr, "xknn: cuda: pair %lld x %lld: %s\n", (long long)na, (long long)nb, why);
-        if (require && !*too_big)
-            return failf(er, XKNN_ERROR_INVALID_ARGUMENT, "XKNN_CUDA_SYM_REQUIRE: pair %lld x %lld: %s", (long long)na,
-                         (long long)nb, why);
-        return XKNN_SUCCESS;
-    }
+/* The host lists, the full sides' k-th values and the device buffers of a pair. ok: 1
+ * allocated, 0 the device allocation failed (the caller reports too big), -1 an error
+ * (in the return value). */
+static xknn_status pair_alloc(PairCall &c, int *ok)
+{
+    const xknn_params *prm = c.prm;
+    const int64_t na = c.na, nb = c.nb, k = c.k, block = c.block;
+    Err er = c.er;
+    xknn_status st = XKNN_SUCCESS;
+    *ok = -1;
     /* two blocks: pair_out's double buffer; with a caller's context its pinned buffer,
      * which the device fills by DMA and which outlives the call (no staging copy, no
      * fresh pages a pair) */
-    if (!mir_a || !mir_b) {
+    if (!c.mir_a || !c.mir_b) {
         const size_t tb = (size_t)(2 * block * k) * (sizeof(int64_t) + sizeof(float));
-        char *pin = staged ? (char *)pair_out_buffer(ctx, tb) : NULL;
+        char *pin = c.staged ? (char *)pair_out_buffer(c.ctx, tb) : NULL;
         if (pin) {
-            tids = (int64_t *)pin;
-            tdist = (float *)(pin + (size_t)(2 * block * k) * sizeof(int64_t));
-            pinned_out = 1;
+            c.tids = (int64_t *)pin;
+            c.tdist = (float *)(pin + (size_t)(2 * block * k) * sizeof(int64_t));
+            c.pinned_out = 1;
         } else {
-            XKNN__TRY(host_lists(2 * block, k, &tids, &tdist, er));
+            XKNN__TRY(host_lists(2 * block, k, &c.tids, &c.tdist, er));
         }
     }
-    kth = (float *)malloc((size_t)(na + nb) * sizeof(float) + 1); /* (none: both sides run pass A) */
+    c.kth = (float *)malloc((size_t)(na + nb) * sizeof(float) + 1); /* (none: both sides run pass A) */
     /* (a mirrored side's lists are read on the device, below) */
-    full_a = mir_a ? 0 : lists_kth(prm, a, k, kth);
-    full_b = mir_b ? 0 : lists_kth(prm, b, k, kth ? kth + na : NULL);
-    hb.pool = ctx->pool;
-    hb.s = sc;
-    if (staged) {
+    c.full_a = c.mir_a ? 0 : lists_kth(prm, c.a, k, c.kth);
+    c.full_b = c.mir_b ? 0 : lists_kth(prm, c.b, k, c.kth ? c.kth + na : NULL);
+    c.hb.pool = c.ctx->pool;
+    c.hb.s = c.sc;
+    if (c.staged) {
         /* rows the caller keeps on the device (xknn_cuda_keep_rows) are read there */
-        dA = (const float *)kept_rows(ctx, a->data, na, row_bytes, (size_t)a->ld * sizeof(float), sc,
-                                      prm->num_threads, &piece, er, &st);
+        c.dA = (const float *)kept_rows(c.ctx, c.a->data, na, c.row_bytes, (size_t)c.a->ld * sizeof(float), c.sc,
+                                        prm->num_threads, &c.piece, er, &st);
         if (st == XKNN_SUCCESS)
-            dB = (const float *)kept_rows(ctx, b->data, nb, row_bytes, (size_t)b->ld * sizeof(float), sc,
-                                          prm->num_threads, &piece, er, &st);
+            c.dB = (const float *)kept_rows(c.ctx, c.b->data, nb, c.row_bytes, (size_t)c.b->ld * sizeof(float), c.sc,
+                                            prm->num_threads, &c.piece, er, &st);
         if (st != XKNN_SUCCESS) goto cleanup;
     }
     {
-        cudaError_t e = dA ? cudaSuccess : hb.alloc((void **)&hb.dR, (size_t)na * row_bytes);
-        if (e == cudaSuccess && !dB) e = hb.alloc((void **)&hb.dQ, (size_t)nb * row_bytes);
-        if (e == cudaSuccess) e = hb.alloc(&hb.dWs, plan.bytes);
+        HostBuffers &hb = c.hb;
+        cudaError_t e = c.dA ? cudaSuccess : hb.alloc((void **)&hb.dR, (size_t)na * c.row_bytes);
+        if (e == cudaSuccess && !c.dB) e = hb.alloc((void **)&hb.dQ, (size_t)nb * c.row_bytes);
+        if (e == cudaSuccess) e = hb.alloc(&hb.dWs, c.plan.bytes);
         if (e == cudaSuccess) e = hb.alloc((void **)&hb.dIds, (size_t)(2 * block) * k * sizeof(int64_t));
         if (e == cudaSuccess) e = hb.alloc((void **)&hb.dDist, (size_t)(2 * block) * k * sizeof(float));
-        if (e == cudaSuccess && (plan.kind == kCanonCosine || plan.center))
-            e = hb.alloc((void **)&hb.dChunk[0], (size_t)(na + nb) * (size_t)plan.dh * sizeof(float));
-        if (e == cudaSuccess && (mir_a || mir_b)) e = hb.alloc((void **)&hb.dFlag, 2 * sizeof(int));
-        ok = alloc_outcome(hb, e, er, &st);
+        if (e == cudaSuccess && (c.plan.kind == kCanonCosine || c.plan.center))
+            e = hb.alloc((void **)&hb.dChunk[0], (size_t)(na + nb) * (size_t)c.plan.dh * sizeof(float));
+        if (e == cudaSuccess && (c.mir_a || c.mir_b)) e = hb.alloc((void **)&hb.dFlag, 2 * sizeof(int));
+        *ok = alloc_outcome(hb, e, er, &st);
     }
-    if (ok < 0) goto cleanup;
-    if (ok == 0) {
-        *too_big = 1;
-        if (prm->verbose) fprintf(stderr, "xknn: cuda: pair %lld x %lld: the allocation failed\n", (long long)na, (long long)nb);
-        goto cleanup;
-    }
-    *done = 1;
-    if (prm->verbose) print_plan(ctx, plan, "pair of sets, resident", budget, 0);
-    if (staged && (!dA || !dB)) {
-        if (!dA) XKNN__TRY(stage_rows(ctx, hb.dR, (const float *)a->data, na, d, a->ld, prm->num_threads, &piece, er));
-        if (!dB) XKNN__TRY(stage_rows(ctx, hb.dQ, (const float *)b->data, nb, d, b->ld, prm->num_threads, &piece, er));
-        XKNN__CUDA_CHECK(cudaStreamWaitEvent(sc, ctx->stage_done[(piece - 1) & 1], 0));
-    } else if (!staged) {
+cleanup:
+    return st;
+}
+
+/* Both sets' rows to the device (where they are not kept there); with -v, the upload
+ * timed on its own and the phase events made. */
+static xknn_status pair_upload(PairCall &c)
+{
+    const xknn_params *prm = c.prm;
+    const int64_t na = c.na, nb = c.nb, d = c.d;
+    const size_t row_bytes = c.row_bytes;
+    const xknn__sym_side *a = c.a, *b = c.b;
+    HostBuffers &hb = c.hb;
+    cudaStream_t sc = c.sc;
+    Err er = c.er;
+    xknn_status st = XKNN_SUCCESS;
+    if (c.staged && (!c.dA || !c.dB)) {
+        if (!c.dA)
+            XKNN__TRY(stage_rows(c.ctx, hb.dR, (const float *)a->data, na, d, a->ld, prm->num_threads, &c.piece, er));
+        if (!c.dB)
+            XKNN__TRY(stage_rows(c.ctx, hb.dQ, (const float *)b->data, nb, d, b->ld, prm->num_threads, &c.piece, er));
+        XKNN__CUDA_CHECK(cudaStreamWaitEvent(sc, c.ctx->stage_done[(c.piece - 1) & 1], 0));
+    } else if (!c.staged) {
         XKNN__CUDA_CHECK(cudaMemcpy2DAsync(hb.dR, row_bytes, a->data, (size_t)a->ld * sizeof(float), row_bytes,
                                            (size_t)na, cudaMemcpyHostToDevice, sc));
         XKNN__CUDA_CHECK(cudaMemcpy2DAsync(hb.dQ, row_bytes, b->data, (size_t)b->ld * sizeof(float), row_bytes,
                                            (size_t)nb, cudaMemcpyHostToDevice, sc));
     }
-    if (!dA) dA = hb.dR;
-    if (!dB) dB = hb.dQ;
+    if (!c.dA) c.dA = hb.dR;
+    if (!c.dB) c.dB = hb.dQ;
     if (prm->verbose) { /* upload time on its own (verbose runs only) */
         XKNN__CUDA_CHECK(cudaStreamSynchronize(sc));
-        h_up = wall_seconds();
-        for (int i = 0; i < 4; ++i) XKNN__CUDA_CHECK(cudaEventCreate(&ev[i]));
+        c.h_up = wall_seconds();
+        for (int i = 0; i < 4; ++i) XKNN__CUDA_CHECK(cudaEventCreate(&c.ev[i]));
     }
-    run = run_bind(ctx, &plan, hb.dWs, sc);
+cleanup:
+    return st;
+}
+
+/* The run's state, the tensor cores' operands and norms of both sides, and the passes'
+ * parameters *ma (A's rows against B) and *mb (B's against A) set up for pass A; a
+ * mirrored side's lists tell whether they are full (c.full_a, c.full_b). */
+static xknn_status pair_operands(PairCall &c, MmaParams *pma, MmaParams *pmb)
+{
+    const xknn_params *prm = c.prm;
+    const int64_t na = c.na, nb = c.nb, d = c.d, k = c.k, b0 = c.b0;
+    const Plan &plan = c.plan;
+    const float *dA = c.dA, *dB = c.dB;
+    HostBuffers &hb = c.hb;
+    Run &run = c.run;
+    cudaStream_t sc = c.sc;
+    Err er = c.er;
+    xknn_status st = XKNN_SUCCESS;
+    run = run_bind(c.ctx, &c.plan, hb.dWs, sc);
     XKNN__TRY(run_start(run, er));
     XKNN__CUDA_CHECK(launch_init_state(run.tau, run.cnt, (int)(b0 + nb), 1, sc));
     /* norms and thresholds past each side's rows are read with their tile (and masked):
@@ -349,7 +409,7 @@ xknn_status host_pair(const xknn__job *job, xknn_cuda_context *ctx, int staged, 
          * A's at qn[0, na), B's at qn[b0, b0 + nb) */
         const float *XA = dA, *XB = dB;
         int64_t ldx = d;
-        const int sms = ctx->sms, wg = plan.wgmma ? (int)ctx->smem_optin : 0;
+        const int sms = c.ctx->sms;
         if (plan.kind == kCanonCosine) {
             float *xh = hb.dChunk[0];
             XKNN__CUDA_CHECK(launch_unit_rows(dA, d, na, d, xh, plan.dh, sc));
@@ -370,19 +430,20 @@ xknn_status host_pair(const xknn__job *job, xknn_cuda_context *ctx, int staged, 
             XKNN__CUDA_CHECK(launch_sqnorms(XA, ldx, na, d, run.qn, sc));
             XKNN__CUDA_CHECK(launch_sqnorms(XB, ldx, nb, d, run.qn + b0, sc));
         }
-        MmaParams ma = mma_params(run, XA, ldx, na, 0, 0, XB, ldx);
-        MmaParams mb = mma_params(run, XB, ldx, nb, 0, 0, XA, ldx);
+        MmaParams &ma = *pma, &mb = *pmb;
+        ma = mma_params(run, XA, ldx, na, 0, 0, XB, ldx);
+        mb = mma_params(run, XB, ldx, nb, 0, 0, XA, ldx);
         XKNN__CUDA_CHECK(cudaMemsetAsync(ma.thr, 0, (size_t)plan.QS * sizeof(float), sc));
-        if (ev[0]) XKNN__CUDA_CHECK(cudaEventRecord(ev[0], sc));
+        if (c.ev[0]) XKNN__CUDA_CHECK(cudaEventRecord(c.ev[0], sc));
         /* pass A and tau, per side: A's rows against B's first wa rows, B's against A's
          * first wb (a side's witnesses belong to the set it is searched in) */
         ma.rn = run.qn + b0;
-        ma.n = wa;
-        ma.ga = ceil_div(wa, kMmaGroup);
+        ma.n = c.wa;
+        ma.ga = ceil_div(c.wa, kMmaGroup);
         mb.qn = run.qn + b0;
         mb.rn = run.qn;
-        mb.n = wb;
-        mb.ga = ceil_div(wb, kMmaGroup);
+        mb.n = c.wb;
+        mb.ga = ceil_div(c.wb, kMmaGroup);
         mb.gmin = ma.gmin + b0 * ma.ga;
         mb.thr = ma.thr + b0;
         mb.cnt = run.cnt + b0;
@@ -396,24 +457,44 @@ xknn_status host_pair(const xknn__job *job, xknn_cuda_context *ctx, int staged, 
             int bad[2] = {1, 1};
             if (lists_thr_allowed(prm)) {
                 XKNN__CUDA_CHECK(cudaMemsetAsync(hb.dFlag, 0, 2 * sizeof(int), sc));
-                if (mir_a) XKNN__CUDA_CHECK(launch_lists_kth(md[0], na, k, ma.gmin, hb.dFlag, sms, sc));
-                if (mir_b) XKNN__CUDA_CHECK(launch_lists_kth(md[1], nb, k, mb.gmin, hb.dFlag + 1, sms, sc));
+                if (c.mir_a) XKNN__CUDA_CHECK(launch_lists_kth(c.md[0], na, k, ma.gmin, hb.dFlag, sms, sc));
+                if (c.mir_b) XKNN__CUDA_CHECK(launch_lists_kth(c.md[1], nb, k, mb.gmin, hb.dFlag + 1, sms, sc));
                 XKNN__CUDA_CHECK(cudaMemcpyAsync(bad, hb.dFlag, sizeof bad, cudaMemcpyDeviceToHost, sc));
                 XKNN__CUDA_CHECK(cudaStreamSynchronize(sc));
             }
-            if (mir_a) full_a = !bad[0];
-            if (mir_b) full_b = !bad[1];
+            if (c.mir_a) c.full_a = !bad[0];
+            if (c.mir_b) c.full_b = !bad[1];
         }
-        if (prm->verbose) {
-            fprintf(stderr,
-                    "xknn: cuda: pair %lld x %lld: each tile feeds both sides (thresholds: A's from %s, B's from %s%s)\n",
-                    (long long)na, (long long)nb, full_a ? "its running lists" : "witnesses",
-                    full_b ? "its running lists" : "witnesses",
-                    mir_a && mir_b ? "; the lists on the device" : mir_a || mir_b ? "; one side's lists on the device" : "");
-            if (!full_a || !full_b)
-                fprintf(stderr, "xknn: cuda: pair %lld x %lld: witnesses: %lld of B, %lld of A\n", (long long)na,
-                        (long long)nb, full_a ? 0LL : (long long)wa, full_b ? 0LL : (long long)wb);
-        }
+    }
+cleanup:
+    return st;
+}
+
+/* Each side's thresholds (pass A and select, or its full lists), pass B over A x B for
+ * both sides, and the exact re-runs of overflowed buffers. */
+static xknn_status pair_passes(PairCall &c, MmaParams &ma, MmaParams &mb)
+{
+    const xknn_params *prm = c.prm;
+    const int64_t na = c.na, nb = c.nb, d = c.d;
+    const Plan &plan = c.plan;
+    const int full_a = c.full_a, full_b = c.full_b, mir_a = c.mir_a, mir_b = c.mir_b;
+    const float *kth = c.kth;
+    const int sms = c.ctx->sms, wg = plan.wgmma ? (int)c.ctx->smem_optin : 0;
+    cudaStream_t sc = c.sc;
+    cudaEvent_t *ev = c.ev;
+    Err er = c.er;
+    xknn_status st = XKNN_SUCCESS;
+    if (prm->verbose) {
+        fprintf(stderr,
+                "xknn: cuda: pair %lld x %lld: each tile feeds both sides (thresholds: A's from %s, B's from %s%s)\n",
+                (long long)na, (long long)nb, full_a ? "its running lists" : "witnesses",
+                full_b ? "its running lists" : "witnesses",
+                mir_a && mir_b ? "; the lists on the device" : mir_a || mir_b ? "; one side's lists on the device" : "");
+        if (!full_a || !full_b)
+            fprintf(stderr, "xknn: cuda: pair %lld x %lld: witnesses: %lld of B, %lld of A\n", (long long)na,
+                    (long long)nb, full_a ? 0LL : (long long)c.wa, full_b ? 0LL : (long long)c.wb);
+    }
+    {
         /* a side's thresholds: pass A and select, or from its full lists' k-th values (on
          * the host: copied into gmin; mirrored: in gmin already) */
         auto side_thr = [&](const MmaParams &m, int full, int mirrored, const float *side_kth, int64_t rows) {
@@ -428,78 +509,135 @@ xknn_status host_pair(const xknn__job *job, xknn_cuda_context *ctx, int staged, 
         };
         XKNN__CUDA_CHECK(side_thr(ma, full_a, mir_a, kth, na));
         XKNN__CUDA_CHECK(side_thr(mb, full_b, mir_b, kth ? kth + na : NULL, nb));
-        if (ev[1]) XKNN__CUDA_CHECK(cudaEventRecord(ev[1], sc));
-        /* pass B: A's row tiles against every tile of B, candidates for both sides */
-        ma.n = nb;
-        ma.rect = 1;
-        ma.cthr = mb.thr;
-        ma.ccnt = mb.cnt;
-        ma.ccand = mb.cand;
-        XKNN__CUDA_CHECK(launch_mma_pass(ma, 2, sms, wg, sc));
-        if (ev[2]) XKNN__CUDA_CHECK(cudaEventRecord(ev[2], sc));
-        /* overflowed buffers re-run exactly, per side, on the rows themselves (ma.n is
-         * nb already) */
-        ma.Q = mb.R = dA;
-        ma.R = mb.Q = dB;
-        ma.ldq = ma.ldr = mb.ldq = mb.ldr = d;
-        mb.n = na;
-        XKNN__CUDA_CHECK(launch_mma_rescue(ma, (int)plan.kk, plan.kind, sms, sc));
-        XKNN__CUDA_CHECK(launch_mma_rescue(mb, (int)plan.kk, plan.kind, sms, sc));
-        if (ev[3]) {
-            XKNN__CUDA_CHECK(cudaEventRecord(ev[3], sc));
-            XKNN__CUDA_CHECK(cudaEventSynchronize(ev[3]));
-            h_dev = wall_seconds();
+    }
+    if (ev[1]) XKNN__CUDA_CHECK(cudaEventRecord(ev[1], sc));
+    /* pass B: A's row tiles against every tile of B, candidates for both sides */
+    ma.n = nb;
+    ma.rect = 1;
+    ma.cthr = mb.thr;
+    ma.ccnt = mb.cnt;
+    ma.ccand = mb.cand;
+    XKNN__CUDA_CHECK(launch_mma_pass(ma, 2, sms, wg, sc));
+    if (ev[2]) XKNN__CUDA_CHECK(cudaEventRecord(ev[2], sc));
+    /* overflowed buffers re-run exactly, per side, on the rows themselves (ma.n is
+     * nb already) */
+    ma.Q = mb.R = c.dA;
+    ma.R = mb.Q = c.dB;
+    ma.ldq = ma.ldr = mb.ldq = mb.ldr = d;
+    mb.n = na;
+    XKNN__CUDA_CHECK(launch_mma_rescue(ma, (int)plan.kk, plan.kind, sms, sc));
+    XKNN__CUDA_CHECK(launch_mma_rescue(mb, (int)plan.kk, plan.kind, sms, sc));
+    if (ev[3]) {
+        XKNN__CUDA_CHECK(cudaEventRecord(ev[3], sc));
+        XKNN__CUDA_CHECK(cudaEventSynchronize(ev[3]));
+        c.h_dev = wall_seconds();
+    }
+cleanup:
+    return st;
+}
+
+/* Both sides' results into their running lists: the host sides through pair_out, the
+ * mirrored sides re-ranked and merged on the device block by block. */
+static xknn_status pair_deliver(PairCall &c)
+{
+    const int64_t na = c.na, nb = c.nb, k = c.k, block = c.block;
+    const int mir_a = c.mir_a, mir_b = c.mir_b;
+    HostBuffers &hb = c.hb;
+    Err er = c.er;
+    xknn_status st = XKNN_SUCCESS;
+    const PairSide sides[2] = {{0, na, c.b->id0, c.dA, c.dB, c.a}, {c.b0, nb, c.a->id0, c.dB, c.dA, c.b}};
+    int64_t *const di[2] = {hb.dIds, hb.dIds + block * k};
+    float *const dd[2] = {hb.dDist, hb.dDist + block * k};
+    if (!mir_a || !mir_b) {
+        /* the sides whose lists are on the host: out and merged there */
+        const PairSide host_sides[2] = {mir_a ? sides[1] : sides[0], sides[1]};
+        int64_t *const ti[2] = {c.tids, c.tids + block * k};
+        float *const td[2] = {c.tdist, c.tdist + block * k};
+        XKNN__TRY(pair_out(c.ctx, c.run, host_sides, !mir_a && !mir_b ? 2 : 1, block, di, dd, ti, td,
+                           c.staged && !c.pinned_out, c.prm->num_threads, &c.piece, er));
+    }
+    for (int si = 0; si < 2; ++si) {
+        /* a mirrored side: block by block, re-ranked into di[0] and merged on the
+         * device (di[1]: the merge's scratch) */
+        if (!c.mi[si]) continue;
+        for (int64_t q0 = 0; q0 < sides[si].rows; q0 += block) {
+            const int64_t qs = min64(block, sides[si].rows - q0);
+            XKNN__TRY(pair_block_enqueue(c.run, sides[si], q0, qs, di[0], dd[0], er));
+            XKNN__CUDA_CHECK(launch_lists_merge(c.mi[si] + q0 * k, c.md[si] + q0 * k, di[0], dd[0], qs, k, c.ip, di[1],
+                                                dd[1], c.ctx->sms, c.sc));
         }
     }
+cleanup:
+    return st;
+}
+
+/* The pair (A, B) of two disjoint sets on the device: each distance of A x B once, for
+ * A's lists and B's (mma.cu's TWO SETS), merged into the running lists on the host.
+ * *done = 0 (and XKNN_SUCCESS) when the shape does not allow it (XKNN_CUDA_SYM_REQUIRE=1:
+ * an error instead) or, with *too_big = 1, when the memory does not. */
+xknn_status host_pair(const xknn__job *job, xknn_cuda_context *ctx, int staged, size_t budget, const xknn__sym_side *a,
+                      const xknn__sym_side *b, int *done, int *too_big, Err er)
+{
+    PairCall c(job, ctx, staged, budget, a, b, er);
+    const xknn_params *prm = c.prm;
+    const int64_t na = c.na, nb = c.nb;
+    xknn_status st = XKNN_SUCCESS;
+    int ok = 0;
+    unsigned long long stats[kStatCount];
+    c.mir_a = mirror_of(ctx, a->ids, na, c.k, &c.mi[0], &c.md[0]);
+    c.mir_b = mirror_of(ctx, b->ids, nb, c.k, &c.mi[1], &c.md[1]);
+    c.ip = prm->metric == XKNN_METRIC_IP;
+    c.sc = ctx->stream;
+    cudaStream_t sc = c.sc;
+    const char *why = plan_pair(ctx, job, na, nb, budget, &c.plan, &c.wa, &c.wb, &c.block);
+    c.h0 = wall_seconds();
+    const char *req = getenv("XKNN_CUDA_SYM_REQUIRE");
+    const int require = req && *req && *req != '0';
+
+    *done = 0;
+    *too_big = why == kPairNoFit;
+    if (why) {
+        if (prm->verbose) fprintf(stderr, "xknn: cuda: pair %lld x %lld: %s\n", (long long)na, (long long)nb, why);
+        if (require && !*too_big)
+            return failf(er, XKNN_ERROR_INVALID_ARGUMENT, "XKNN_CUDA_SYM_REQUIRE: pair %lld x %lld: %s", (long long)na,
+                         (long long)nb, why);
+        return XKNN_SUCCESS;
+    }
+    st = pair_alloc(c, &ok);
+    if (ok < 0) goto cleanup;
+    if (ok == 0) {
+        *too_big = 1;
+        if (prm->verbose) fprintf(stderr, "xknn: cuda: pair %lld x %lld: the allocation failed\n", (long long)na, (long long)nb);
+        goto cleanup;
+    }
+    *done = 1;
+    if (prm->verbose) print_plan(ctx, c.plan, "pair of sets, resident", budget, 0);
+    XKNN__TRY(pair_upload(c));
     {
-        const PairSide sides[2] = {{0, na, b->id0, dA, dB, a}, {b0, nb, a->id0, dB, dA, b}};
-        int64_t *const di[2] = {hb.dIds, hb.dIds + block * k};
-        float *const dd[2] = {hb.dDist, hb.dDist + block * k};
-        if (!mir_a || !mir_b) {
-            /* the sides whose lists are on the host: out and merged there */
-            const PairSide host_sides[2] = {mir_a ? sides[1] : sides[0], sides[1]};
-            int64_t *const ti[2] = {tids, tids + block * k};
-            float *const td[2] = {tdist, tdist + block * k};
-            XKNN__TRY(pair_out(ctx, run, host_sides, !mir_a && !mir_b ? 2 : 1, block, di, dd, ti, td,
-                               staged && !pinned_out, prm->num_threads, &piece, er));
-        }
-        for (int si = 0; si < 2; ++si) {
-            /* a mirrored side: block by block, re-ranked into di[0] and merged on the
-             * device (di[1]: the merge's scratch) */
-            if (!mi[si]) continue;
-            for (int64_t q0 = 0; q0 < sides[si].rows; q0 += block) {
-                const int64_t qs = min64(block, sides[si].rows - q0);
-                XKNN__TRY(pair_block_enqueue(run, sides[si], q0, qs, di[0], dd[0], er));
-                XKNN__CUDA_CHECK(launch_lists_merge(mi[si] + q0 * k, md[si] + q0 * k, di[0], dd[0], qs, k, ip, di[1],
-                                                    dd[1], ctx->sms, sc));
-            }
-        }
+        MmaParams ma, mb;
+        XKNN__TRY(pair_operands(c, &ma, &mb));
+        XKNN__TRY(pair_passes(c, ma, mb));
     }
-    h_a = wall_seconds();
-    XKNN__CUDA_CHECK(cudaMemcpyAsync(stats, run.stats, sizeof stats, cudaMemcpyDeviceToHost, sc));
-    XKNN__CUDA_CHECK(cudaStreamSynchronize(sc));
-    if (prm->verbose) {
+    XKNN__TRY(pair_deliver(c));
+    c.h_a = wall_seconds();
+    {
         float ms[3] = {0.0f, 0.0f, 0.0f};
-        for (int i = 0; i < 3; ++i) XKNN__CUDA_CHECK(cudaEventElapsedTime(&ms[i], ev[i], ev[i + 1]));
-        fprintf(stderr,
-                "xknn: cuda: pair %lld x %lld: %llu candidates appended, %llu rows re-run exactly; ms: allocation + "
-                "upload %.1f, witnesses %.1f, rectangle %.1f, re-runs %.1f, then re-rank + output + host merge "
-                "%.1f; in all %.1f\n",
-                (long long)na, (long long)nb, stats[kStatAppended], stats[kStatReruns], (h_up - h0) * 1e3, ms[0], ms[1],
-                ms[2], (h_a - h_dev) * 1e3, (wall_seconds() - h0) * 1e3);
+        XKNN__TRY(run_stats_fetch(c.run, c.ev, prm->verbose, sc, stats, ms, er));
+        if (prm->verbose)
+            fprintf(stderr,
+                    "xknn: cuda: pair %lld x %lld: %llu candidates appended, %llu rows re-run exactly; ms: allocation + "
+                    "upload %.1f, witnesses %.1f, rectangle %.1f, re-runs %.1f, then re-rank + output + host merge "
+                    "%.1f; in all %.1f\n",
+                    (long long)na, (long long)nb, stats[kStatAppended], stats[kStatReruns], (c.h_up - c.h0) * 1e3,
+                    ms[0], ms[1], ms[2], (c.h_a - c.h_dev) * 1e3, (wall_seconds() - c.h0) * 1e3);
     }
     if (stats[kStatUnresolved]) st = unresolved_error(stats, er);
 cleanup:
-    (void)cudaStreamSynchronize(sc);
-    if (ctx->copy_stream) (void)cudaStreamSynchronize(ctx->copy_stream);
-    for (int i = 0; i < 4; ++i)
-        if (ev[i]) cudaEventDestroy(ev[i]);
-    hb.release();
-    (void)cudaStreamSynchronize(sc);
-    free(kth);
-    if (!pinned_out) {
-        free(tdist);
-        free(tids);
+    host_call_end(ctx, sc, c.ev, NULL, c.hb);
+    free(c.kth);
+    if (!c.pinned_out) {
+        free(c.tdist);
+        free(c.tids);
     }
     return st;
 }

@@ -268,26 +268,43 @@ cleanup:
     return st;
 }
 
+/* The final selection's parameters for a block of queries whose candidate state is tau,
+ * cnt, cand, mcount (S slices of cap slots, kk kept a query) with statistics stats: ids
+ * and dist (ld k, dist NULL: none) with ids from id_offset; encoded and negate as
+ * FinalParams says; the shared-memory merge where the device has room for it. Every
+ * final selection on the device (block_finish, the canonical tiles, the int8 tiles)
+ * starts from this. */
+FinalParams final_params(const xknn_cuda_context *ctx, const float *tau, const int *cnt, Cand *cand, long long *mcount,
+                         unsigned long long *stats, int64_t S, int64_t cap, int64_t kk, int64_t *ids, float *dist,
+                         int64_t k, int64_t id_offset, int encoded, int negate)
+{
+    FinalParams fp;
+    memset(&fp, 0, sizeof fp);
+    fp.tau = tau;
+    fp.cnt = cnt;
+    fp.cand = cand;
+    fp.mcount = mcount;
+    fp.ids = ids;
+    fp.dist = dist;
+    fp.k = k;
+    fp.id_offset = id_offset;
+    fp.stats = stats;
+    fp.S = (int)S;
+    fp.cap = (int)cap;
+    fp.kk = (int)kk;
+    fp.encoded = encoded;
+    fp.negate = negate;
+    fp.smem_merge = ctx->smem_optin >= kFinalMergeSmem;
+    return fp;
+}
+
 xknn_status block_finish(const Run &r, int64_t qs, int64_t *ids, float *dist, int64_t id_offset, Err er)
 {
     const Plan &p = *r.p;
+    const int ip = p.kind == kCanonIp;
     xknn_status st = XKNN_SUCCESS;
-    FinalParams fp;
-    memset(&fp, 0, sizeof fp);
-    fp.tau = r.tau;
-    fp.cnt = r.cnt;
-    fp.cand = r.cand;
-    fp.mcount = r.mcount;
-    fp.ids = ids;
-    fp.dist = dist;
-    fp.k = p.k;
-    fp.id_offset = id_offset;
-    fp.stats = r.stats;
-    fp.S = p.S;
-    fp.cap = (int)p.cap;
-    fp.kk = (int)p.kk;
-    fp.encoded = fp.negate = p.kind == kCanonIp;
-    fp.smem_merge = r.ctx->smem_optin >= kFinalMergeSmem;
+    const FinalParams fp =
+        final_params(r.ctx, r.tau, r.cnt, r.cand, r.mcount, r.stats, p.S, p.cap, p.kk, ids, dist, p.k, id_offset, ip, ip);
     XKNN__CUDA_CHECK(launch_final(fp, (int)qs, r.st));
 cleanup:
     return st;

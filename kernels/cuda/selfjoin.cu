@@ -84,86 +84,77 @@ const char *plan_sym(const xknn_cuda_context *ctx, const xknn__job *job, size_t 
     return NULL;
 }
 
-/* *done = 0 (and XKNN_SUCCESS) when the symmetric path does not apply or its allocation
- * fails: the caller runs the plain search, or with *too_big = 1 (only the memory stood in
- * the way) the blocked triangle (host_sym_blocked). staged: a caller's context (pinned
- * staging). XKNN_CUDA_SYM_REQUIRE=1 (diagnostic, for the tests) makes a shape that does
- * not apply an error instead. */
-xknn_status host_sym(const xknn__job *job, xknn_cuda_context *ctx, int staged, size_t budget, int *done,
-                     int *too_big, Err er, int64_t *mir_ids, float *mir_dist)
-{
-    const xknn_params *prm = &job->params;
-    const int64_t n = job->n, d = job->d, k = job->k;
-    const size_t row_bytes = (size_t)d * sizeof(float);
-    xknn_status st = XKNN_SUCCESS;
+/* Defined in pair.cu: the run's statistics to the host, and with verbose the device
+ * times between the phase events; the end of a host call (streams done, events
+ * destroyed, buffers released). */
+xknn_status run_stats_fetch(const Run &run, const cudaEvent_t ev[4], int verbose, cudaStream_t sc,
+                            unsigned long long stats[kStatCount], float ms[3], Err er);
+void host_call_end(xknn_cuda_context *ctx, cudaStream_t sc, const cudaEvent_t ev[4], const cudaEvent_t *fin,
+                   HostBuffers &hb);
+
+/* One host_sym call: its arguments, plan, buffers and what its phases hand on. */
+struct SymCall {
+    SymCall(const xknn__job *job_, xknn_cuda_context *ctx_, int staged_, size_t budget_, Err er_, int64_t *mir_ids_,
+            float *mir_dist_)
+        : job(job_), ctx(ctx_), staged(staged_), budget(budget_), er(er_), mir_ids(mir_ids_), mir_dist(mir_dist_),
+          prm(&job_->params), n(job_->n), d(job_->d), k(job_->k), row_bytes((size_t)d * sizeof(float))
+    {
+    }
+    const xknn__job *job;
+    xknn_cuda_context *ctx;
+    int staged;
+    size_t budget;
+    Err er;
+    int64_t *mir_ids;
+    float *mir_dist;
+    const xknn_params *prm;
+    int64_t n, d, k;
+    size_t row_bytes;
     HostBuffers hb;
     Plan plan;
     Run run;
     MmaParams mp;
     int64_t block = 0;
     size_t need = 0; /* the device bytes of the plan, the rows and the outputs */
-    int piece = 0, ok, unsorted;
-    unsigned long long stats[kStatCount];
-    cudaStream_t sc = ctx->stream;
-    const char *why = plan_sym(ctx, job, budget, &plan, &block, &need);
+    int piece = 0;
+    int dev_out = 0, pipe = 0;
+    const float *dR = NULL;
+    int64_t ldx = 0, pool_cap = 0;
+    cudaStream_t sc = nullptr;
     cudaEvent_t ev[4] = {NULL, NULL, NULL, NULL}; /* -v: phase times */
     cudaEvent_t fin[2] = {NULL, NULL};            /* pipelined output: block b's results enqueued */
-    const double h0 = wall_seconds();
-    double h_alloc = 0.0, h_up = 0.0;
+    double h0 = 0.0, h_alloc = 0.0, h_up = 0.0;
+};
+
+/* The device buffers of the symmetric state (rows kept on the device are read there),
+ * then the sorted triangle's buffer where it applies and fits. ok: 1 allocated, 0 the
+ * state's allocation failed (the caller reports too big), -1 an error (returned). */
+static xknn_status sym_alloc(SymCall &c, int *ok)
+{
+    const xknn__job *job = c.job;
+    const xknn_params *prm = c.prm;
+    const int64_t n = c.n, d = c.d, k = c.k, block = c.block;
+    const Plan &plan = c.plan;
+    HostBuffers &hb = c.hb;
+    cudaStream_t sc = c.sc;
+    Err er = c.er;
+    xknn_status st = XKNN_SUCCESS;
     cudaError_t e;
-    /* block b's results (buffer b & 1) to the host on the copy stream, once fin[b & 1] */
-    auto sym_out = [&](int64_t b) -> xknn_status {
-        const int64_t q0 = b * block, qs = min64(block, n - q0), o = (b & 1) * block * k;
-        const cudaError_t w = cudaStreamWaitEvent(ctx->copy_stream, fin[b & 1], 0);
-        if (w != cudaSuccess)
-            return failf(er, XKNN_ERROR_DEVICE, "cuda backend: %s: %s (output stream)", cudaGetErrorName(w),
-                         cudaGetErrorString(w));
-        return results_out(ctx, 1, job->ids + q0 * k, hb.dIds + o, job->dist ? job->dist + q0 * k : NULL,
-                           hb.dDist ? hb.dDist + o : NULL, (size_t)(qs * k), prm->num_threads, ctx->copy_stream,
-                           &piece, er);
-    };
-
-    const char *req = getenv("XKNN_CUDA_SYM_REQUIRE");
-    const int require = req && *req && *req != '0';
-
-    *done = 0;
-    *too_big = why == kSymNoFit;
-    if (*too_big) {
-        if (prm->verbose) fprintf(stderr, "xknn: cuda: self-join of %lld points: %s\n", (long long)n, why);
-        return XKNN_SUCCESS;
-    }
-    if (why) {
-        if (require) return failf(er, XKNN_ERROR_INVALID_ARGUMENT, "XKNN_CUDA_SYM_REQUIRE: plain search: %s", why);
-        if (prm->verbose) fprintf(stderr, "xknn: cuda: self-join: plain search (%s)\n", why);
-        return XKNN_SUCCESS;
-    }
-    hb.pool = ctx->pool;
-    hb.s = sc;
-    /* two output buffers where the blocks' results go out on the copy stream while the
-     * next block is re-ranked (staged, more than one block) */
-    /* mir_ids / mir_dist: running lists on the device (a list mirror): each block's results
-     * merge into them there (the second half of the output buffers is the merge's
-     * scratch), nothing goes to the host */
-    const int dev_out = mir_ids != nullptr;
-    const int pipe = staged && n > block && !dev_out;
+    const int pipe = c.pipe, dev_out = c.dev_out;
+    *ok = -1;
     /* rows the caller keeps on the device (xknn_cuda_keep_rows) are read there */
-    const float *dR = staged ? (const float *)kept_rows(ctx, job->ref, n, row_bytes, (size_t)job->ldr * sizeof(float),
-                                                        sc, prm->num_threads, &piece, er, &st)
-                             : NULL;
+    c.dR = c.staged ? (const float *)kept_rows(c.ctx, job->ref, n, c.row_bytes, (size_t)job->ldr * sizeof(float), sc,
+                                               prm->num_threads, &c.piece, er, &st)
+                    : NULL;
     if (st != XKNN_SUCCESS) return st;
-    e = dR ? cudaSuccess : hb.alloc((void **)&hb.dR, (size_t)n * row_bytes);
+    e = c.dR ? cudaSuccess : hb.alloc((void **)&hb.dR, (size_t)n * c.row_bytes);
     if (e == cudaSuccess) e = hb.alloc(&hb.dWs, plan.bytes);
     if (e == cudaSuccess)
         e = hb.alloc((void **)&hb.dIds, (pipe || dev_out ? 2 : 1) * (size_t)block * k * sizeof(int64_t));
     if (e == cudaSuccess && (job->dist || dev_out))
         e = hb.alloc((void **)&hb.dDist, (pipe || dev_out ? 2 : 1) * (size_t)block * k * sizeof(float));
-    ok = alloc_outcome(hb, e, er, &st);
-    if (ok < 0) return st;
-    if (ok == 0) {
-        *too_big = 1;
-        if (prm->verbose) fprintf(stderr, "xknn: cuda: self-join: the symmetric state's allocation failed\n");
-        return XKNN_SUCCESS;
-    }
+    *ok = alloc_outcome(hb, e, er, &st);
+    if (*ok <= 0) return st;
     /* The triangle on rows sorted by threshold (mma.cu's sym_epilogue_sorted) where the
      * warp-specialized kernel runs it (it runs the band) and its copy of the operand rows
      * fits the budget beside the state; XKNN_CUDA_SYM_SORT=0 (a diagnostic: the same
@@ -180,34 +171,66 @@ xknn_status host_sym(const xknn__job *job, xknn_cuda_context *ctx, int staged, s
     {
         const char *e_sort = getenv("XKNN_CUDA_SYM_SORT");
         const size_t sbytes = mma_sym_sort_bytes(n, ldx, pool_cap);
-        if (plan.band && ldx % 4 == 0 && n < (1 << 30) && !(e_sort && *e_sort == '0') && need + sbytes <= budget &&
+        if (plan.band && ldx % 4 == 0 && n < (1 << 30) && !(e_sort && *e_sort == '0') && c.need + sbytes <= c.budget &&
             hb.alloc(&hb.dSort, sbytes) != cudaSuccess) {
             (void)cudaGetLastError();
             hb.dSort = nullptr;
         }
     }
-    *done = 1;
-    h_alloc = wall_seconds();
-    if (prm->verbose) {
-        print_plan(ctx, plan, "symmetric self-join, resident references", budget, 0);
-        fprintf(stderr, "xknn: cuda: self-join: symmetric (triangle of tiles, pass B feeds rows and columns%s)\n",
-                hb.dSort ? "; rows sorted by threshold" : "");
-    }
-    if (dR) {
+    c.ldx = ldx;
+    c.pool_cap = pool_cap;
+    return st;
+}
+
+/* The rows to the device (where they are not kept there); with -v, the upload timed on
+ * its own. */
+static xknn_status sym_upload(SymCall &c)
+{
+    const xknn__job *job = c.job;
+    const xknn_params *prm = c.prm;
+    const int64_t n = c.n, d = c.d;
+    const size_t row_bytes = c.row_bytes;
+    HostBuffers &hb = c.hb;
+    cudaStream_t sc = c.sc;
+    Err er = c.er;
+    xknn_status st = XKNN_SUCCESS;
+    if (c.dR) {
         /* (kept rows: on the device already) */
-    } else if (staged) {
-        XKNN__TRY(stage_rows(ctx, hb.dR, job->ref, n, d, job->ldr, prm->num_threads, &piece, er));
-        XKNN__CUDA_CHECK(cudaStreamWaitEvent(sc, ctx->stage_done[(piece - 1) & 1], 0));
+    } else if (c.staged) {
+        XKNN__TRY(stage_rows(c.ctx, hb.dR, job->ref, n, d, job->ldr, prm->num_threads, &c.piece, er));
+        XKNN__CUDA_CHECK(cudaStreamWaitEvent(sc, c.ctx->stage_done[(c.piece - 1) & 1], 0));
     } else {
         XKNN__CUDA_CHECK(cudaMemcpy2DAsync(hb.dR, row_bytes, job->ref, (size_t)job->ldr * sizeof(float), row_bytes,
                                            (size_t)n, cudaMemcpyHostToDevice, sc));
     }
-    if (!dR) dR = hb.dR;
+    if (!c.dR) c.dR = hb.dR;
     if (prm->verbose) { /* upload time on its own (verbose runs only) */
         XKNN__CUDA_CHECK(cudaStreamSynchronize(sc));
-        h_up = wall_seconds();
+        c.h_up = wall_seconds();
     }
-    run = run_bind(ctx, &plan, hb.dWs, sc);
+cleanup:
+    return st;
+}
+
+/* The state, the operand rows and norms, pass A (prefix or band) and the select, pass B
+ * over the triangle (sorted by threshold where it can), and the exact re-runs. */
+static xknn_status sym_passes(SymCall &c)
+{
+    const xknn_params *prm = c.prm;
+    const int64_t n = c.n, d = c.d, ldx = c.ldx;
+    const Plan &plan = c.plan;
+    const float *dR = c.dR;
+    xknn_cuda_context *ctx = c.ctx;
+    HostBuffers &hb = c.hb;
+    Run &run = c.run;
+    MmaParams &mp = c.mp;
+    cudaStream_t sc = c.sc;
+    cudaEvent_t *ev = c.ev;
+    Err er = c.er;
+    xknn_status st = XKNN_SUCCESS;
+    cudaError_t e;
+    int unsorted;
+    run = run_bind(ctx, &c.plan, hb.dWs, sc);
     XKNN__TRY(run_start(run, er));
     XKNN__CUDA_CHECK(launch_init_state(run.tau, run.cnt, (int)n, 1, sc));
     {
@@ -248,7 +271,7 @@ xknn_status host_sym(const xknn__job *job, xknn_cuda_context *ctx, int staged, s
     if (hb.dSort) {
         MmaParams ms;
         /* (cudaErrorNotSupported: rows it cannot gather; the caller's order then) */
-        e = launch_mma_sym_sort(mp, ldx, pool_cap, hb.dSort, ctx->sms, sc, &ms);
+        e = launch_mma_sym_sort(mp, ldx, c.pool_cap, hb.dSort, ctx->sms, sc, &ms);
         if (e == cudaErrorNotSupported) {
             (void)cudaGetLastError();
             unsorted = 1;
@@ -269,58 +292,149 @@ xknn_status host_sym(const xknn__job *job, xknn_cuda_context *ctx, int staged, s
     mp.Q = mp.R = dR;
     mp.ldq = mp.ldr = d;
     XKNN__CUDA_CHECK(launch_mma_rescue(mp, (int)plan.kk, plan.kind, ctx->sms, sc));
+cleanup:
+    return st;
+}
+
+/* Block b's results (buffer b & 1) to the host on the copy stream, once fin[b & 1]. */
+static xknn_status sym_out(SymCall &c, int64_t b)
+{
+    const xknn__job *job = c.job;
+    const int64_t block = c.block, k = c.k;
+    const int64_t q0 = b * block, qs = min64(block, c.n - q0), o = (b & 1) * block * k;
+    Err er = c.er;
+    const cudaError_t w = cudaStreamWaitEvent(c.ctx->copy_stream, c.fin[b & 1], 0);
+    if (w != cudaSuccess)
+        return failf(er, XKNN_ERROR_DEVICE, "cuda backend: %s: %s (output stream)", cudaGetErrorName(w),
+                     cudaGetErrorString(w));
+    return results_out(c.ctx, 1, job->ids + q0 * k, c.hb.dIds + o, job->dist ? job->dist + q0 * k : NULL,
+                       c.hb.dDist ? c.hb.dDist + o : NULL, (size_t)(qs * k), c.prm->num_threads, c.ctx->copy_stream,
+                       &c.piece, er);
+}
+
+/* The resolve and final selection block by block, each block's results merged into the
+ * device lists (a list mirror), or to the host: at once, or pipelined on the copy
+ * stream while the next block computes. */
+static xknn_status sym_deliver(SymCall &c)
+{
+    const xknn__job *job = c.job;
+    const xknn_params *prm = c.prm;
+    const int64_t n = c.n, d = c.d, k = c.k, block = c.block;
+    const int pipe = c.pipe;
+    const float *dR = c.dR;
+    xknn_cuda_context *ctx = c.ctx;
+    HostBuffers &hb = c.hb;
+    const Run &run = c.run;
+    cudaStream_t sc = c.sc;
+    Err er = c.er;
+    xknn_status st = XKNN_SUCCESS;
     if (pipe)
-        for (int i = 0; i < 2; ++i) XKNN__CUDA_CHECK(cudaEventCreateWithFlags(&fin[i], cudaEventDisableTiming));
+        for (int i = 0; i < 2; ++i) XKNN__CUDA_CHECK(cudaEventCreateWithFlags(&c.fin[i], cudaEventDisableTiming));
     for (int64_t q0 = 0, b = 0; q0 < n; q0 += block, ++b) {
         const int64_t qs = min64(block, n - q0);
         const int64_t o = pipe ? (b & 1) * block * k : 0;
         Run rb = run; /* the run's state from query q0 on */
         rb.tau = run.tau + q0;
         rb.cnt = run.cnt + q0;
-        rb.cand = run.cand + q0 * plan.cap;
+        rb.cand = run.cand + q0 * c.plan.cap;
         XKNN__CUDA_CHECK(launch_resolve(resolve_params(rb, dR + q0 * d, d, dR, d, 0), (int)qs, sc));
         XKNN__TRY(block_finish(rb, qs, hb.dIds + o, hb.dDist ? hb.dDist + o : NULL, prm->ref_id_offset, er));
-        if (dev_out) {
-            XKNN__CUDA_CHECK(launch_lists_merge(mir_ids + q0 * k, mir_dist + q0 * k, hb.dIds, hb.dDist, qs, k,
+        if (c.dev_out) {
+            XKNN__CUDA_CHECK(launch_lists_merge(c.mir_ids + q0 * k, c.mir_dist + q0 * k, hb.dIds, hb.dDist, qs, k,
                                                 prm->metric == XKNN_METRIC_IP, hb.dIds + block * k,
                                                 hb.dDist + block * k, ctx->sms, sc));
             continue;
         }
         if (!pipe) {
-            XKNN__TRY(results_out(ctx, staged, job->ids + q0 * k, hb.dIds, job->dist ? job->dist + q0 * k : NULL,
-                                  hb.dDist, (size_t)(qs * k), prm->num_threads, sc, &piece, er));
+            XKNN__TRY(results_out(ctx, c.staged, job->ids + q0 * k, hb.dIds, job->dist ? job->dist + q0 * k : NULL,
+                                  hb.dDist, (size_t)(qs * k), prm->num_threads, sc, &c.piece, er));
             continue;
         }
         /* block b's results are enqueued; block b - 1's go out on the copy stream while
          * they compute (its buffer is written again by block b + 1, enqueued only after
          * results_out has returned) */
-        XKNN__CUDA_CHECK(cudaEventRecord(fin[b & 1], sc));
-        if (b > 0) XKNN__TRY(sym_out(b - 1));
+        XKNN__CUDA_CHECK(cudaEventRecord(c.fin[b & 1], sc));
+        if (b > 0) XKNN__TRY(sym_out(c, b - 1));
     }
-    if (pipe) XKNN__TRY(sym_out((n - 1) / block));
-    if (ev[3]) XKNN__CUDA_CHECK(cudaEventRecord(ev[3], sc));
-    XKNN__CUDA_CHECK(cudaMemcpyAsync(stats, run.stats, sizeof stats, cudaMemcpyDeviceToHost, sc));
-    XKNN__CUDA_CHECK(cudaStreamSynchronize(sc));
+    if (pipe) XKNN__TRY(sym_out(c, (n - 1) / block));
+cleanup:
+    return st;
+}
+
+/* *done = 0 (and XKNN_SUCCESS) when the symmetric path does not apply or its allocation
+ * fails: the caller runs the plain search, or with *too_big = 1 (only the memory stood in
+ * the way) the blocked triangle (host_sym_blocked). staged: a caller's context (pinned
+ * staging). XKNN_CUDA_SYM_REQUIRE=1 (diagnostic, for the tests) makes a shape that does
+ * not apply an error instead. */
+xknn_status host_sym(const xknn__job *job, xknn_cuda_context *ctx, int staged, size_t budget, int *done,
+                     int *too_big, Err er, int64_t *mir_ids, float *mir_dist)
+{
+    SymCall c(job, ctx, staged, budget, er, mir_ids, mir_dist);
+    const xknn_params *prm = c.prm;
+    const int64_t n = c.n;
+    xknn_status st = XKNN_SUCCESS;
+    int ok;
+    unsigned long long stats[kStatCount];
+    c.sc = ctx->stream;
+    cudaStream_t sc = c.sc;
+    const char *why = plan_sym(ctx, job, budget, &c.plan, &c.block, &c.need);
+    c.h0 = wall_seconds();
+
+    const char *req = getenv("XKNN_CUDA_SYM_REQUIRE");
+    const int require = req && *req && *req != '0';
+
+    *done = 0;
+    *too_big = why == kSymNoFit;
+    if (*too_big) {
+        if (prm->verbose) fprintf(stderr, "xknn: cuda: self-join of %lld points: %s\n", (long long)n, why);
+        return XKNN_SUCCESS;
+    }
+    if (why) {
+        if (require) return failf(er, XKNN_ERROR_INVALID_ARGUMENT, "XKNN_CUDA_SYM_REQUIRE: plain search: %s", why);
+        if (prm->verbose) fprintf(stderr, "xknn: cuda: self-join: plain search (%s)\n", why);
+        return XKNN_SUCCESS;
+    }
+    c.hb.pool = ctx->pool;
+    c.hb.s = sc;
+    /* two output buffers where the blocks' results go out on the copy stream while the
+     * next block is re-ranked (staged, more than one block) */
+    /* mir_ids / mir_dist: running lists on the device (a list mirror): each block's results
+     * merge into them there (the second half of the output buffers is the merge's
+     * scratch), nothing goes to the host */
+    c.dev_out = mir_ids != nullptr;
+    c.pipe = staged && n > c.block && !c.dev_out;
+    st = sym_alloc(c, &ok);
+    if (ok < 0) return st;
+    if (ok == 0) {
+        *too_big = 1;
+        if (prm->verbose) fprintf(stderr, "xknn: cuda: self-join: the symmetric state's allocation failed\n");
+        return XKNN_SUCCESS;
+    }
+    *done = 1;
+    c.h_alloc = wall_seconds();
     if (prm->verbose) {
+        print_plan(ctx, c.plan, "symmetric self-join, resident references", budget, 0);
+        fprintf(stderr, "xknn: cuda: self-join: symmetric (triangle of tiles, pass B feeds rows and columns%s)\n",
+                c.hb.dSort ? "; rows sorted by threshold" : "");
+    }
+    XKNN__TRY(sym_upload(c));
+    XKNN__TRY(sym_passes(c));
+    XKNN__TRY(sym_deliver(c));
+    if (c.ev[3]) XKNN__CUDA_CHECK(cudaEventRecord(c.ev[3], sc));
+    {
         float ms[3] = {0.0f, 0.0f, 0.0f};
-        for (int i = 0; i < 3; ++i) XKNN__CUDA_CHECK(cudaEventElapsedTime(&ms[i], ev[i], ev[i + 1]));
-        fprintf(stderr,
-                "xknn: cuda: %llu candidates appended, %llu queries re-run exactly; ms: allocation %.1f, upload "
-                "%.1f, then on the device: witnesses %.1f, triangle %.1f, re-run + re-rank + output %.1f; in all "
-                "%.1f\n",
-                stats[kStatAppended], stats[kStatReruns], (h_alloc - h0) * 1e3, (h_up - h_alloc) * 1e3, ms[0], ms[1],
-                ms[2], (wall_seconds() - h0) * 1e3);
+        XKNN__TRY(run_stats_fetch(c.run, c.ev, prm->verbose, sc, stats, ms, er));
+        if (prm->verbose)
+            fprintf(stderr,
+                    "xknn: cuda: %llu candidates appended, %llu queries re-run exactly; ms: allocation %.1f, upload "
+                    "%.1f, then on the device: witnesses %.1f, triangle %.1f, re-run + re-rank + output %.1f; in all "
+                    "%.1f\n",
+                    stats[kStatAppended], stats[kStatReruns], (c.h_alloc - c.h0) * 1e3, (c.h_up - c.h_alloc) * 1e3,
+                    ms[0], ms[1], ms[2], (wall_seconds() - c.h0) * 1e3);
     }
     if (stats[kStatUnresolved]) st = unresolved_error(stats, er);
 cleanup:
-    (void)cudaStreamSynchronize(sc);
-    if (ctx->copy_stream) (void)cudaStreamSynchronize(ctx->copy_stream);
-    for (int i = 0; i < 4; ++i)
-        if (ev[i]) cudaEventDestroy(ev[i]);
-    for (int i = 0; i < 2; ++i)
-        if (fin[i]) cudaEventDestroy(fin[i]);
-    hb.release();
-    (void)cudaStreamSynchronize(sc);
+    host_call_end(ctx, sc, c.ev, c.fin, c.hb);
     return st;
 }
 

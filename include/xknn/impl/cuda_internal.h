@@ -3,9 +3,10 @@
  * xknn/impl/cuda_internal.h -- entry points of the CUDA backend that the distributed
  * layer (mpi/), the tests and the benchmarks use, and embedding callers do not: rows and
  * running lists kept on a context between calls, their copies to the host, page-locked
- * host memory, and the path a search would take. Not part of the public API; exported
+ * host memory, the path a search would take, and reference rows resident on a GPU for
+ * the distributed layer's searches. Not part of the public API; exported
  * (XKNN_API) so that the MPI library links against them. Built without CUDA, each
- * answers as kernels/cuda/stub.c says (NOT_BUILT, or nothing to do).
+ * answers as kernels/cuda/stub.c and resident_stub.c say (NOT_BUILT, or nothing to do).
  */
 #ifndef XKNN_IMPL_CUDA_INTERNAL_H
 #define XKNN_IMPL_CUDA_INTERNAL_H
@@ -110,6 +111,41 @@ XKNN_API xknn_status xknn_cuda_lists_kth(xknn_cuda_context *ctx, const int64_t *
  * back to the GEMM paths when its workspace does not fit. Returns XKNN_CUDA_PATH_AUTO
  * when the CUDA backend is not built. Not collective. */
 XKNN_API int xknn_cuda_path_for(const xknn_params *params, int64_t n, int64_t nq, int64_t d, int64_t k);
+
+/*
+ * Reference rows kept resident on a GPU for many searches (the distributed layer's rank
+ * slice, mpi/resident.c): the library owns their device memory, stream, staging and
+ * device scope. Opaque; every call makes the handle's device current and restores the
+ * caller's. Not collective; one thread at a time a handle.
+ *
+ * _open uploads ref (f32 rows, l2 or euclidean, backend cuda or auto with device >= 0;
+ * params->cuda_context, if set, is used and gives the device) and sizes buffers for
+ * blocks of up to qb queries and k results and a workspace: the caller's
+ * device_memory_budget less the slice and buffers, without a budget at most 8 GiB of
+ * what is free. NULL, with the reason in why, where the path does not apply or does
+ * not fit (the caller searches on host arrays instead).
+ * _reserve grows the buffers for blocks of qb queries and k results (they keep the
+ * largest seen; k is this search's): 0, or -1 with the reason in why.
+ * _update copies rows (f32, rows->ld or dense) over resident rows [row0, row0 + rows).
+ * _search searches rows host queries q (dense, d floats a row) against the resident
+ * rows with params (xknn_cuda_search's contract); ids and dist (NULL: none) receive
+ * rows x k in host memory. While the device works, poll (if not NULL) is called with
+ * poll_arg between short sleeps; the wait itself sleeps (a blocking-sync event).
+ * _close frees all (NULL: nothing).
+ * Built without CUDA: _open and _reserve say so in why, _search and _update return
+ * NOT_BUILT.
+ */
+typedef struct xknn__cuda_resident xknn__cuda_resident;
+XKNN_API xknn__cuda_resident *xknn__cuda_resident_open(const xknn_params *params, int device, const xknn_matrix *ref,
+                                                       int64_t qb, int64_t k, char *why, size_t why_size);
+XKNN_API int xknn__cuda_resident_reserve(xknn__cuda_resident *r, const xknn_params *params, int64_t qb, int64_t k,
+                                         char *why, size_t why_size);
+XKNN_API xknn_status xknn__cuda_resident_update(xknn__cuda_resident *r, int64_t row0, const xknn_matrix *rows,
+                                                xknn_error *err);
+XKNN_API xknn_status xknn__cuda_resident_search(xknn__cuda_resident *r, const xknn_params *params, const float *q,
+                                                int64_t rows, int64_t *ids, float *dist, void (*poll)(void *),
+                                                void *poll_arg, xknn_error *err);
+XKNN_API void xknn__cuda_resident_close(xknn__cuda_resident *r);
 
 #ifdef __cplusplus
 }
