@@ -93,7 +93,15 @@ static int usage(FILE *f)
 /* Returns 0, or 2 after printing a message on rank 0 (every rank parses the same argv). */
 static int parse_opts(int argc, char **argv, opts *o, int rank)
 {
-    int i;
+    /* the options that take a size, and the member each sets */
+    static const char *const size_names[] = {"--n",        "--n-per-rank", "--nq",          "--d",
+                                             "--clusters", "--sample",     "--query-block", "--chunk", NULL};
+    int64_t *const size_dst[] = {&o->n,        &o->n_per_rank, &o->nq,          &o->d,
+                                 &o->clusters, &o->sample,     &o->query_block, &o->chunk};
+    /* those that take a size into an int member */
+    static const char *const int_names[] = {"--repeats", "--warmup", "--threads", NULL};
+    int *const int_dst[] = {&o->repeats, &o->warmup, &o->threads};
+    int i, j;
     memset(o, 0, sizeof *o);
     o->nq = 10000;
     o->d = 128;
@@ -101,13 +109,7 @@ static int parse_opts(int argc, char **argv, opts *o, int rank)
     o->nk = 1;
     o->backend = xknn_backend_built(XKNN_BACKEND_CUDA) && xknn_cuda_device_count() > 0 ? XKNN_BACKEND_CUDA
                                                                                          : XKNN_BACKEND_CPU;
-    o->data = BENCH_DATA_UNIFORM;
-    o->clusters = 100;
-    o->sigma = 0.1;
-    o->seed = 1;
-    o->repeats = 5;
-    o->warmup = 1;
-    o->sample = 20;
+    BENCH_SHARED_DEFAULTS(o);
     o->chunk = 65536;
     o->transfer = XKNN_MPI_TRANSFER_AUTO;
 #define BAD(...)                                                                                                  \
@@ -131,14 +133,11 @@ static int parse_opts(int argc, char **argv, opts *o, int rank)
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             if (rank == 0) usage(stdout);
             return 1;
-        } else if (!strcmp(a, "--n")) {
-            SIZE(o->n);
-        } else if (!strcmp(a, "--n-per-rank")) {
-            SIZE(o->n_per_rank);
-        } else if (!strcmp(a, "--nq")) {
-            SIZE(o->nq);
-        } else if (!strcmp(a, "--d")) {
-            SIZE(o->d);
+        } else if ((j = bench_find_word(a, size_names)) >= 0) {
+            SIZE(*size_dst[j]);
+        } else if ((j = bench_find_word(a, int_names)) >= 0) {
+            SIZE(v);
+            *int_dst[j] = (int)v;
         } else if (!strcmp(a, "--k")) {
             const char *s = VALUE();
             if (!s || (o->nk = bench_parse_size_list(s, o->k, MAXL)) < 1) BAD("--k needs a list of sizes");
@@ -156,8 +155,6 @@ static int parse_opts(int argc, char **argv, opts *o, int rank)
         } else if (!strcmp(a, "--data")) {
             const char *s = VALUE();
             if (!s || (o->data = bench_data_from_name(s)) == BENCH_DATA_COUNT) BAD("--data: uniform or clusters");
-        } else if (!strcmp(a, "--clusters")) {
-            SIZE(o->clusters);
         } else if (!strcmp(a, "--sigma")) {
             const char *s = VALUE();
             char *end = NULL;
@@ -166,25 +163,10 @@ static int parse_opts(int argc, char **argv, opts *o, int rank)
         } else if (!strcmp(a, "--seed")) {
             SIZE(v);
             o->seed = (uint64_t)v;
-        } else if (!strcmp(a, "--repeats")) {
-            SIZE(v);
-            o->repeats = (int)v;
-        } else if (!strcmp(a, "--warmup")) {
-            SIZE(v);
-            o->warmup = (int)v;
-        } else if (!strcmp(a, "--sample")) {
-            SIZE(o->sample);
-        } else if (!strcmp(a, "--query-block")) {
-            SIZE(o->query_block);
-        } else if (!strcmp(a, "--chunk")) {
-            SIZE(o->chunk);
         } else if (!strcmp(a, "--transfer")) {
             const char *s = VALUE();
             if (!s || (o->transfer = xknn_mpi_transfer_from_name(s)) == XKNN_MPI_TRANSFER_COUNT)
                 BAD("--transfer: auto, host-staged or cuda-aware");
-        } else if (!strcmp(a, "--threads")) {
-            SIZE(v);
-            o->threads = (int)v;
         } else if (!strcmp(a, "--json")) {
             if (!(o->json = VALUE())) BAD("--json needs a file name");
         } else if (!strcmp(a, "--verbose")) {
@@ -213,15 +195,11 @@ static int parse_opts(int argc, char **argv, opts *o, int rank)
 static void write_json(const char *path, const opts *o, int size, int64_t n, const char *cpu, const char *date,
                        const char *devices, double gen_s, const row *rows, int nrows, int pass)
 {
-    FILE *f = fopen(path, "w");
+    FILE *f = bench_json_open(PROG, path);
     int i, j;
-    if (!f) {
-        fprintf(stderr, PROG ": cannot write %s\n", path);
-        return;
-    }
+    if (!f) return;
     bench_json_begin(f, "bench_scaling", XKNN_VERSION_STRING, date);
-    fprintf(f, ", \"cpu\": ");
-    bench_json_str(f, cpu);
+    bench_json_key_str(f, "cpu", cpu);
     fprintf(f, ", \"devices\": %s", devices);
     fprintf(f, ", \"threads_per_rank\": %d, \"ranks\": %d, \"scaling\": \"%s\"", bench_max_threads(), size,
             o->n_per_rank > 0 ? "weak" : "strong");
@@ -243,16 +221,11 @@ static void write_json(const char *path, const opts *o, int size, int64_t n, con
         fprintf(f, ", \"query_block\": %lld, \"blocks\": %lld, \"transfer\": ", (long long)r->query_block,
                 (long long)r->blocks);
         bench_json_str(f, r->transfer);
-        fprintf(f, ", \"broadcast_ms\": ");
-        bench_json_num(f, r->bcast_ms);
-        fprintf(f, ", \"search_ms\": ");
-        bench_json_num(f, r->search_ms);
-        fprintf(f, ", \"reduce_ms\": ");
-        bench_json_num(f, r->reduce_ms);
-        fprintf(f, ", \"total_ms\": ");
-        bench_json_num(f, r->total_ms);
-        fprintf(f, ", \"min_total_ms\": ");
-        bench_json_num(f, r->min_total_ms);
+        bench_json_key_num(f, "broadcast_ms", r->bcast_ms);
+        bench_json_key_num(f, "search_ms", r->search_ms);
+        bench_json_key_num(f, "reduce_ms", r->reduce_ms);
+        bench_json_key_num(f, "total_ms", r->total_ms);
+        bench_json_key_num(f, "min_total_ms", r->min_total_ms);
         fprintf(f, ", \"totals_ms\": [");
         for (j = 0; j < r->ntimes; j++) {
             if (j) fputs(", ", f);
@@ -265,27 +238,12 @@ static void write_json(const char *path, const opts *o, int size, int64_t n, con
         }
         fprintf(f, "], \"queries_per_s\": ");
         bench_json_num(f, r->qps);
-        fprintf(f, ", \"eff_TFLOPs\": ");
-        bench_json_num(f, r->tflops);
-        fprintf(f, ", \"imbalance\": ");
-        bench_json_num(f, r->imbalance);
-        fprintf(f, ", \"wrong\": %lld, \"nondet\": %lld, \"status\": ", (long long)r->wrong, (long long)r->nondet);
-        bench_json_str(f, r->status);
-        fprintf(f, ", \"error\": ");
-        bench_json_str(f, r->error);
-        fputc('}', f);
+        bench_json_key_num(f, "eff_TFLOPs", r->tflops);
+        bench_json_key_num(f, "imbalance", r->imbalance);
+        fprintf(f, ", \"wrong\": %lld, \"nondet\": %lld", (long long)r->wrong, (long long)r->nondet);
+        bench_json_row_end(f, r->status, r->error);
     }
-    fprintf(f, "\n ],\n \"pass\": %s\n}\n", pass ? "true" : "false");
-    if (fclose(f) != 0) fprintf(stderr, PROG ": error writing %s\n", path);
-}
-
-static int64_t list_max(const int64_t *v, int n)
-{
-    int64_t m = v[0];
-    int i;
-    for (i = 1; i < n; i++)
-        if (v[i] > m) m = v[i];
-    return m;
+    bench_json_close(f, PROG, path, pass);
 }
 
 static void fmt_ms(char *buf, size_t size, double v)
@@ -424,7 +382,7 @@ int main(int argc, char **argv)
             bench_oracle *orc;
             int64_t i0;
             S = o.sample < o.nq ? o.sample : o.nq;
-            kmax = list_max(o.k, o.nk);
+            kmax = bench_list_max(o.k, o.nk);
             if (kmax > n) kmax = n;
             sidx = (int64_t *)bench_xmalloc((size_t)S * sizeof(int64_t), "sample");
             sq = (float *)bench_xmalloc((size_t)(S * o.d) * sizeof(float), "sample");
