@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * bench_common.h -- shared parts of the benchmark programs (bench_knn, bench_scaling):
- * the deterministic data generator, the exact host oracle for sampled queries, option
- * parsing, timing and JSON helpers. Not part of the library.
+ * bench_common.h -- shared parts of the benchmark programs (bench_knn, bench_scaling,
+ * bench_metrics, bench_selfjoin): the deterministic data generator, the exact host oracle
+ * for sampled queries, option parsing, timing and JSON helpers. Not part of the library.
  *
  * GENERATOR
  *   Row i of a stream (references, queries, cluster centres) depends only on (seed,
