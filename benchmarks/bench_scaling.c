@@ -10,6 +10,12 @@
  *
  *   mpirun -np 2 bench_scaling --backend cuda --n 20M --nq 10k --d 128 --k 100
  *   mpirun -np 2 bench_scaling --backend cuda --n-per-rank 10M --nq 10k --d 128 --k 100
+ *   mpirun -np 2 bench_scaling --backend cuda --n 20M --resident
+ *
+ * One-shot (default): each timed call is xknn_mpi_search, which stages the slice (scan,
+ * copy to the device) inside the call. --resident: the slice goes into a resident index
+ * once (xknn_mpi_index_create, timed on its own), and each timed call is
+ * xknn_mpi_index_search, which moves only queries and candidates.
  *
  * Exit status (every rank): 0 PASS, 1 FAIL (wrong results or a failed search), 2 usage
  * or setup error.
@@ -48,7 +54,7 @@ typedef struct opts {
     int repeats, warmup;
     int64_t sample, query_block, chunk;
     xknn_mpi_transfer transfer;
-    int threads, verbose;
+    int threads, verbose, resident;
     const char *json;
 } opts;
 
@@ -85,6 +91,7 @@ static int usage(FILE *f)
             "  --threads N       CPU threads per rank for the CPU backend (default 0: OpenMP)\n"
             "  --chunk N         rows per chunk of the oracle's regeneration (default 65536)\n"
             "  --json FILE       rank 0 writes the metadata and rows as JSON\n"
+            "  --resident        create a resident index once and time its searches\n"
             "  --verbose         the library prints its plan on stderr\n"
             "sizes take k M G (powers of 1000) or Ki Mi Gi (powers of 1024)\n");
     return 2;
@@ -171,6 +178,8 @@ static int parse_opts(int argc, char **argv, opts *o, int rank)
             if (!(o->json = VALUE())) BAD("--json needs a file name");
         } else if (!strcmp(a, "--verbose")) {
             o->verbose = 1;
+        } else if (!strcmp(a, "--resident")) {
+            o->resident = 1;
         } else {
             if (rank == 0) usage(stderr);
             BAD("unknown option '%s'", a);
@@ -193,7 +202,7 @@ static int parse_opts(int argc, char **argv, opts *o, int rank)
 }
 
 static void write_json(const char *path, const opts *o, int size, int64_t n, const char *cpu, const char *date,
-                       const char *devices, double gen_s, const row *rows, int nrows, int pass)
+                       const char *devices, double gen_s, double create_ms, const row *rows, int nrows, int pass)
 {
     FILE *f = bench_json_open(PROG, path);
     int i, j;
@@ -213,6 +222,8 @@ static void write_json(const char *path, const opts *o, int size, int64_t n, con
     fprintf(f, ", \"repeats\": %d, \"warmup\": %d, \"sample\": %lld, \"generate_s_max\": ", o->repeats, o->warmup,
             (long long)o->sample);
     bench_json_num(f, gen_s);
+    fprintf(f, ", \"mode\": \"%s\"", o->resident ? "resident" : "one-shot");
+    bench_json_key_num(f, "create_ms", create_ms);
     fprintf(f, "},\n \"rows\": [");
     for (i = 0; i < nrows; i++) {
         const row *r = &rows[i];
@@ -246,6 +257,27 @@ static void write_json(const char *path, const opts *o, int size, int64_t n, con
     bench_json_close(f, PROG, path, pass);
 }
 
+/* The search parameters of every call (and of the resident index). */
+static xknn_params bench_params(const opts *o, void *cuda_ctx)
+{
+    xknn_params p = XKNN_PARAMS_INIT;
+    p.backend = (xknn_backend)o->backend;
+    p.cuda_path = o->path;
+    p.cuda_context = cuda_ctx;
+    p.num_threads = o->threads;
+    p.verbose = o->verbose;
+    return p;
+}
+
+/* One timed call: the resident index's search where there is one, else xknn_mpi_search. */
+static xknn_status bench_search(xknn_mpi_context *ctx, xknn_mpi_index *index, const xknn_params *p,
+                                const xknn_matrix *M, int64_t row0, const xknn_matrix *Q, int64_t k,
+                                const xknn_mpi_output *out, xknn_mpi_stats *stats, xknn_error *err)
+{
+    if (index) return xknn_mpi_index_search(index, Q, 0, k, out, stats, err);
+    return xknn_mpi_search(ctx, p, M, row0, Q, 0, k, out, stats, err);
+}
+
 static void fmt_ms(char *buf, size_t size, double v)
 {
     if (isfinite(v))
@@ -262,8 +294,9 @@ int main(int argc, char **argv)
     float *mine = NULL, *qry = NULL;
     int64_t *ex_ids = NULL, *sidx = NULL, *got_ids = NULL;
     float *ex_dist = NULL, *got_dist = NULL;
-    double gen_s, gen_max = 0.0;
+    double gen_s, gen_max = 0.0, create_ms = NAN;
     xknn_mpi_context *ctx = NULL;
+    xknn_mpi_index *index = NULL;
     xknn_mpi_config cfg = XKNN_MPI_CONFIG_INIT;
     xknn_error err;
     xknn_status st;
@@ -370,9 +403,9 @@ int main(int argc, char **argv)
                (unsigned long long)o.seed, o.backend == XKNN_BACKEND_CUDA ? "cuda" : "cpu",
                o.path == 1 ? "fp32" : o.path == 2 ? "tf32" : "auto", xknn_mpi_transfer_name(xknn_mpi_transfer_mode(ctx)));
         printf("# generated the slices and queries in %.2f s (max over ranks)\n", gen_max);
-        printf("# timing: warm-up %d, median of %d repeats of xknn_mpi_search (gather to rank 0) after a barrier; "
+        printf("# timing: warm-up %d, median of %d repeats of %s (gather to rank 0) after a barrier; "
                "phases from xknn_mpi_stats.max (max over ranks)\n",
-               o.warmup, o.repeats);
+               o.warmup, o.repeats, o.resident ? "xknn_mpi_index_search (resident)" : "xknn_mpi_search (one-shot)");
         fflush(stdout);
 
         /* exact answer of the sampled queries over the global data, regenerated */
@@ -416,6 +449,21 @@ int main(int argc, char **argv)
     }
     bench_gen_free(&gen);
     MPI_Barrier(MPI_COMM_WORLD);
+    if (o.resident) {
+        /* the slice into the index once: copied to where the searches run and checked */
+        const xknn_params p = bench_params(&o, cuda_ctx);
+        const xknn_matrix M = XKNN_MATRIX_F32(mine, rows_mine, o.d);
+        double t = MPI_Wtime();
+        st = xknn_mpi_index_create(ctx, &p, &M, row0, &index, &err);
+        t = 1e3 * (MPI_Wtime() - t);
+        MPI_Allreduce(&t, &create_ms, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+        if (st != XKNN_SUCCESS) { /* agreed by the library */
+            if (rank == 0) fprintf(stderr, PROG ": xknn_mpi_index_create: %s\n", err.message);
+            MPI_Finalize();
+            return 1;
+        }
+        if (rank == 0) printf("# resident index: created in %.1f ms (max over ranks)\n", create_ms);
+    }
 
     rows = (row *)calloc((size_t)o.nk, sizeof(row));
     if (!rows) bench_die(PROG, "out of memory");
@@ -433,7 +481,7 @@ int main(int argc, char **argv)
         xknn_matrix M = XKNN_MATRIX_F32(mine, rows_mine, o.d), Q = XKNN_MATRIX_F32(qry, o.nq, o.d);
         xknn_mpi_output out = XKNN_MPI_OUTPUT_INIT;
         xknn_mpi_stats stats;
-        xknn_params p = XKNN_PARAMS_INIT;
+        const xknn_params p = bench_params(&o, cuda_ctx);
         memset(r, 0, sizeof *r);
         r->k = k;
         r->totals_ms = (double *)bench_xmalloc((size_t)o.repeats * sizeof(double), "times");
@@ -458,17 +506,12 @@ int main(int argc, char **argv)
             memset(ids_a, 0xFF, cnt * sizeof(int64_t));
             memset(dist_a, 0xFF, cnt * sizeof(float));
         }
-        p.backend = (xknn_backend)o.backend;
-        p.cuda_path = o.path;
-        p.cuda_context = cuda_ctx;
-        p.num_threads = o.threads;
-        p.verbose = o.verbose;
         out.gather_root = 0;
         out.ids = ids_a;
         out.dist = dist_a;
         st = XKNN_SUCCESS;
         for (i = 0; st == XKNN_SUCCESS && i < o.warmup; i++)
-            st = xknn_mpi_search(ctx, &p, &M, row0, rank == 0 ? &Q : NULL, 0, k, &out, &stats, &err);
+            st = bench_search(ctx, index, &p, &M, row0, rank == 0 ? &Q : NULL, k, &out, &stats, &err);
         out.ids = ids_b;
         out.dist = dist_b;
         for (i = 0; st == XKNN_SUCCESS && i < o.repeats; i++) {
@@ -477,7 +520,7 @@ int main(int argc, char **argv)
                 memset(dist_b, 0xFF, cnt * sizeof(float));
             }
             MPI_Barrier(MPI_COMM_WORLD);
-            st = xknn_mpi_search(ctx, &p, &M, row0, rank == 0 ? &Q : NULL, 0, k, &out, &stats, &err);
+            st = bench_search(ctx, index, &p, &M, row0, rank == 0 ? &Q : NULL, k, &out, &stats, &err);
             if (st != XKNN_SUCCESS) break;
             bc[i] = 1e3 * stats.max.broadcast;
             se[i] = 1e3 * stats.max.search;
@@ -488,7 +531,8 @@ int main(int argc, char **argv)
         }
         if (st != XKNN_SUCCESS) { /* agreed by the library: the same on every rank */
             snprintf(r->status, sizeof r->status, "ERROR");
-            snprintf(r->error, sizeof r->error, "xknn_mpi_search: %.400s (%s)", err.message, xknn_status_string(st));
+            snprintf(r->error, sizeof r->error, "%s: %.400s (%s)", index ? "xknn_mpi_index_search" : "xknn_mpi_search",
+                     err.message, xknn_status_string(st));
             r->ntimes = 0;
         } else {
             r->blocks = stats.blocks;
@@ -578,7 +622,7 @@ int main(int argc, char **argv)
             printf("# no rows ran (every k was larger than n)\n");
             failed++;
         }
-        if (o.json) write_json(o.json, &o, size, n, cpu, date, devices_json, gen_max, rows, nrows, failed == 0);
+        if (o.json) write_json(o.json, &o, size, n, cpu, date, devices_json, gen_max, create_ms, rows, nrows, failed == 0);
         if (failed)
             printf("# FAIL: %d of %d rows wrong or failed\n", failed, nrows);
         else
@@ -592,6 +636,7 @@ int main(int argc, char **argv)
         free(rows[i].totals_ms);
     }
     free(rows);
+    if (index) xknn_mpi_index_destroy(index);
     free(mine);
     free(qry);
     free(sidx);
