@@ -10,12 +10,13 @@
  *
  *   mpirun -np 2 bench_scaling --backend cuda --n 20M --nq 10k --d 128 --k 100
  *   mpirun -np 2 bench_scaling --backend cuda --n-per-rank 10M --nq 10k --d 128 --k 100
- *   mpirun -np 2 bench_scaling --backend cuda --n 20M --resident
+ *   mpirun -np 2 bench_scaling --backend cuda --n 20M --mode both
  *
  * One-shot (default): each timed call is xknn_mpi_search, which stages the slice (scan,
- * copy to the device) inside the call. --resident: the slice goes into a resident index
- * once (xknn_mpi_index_create, timed on its own), and each timed call is
- * xknn_mpi_index_search, which moves only queries and candidates.
+ * copy to the device) inside the call. --mode resident: the slice goes into a resident
+ * index once (xknn_mpi_index_create, timed on its own), and each timed call is
+ * xknn_mpi_index_search, which moves only queries and candidates. --mode both: the
+ * one-shot rows, then the resident ones, on the same data and oracle.
  *
  * Exit status (every rank): 0 PASS, 1 FAIL (wrong results or a failed search), 2 usage
  * or setup error.
@@ -54,7 +55,7 @@ typedef struct opts {
     int repeats, warmup;
     int64_t sample, query_block, chunk;
     xknn_mpi_transfer transfer;
-    int threads, verbose, resident;
+    int threads, verbose, modes; /* modes: 1 one-shot, 2 resident, 3 both */
     const char *json;
 } opts;
 
@@ -63,7 +64,7 @@ typedef struct row {
     double bcast_ms, search_ms, reduce_ms, total_ms, min_total_ms, qps, tflops, imbalance;
     double *rank_search_ms; /* size entries, rank 0 only */
     double *totals_ms;      /* repeats */
-    int ntimes;
+    int ntimes, resident;
     int64_t wrong, nondet, blocks, query_block;
     char transfer[32];
     char status[16];
@@ -91,7 +92,8 @@ static int usage(FILE *f)
             "  --threads N       CPU threads per rank for the CPU backend (default 0: OpenMP)\n"
             "  --chunk N         rows per chunk of the oracle's regeneration (default 65536)\n"
             "  --json FILE       rank 0 writes the metadata and rows as JSON\n"
-            "  --resident        create a resident index once and time its searches\n"
+            "  --mode M          one-shot (default: xknn_mpi_search), resident (an index\n"
+            "                    created once, its searches timed), or both\n"
             "  --verbose         the library prints its plan on stderr\n"
             "sizes take k M G (powers of 1000) or Ki Mi Gi (powers of 1024)\n");
     return 2;
@@ -119,6 +121,7 @@ static int parse_opts(int argc, char **argv, opts *o, int rank)
     BENCH_SHARED_DEFAULTS(o);
     o->chunk = 65536;
     o->transfer = XKNN_MPI_TRANSFER_AUTO;
+    o->modes = 1;
 #define BAD(...)                                                                                                  \
     do {                                                                                                          \
         if (rank == 0) {                                                                                          \
@@ -178,8 +181,12 @@ static int parse_opts(int argc, char **argv, opts *o, int rank)
             if (!(o->json = VALUE())) BAD("--json needs a file name");
         } else if (!strcmp(a, "--verbose")) {
             o->verbose = 1;
-        } else if (!strcmp(a, "--resident")) {
-            o->resident = 1;
+        } else if (!strcmp(a, "--mode")) {
+            const char *m = VALUE();
+            if (m && !strcmp(m, "one-shot")) o->modes = 1;
+            else if (m && !strcmp(m, "resident")) o->modes = 2;
+            else if (m && !strcmp(m, "both")) o->modes = 3;
+            else BAD("--mode: one-shot, resident or both");
         } else {
             if (rank == 0) usage(stderr);
             BAD("unknown option '%s'", a);
@@ -222,13 +229,14 @@ static void write_json(const char *path, const opts *o, int size, int64_t n, con
     fprintf(f, ", \"repeats\": %d, \"warmup\": %d, \"sample\": %lld, \"generate_s_max\": ", o->repeats, o->warmup,
             (long long)o->sample);
     bench_json_num(f, gen_s);
-    fprintf(f, ", \"mode\": \"%s\"", o->resident ? "resident" : "one-shot");
+    fprintf(f, ", \"mode\": \"%s\"", o->modes == 3 ? "both" : o->modes == 2 ? "resident" : "one-shot");
     bench_json_key_num(f, "create_ms", create_ms);
     fprintf(f, "},\n \"rows\": [");
     for (i = 0; i < nrows; i++) {
         const row *r = &rows[i];
-        fprintf(f, "%s\n  {\"ranks\": %d, \"n\": %lld, \"nq\": %lld, \"d\": %lld, \"k\": %lld", i ? "," : "", size,
-                (long long)n, (long long)o->nq, (long long)o->d, (long long)r->k);
+        fprintf(f, "%s\n  {\"ranks\": %d, \"n\": %lld, \"nq\": %lld, \"d\": %lld, \"k\": %lld, \"mode\": \"%s\"",
+                i ? "," : "", size, (long long)n, (long long)o->nq, (long long)o->d, (long long)r->k,
+                r->resident ? "resident" : "one-shot");
         fprintf(f, ", \"query_block\": %lld, \"blocks\": %lld, \"transfer\": ", (long long)r->query_block,
                 (long long)r->blocks);
         bench_json_str(f, r->transfer);
@@ -276,6 +284,27 @@ static xknn_status bench_search(xknn_mpi_context *ctx, xknn_mpi_index *index, co
 {
     if (index) return xknn_mpi_index_search(index, Q, 0, k, out, stats, err);
     return xknn_mpi_search(ctx, p, M, row0, Q, 0, k, out, stats, err);
+}
+
+/* The resident index over this rank's slice (collective), its creation time (the max over
+ * ranks) into *create_ms. Returns NULL after a message on rank 0 where it fails. */
+static xknn_mpi_index *bench_index(xknn_mpi_context *ctx, const opts *o, void *cuda_ctx, float *mine, int64_t rows,
+                                   int64_t row0, int rank, double *create_ms)
+{
+    const xknn_params p = bench_params(o, cuda_ctx);
+    const xknn_matrix M = XKNN_MATRIX_F32(mine, rows, o->d);
+    xknn_mpi_index *index = NULL;
+    xknn_error err;
+    double t = MPI_Wtime();
+    const xknn_status st = xknn_mpi_index_create(ctx, &p, &M, row0, &index, &err);
+    t = 1e3 * (MPI_Wtime() - t);
+    MPI_Allreduce(&t, create_ms, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    if (st != XKNN_SUCCESS) { /* agreed by the library */
+        if (rank == 0) fprintf(stderr, PROG ": xknn_mpi_index_create: %s\n", err.message);
+        return NULL;
+    }
+    if (rank == 0) printf("# resident index: created in %.1f ms (max over ranks)\n", *create_ms);
+    return index;
 }
 
 static void fmt_ms(char *buf, size_t size, double v)
@@ -405,7 +434,8 @@ int main(int argc, char **argv)
         printf("# generated the slices and queries in %.2f s (max over ranks)\n", gen_max);
         printf("# timing: warm-up %d, median of %d repeats of %s (gather to rank 0) after a barrier; "
                "phases from xknn_mpi_stats.max (max over ranks)\n",
-               o.warmup, o.repeats, o.resident ? "xknn_mpi_index_search (resident)" : "xknn_mpi_search (one-shot)");
+               o.warmup, o.repeats, o.modes == 3 ? "xknn_mpi_search (one-shot), then xknn_mpi_index_search (resident)"
+                               : o.modes == 2 ? "xknn_mpi_index_search (resident)" : "xknn_mpi_search (one-shot)");
         fflush(stdout);
 
         /* exact answer of the sampled queries over the global data, regenerated */
@@ -449,27 +479,24 @@ int main(int argc, char **argv)
     }
     bench_gen_free(&gen);
     MPI_Barrier(MPI_COMM_WORLD);
-    if (o.resident) {
-        /* the slice into the index once: copied to where the searches run and checked */
-        const xknn_params p = bench_params(&o, cuda_ctx);
-        const xknn_matrix M = XKNN_MATRIX_F32(mine, rows_mine, o.d);
-        double t = MPI_Wtime();
-        st = xknn_mpi_index_create(ctx, &p, &M, row0, &index, &err);
-        t = 1e3 * (MPI_Wtime() - t);
-        MPI_Allreduce(&t, &create_ms, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-        if (st != XKNN_SUCCESS) { /* agreed by the library */
-            if (rank == 0) fprintf(stderr, PROG ": xknn_mpi_index_create: %s\n", err.message);
-            MPI_Finalize();
-            return 1;
-        }
-        if (rank == 0) printf("# resident index: created in %.1f ms (max over ranks)\n", create_ms);
-    }
 
-    rows = (row *)calloc((size_t)o.nk, sizeof(row));
+    rows = (row *)calloc((size_t)(2 * o.nk), sizeof(row));
     if (!rows) bench_die(PROG, "out of memory");
-    for (ki = 0; ki < o.nk; ki++) {
-        const int64_t k = o.k[ki];
-        row *r = &rows[nrows++];
+    for (ki = 0; ki < 2 * o.nk; ki++) {
+        const int resident = ki >= o.nk; /* the one-shot rows, then the resident ones */
+        const int64_t k = o.k[ki % o.nk];
+        row *r;
+        if (!(o.modes & (resident ? 2 : 1))) continue;
+        if (rank == 0 && o.modes == 3 && ki % o.nk == 0) printf("# %s\n", resident ? "resident" : "one-shot");
+        if (resident && !index) {
+            /* (made after the one-shot rows: a GPU need not hold two copies of the slice) */
+            index = bench_index(ctx, &o, cuda_ctx, mine, rows_mine, row0, rank, &create_ms);
+            if (!index) {
+                MPI_Finalize();
+                return 1;
+            }
+        }
+        r = &rows[nrows++];
         const size_t cnt = rank == 0 ? (size_t)(o.nq * k) : 0;
         int64_t *ids_a = NULL, *ids_b = NULL;
         float *dist_a = NULL, *dist_b = NULL;
@@ -484,6 +511,7 @@ int main(int argc, char **argv)
         const xknn_params p = bench_params(&o, cuda_ctx);
         memset(r, 0, sizeof *r);
         r->k = k;
+        r->resident = resident;
         r->totals_ms = (double *)bench_xmalloc((size_t)o.repeats * sizeof(double), "times");
         r->bcast_ms = r->search_ms = r->reduce_ms = r->total_ms = r->min_total_ms = NAN;
         r->qps = r->tflops = r->imbalance = NAN;
@@ -511,7 +539,8 @@ int main(int argc, char **argv)
         out.dist = dist_a;
         st = XKNN_SUCCESS;
         for (i = 0; st == XKNN_SUCCESS && i < o.warmup; i++)
-            st = bench_search(ctx, index, &p, &M, row0, rank == 0 ? &Q : NULL, k, &out, &stats, &err);
+            st = bench_search(ctx, resident ? index : NULL, &p, &M, row0, rank == 0 ? &Q : NULL, k, &out, &stats,
+                              &err);
         out.ids = ids_b;
         out.dist = dist_b;
         for (i = 0; st == XKNN_SUCCESS && i < o.repeats; i++) {
@@ -520,7 +549,8 @@ int main(int argc, char **argv)
                 memset(dist_b, 0xFF, cnt * sizeof(float));
             }
             MPI_Barrier(MPI_COMM_WORLD);
-            st = bench_search(ctx, index, &p, &M, row0, rank == 0 ? &Q : NULL, k, &out, &stats, &err);
+            st = bench_search(ctx, resident ? index : NULL, &p, &M, row0, rank == 0 ? &Q : NULL, k, &out, &stats,
+                              &err);
             if (st != XKNN_SUCCESS) break;
             bc[i] = 1e3 * stats.max.broadcast;
             se[i] = 1e3 * stats.max.search;
@@ -531,7 +561,7 @@ int main(int argc, char **argv)
         }
         if (st != XKNN_SUCCESS) { /* agreed by the library: the same on every rank */
             snprintf(r->status, sizeof r->status, "ERROR");
-            snprintf(r->error, sizeof r->error, "%s: %.400s (%s)", index ? "xknn_mpi_index_search" : "xknn_mpi_search",
+            snprintf(r->error, sizeof r->error, "%s: %.400s (%s)", resident ? "xknn_mpi_index_search" : "xknn_mpi_search",
                      err.message, xknn_status_string(st));
             r->ntimes = 0;
         } else {
