@@ -108,20 +108,18 @@ void bench_gen_rows(const bench_gen *g, int stream, int64_t row0, int64_t rows, 
     for (i = 0; i < rows; i++) gen_row(g, stream, row0 + i, out + i * d);
 }
 
+/* the names of bench_data_kind, in its order */
+static const char *const data_names[BENCH_DATA_COUNT + 1] = {"uniform", "clusters", NULL};
+
 const char *bench_data_name(bench_data_kind kind)
 {
-    switch (kind) {
-    case BENCH_DATA_UNIFORM: return "uniform";
-    case BENCH_DATA_CLUSTERS: return "clusters";
-    default: return "unknown";
-    }
+    return kind >= 0 && kind < BENCH_DATA_COUNT ? data_names[kind] : "unknown";
 }
 
 bench_data_kind bench_data_from_name(const char *name)
 {
-    if (!strcmp(name, "uniform")) return BENCH_DATA_UNIFORM;
-    if (!strcmp(name, "clusters")) return BENCH_DATA_CLUSTERS;
-    return BENCH_DATA_COUNT;
+    const int i = bench_find_word(name, data_names);
+    return i < 0 ? BENCH_DATA_COUNT : (bench_data_kind)i;
 }
 
 /* ---- oracle -------------------------------------------------------------------------- */
@@ -190,30 +188,21 @@ struct bench_oracle {
 
 static int pair_less(float da, int64_t ia, float db, int64_t ib) { return da < db || (da == db && ia < ib); }
 
+/* Offers (d, id) to a max-heap of at most k pairs: while it has room, a new leaf sifted
+ * up; when full, it replaces the largest (sifted down) if it orders before it. */
 static void heap_push(bench_pair *h, int64_t *size, int64_t k, float d, int64_t id)
 {
     int64_t i, c;
     if (*size < k) {
-        i = (*size)++;
-        while (i > 0) {
-            const int64_t p = (i - 1) / 2;
-            if (!pair_less(h[p].d, h[p].id, d, id)) break;
-            h[i] = h[p];
-            i = p;
+        for (i = (*size)++; i > 0 && pair_less(h[(i - 1) / 2].d, h[(i - 1) / 2].id, d, id); i = (i - 1) / 2)
+            h[i] = h[(i - 1) / 2];
+    } else {
+        if (!pair_less(d, id, h[0].d, h[0].id)) return;
+        for (i = 0; (c = 2 * i + 1) < k; i = c) {
+            if (c + 1 < k && pair_less(h[c].d, h[c].id, h[c + 1].d, h[c + 1].id)) c++;
+            if (!pair_less(d, id, h[c].d, h[c].id)) break;
+            h[i] = h[c];
         }
-        h[i].d = d;
-        h[i].id = id;
-        return;
-    }
-    if (!pair_less(d, id, h[0].d, h[0].id)) return;
-    i = 0; /* replace the largest, sift down */
-    for (;;) {
-        c = 2 * i + 1;
-        if (c >= k) break;
-        if (c + 1 < k && pair_less(h[c].d, h[c].id, h[c + 1].d, h[c + 1].id)) c++;
-        if (!pair_less(d, id, h[c].d, h[c].id)) break;
-        h[i] = h[c];
-        i = c;
     }
     h[i].d = d;
     h[i].id = id;
@@ -406,7 +395,24 @@ int bench_split_words(const char *s, char (*out)[32], int max)
     return n > 0 ? n : -1;
 }
 
+int bench_find_word(const char *w, const char *const *names)
+{
+    int i;
+    for (i = 0; names[i]; i++)
+        if (!strcmp(w, names[i])) return i;
+    return -1;
+}
+
 /* ---- misc ---------------------------------------------------------------------------- */
+int64_t bench_list_max(const int64_t *v, int n)
+{
+    int64_t m = v[0];
+    int i;
+    for (i = 1; i < n; i++)
+        if (v[i] > m) m = v[i];
+    return m;
+}
+
 double bench_now(void)
 {
     struct timespec ts;
@@ -591,14 +597,44 @@ void bench_die(const char *prog, const char *fmt, ...)
     exit(2);
 }
 
+void bench_json_key_str(FILE *f, const char *key, const char *s)
+{
+    fprintf(f, ", \"%s\": ", key);
+    bench_json_str(f, s);
+}
+
+void bench_json_key_num(FILE *f, const char *key, double v)
+{
+    fprintf(f, ", \"%s\": ", key);
+    bench_json_num(f, v);
+}
+
+FILE *bench_json_open(const char *prog, const char *path)
+{
+    FILE *f = fopen(path, "w");
+    if (!f) fprintf(stderr, "%s: cannot write %s\n", prog, path);
+    return f;
+}
+
+void bench_json_row_end(FILE *f, const char *status, const char *error)
+{
+    bench_json_key_str(f, "status", status);
+    bench_json_key_str(f, "error", error);
+    fputc('}', f);
+}
+
+void bench_json_close(FILE *f, const char *prog, const char *path, int pass)
+{
+    fprintf(f, "\n ],\n \"pass\": %s\n}\n", pass ? "true" : "false");
+    if (fclose(f) != 0) fprintf(stderr, "%s: error writing %s\n", prog, path);
+}
+
 void bench_json_begin(FILE *f, const char *program, const char *version, const char *date)
 {
     fprintf(f, "{\n \"program\": ");
     bench_json_str(f, program);
     fprintf(f, ",\n \"meta\": {\"xknn_version\": ");
     bench_json_str(f, version);
-    fprintf(f, ", \"commit\": ");
-    bench_json_str(f, bench_commit());
-    fprintf(f, ", \"date\": ");
-    bench_json_str(f, date);
+    bench_json_key_str(f, "commit", bench_commit());
+    bench_json_key_str(f, "date", date);
 }

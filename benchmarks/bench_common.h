@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * bench_common.h -- shared parts of the benchmark programs (bench_knn, bench_scaling):
- * the deterministic data generator, the exact host oracle for sampled queries, option
- * parsing, timing and JSON helpers. Not part of the library.
+ * bench_common.h -- shared parts of the benchmark programs (bench_knn, bench_scaling,
+ * bench_metrics, bench_selfjoin): the deterministic data generator, the exact host oracle
+ * for sampled queries, option parsing, timing and JSON helpers. Not part of the library.
  *
  * GENERATOR
  *   Row i of a stream (references, queries, cluster centres) depends only on (seed,
@@ -95,8 +95,25 @@ int bench_parse_size(const char *s, int64_t *out);
 int bench_parse_size_list(const char *s, int64_t *out, int max);
 /* Comma-separated words (each < 32 chars); returns the count (<= max) or -1. */
 int bench_split_words(const char *s, char (*out)[32], int max);
+/* Index of w in the NULL-terminated list names, or -1. */
+int bench_find_word(const char *w, const char *const *names);
+
+/* The defaults of the options bench_knn and bench_scaling share, set in their option
+ * structs (members of these names): --data uniform, --clusters 100, --sigma 0.1,
+ * --seed 1, --repeats 5, --warmup 1, --sample 20. */
+#define BENCH_SHARED_DEFAULTS(o)        \
+    do {                                \
+        (o)->data = BENCH_DATA_UNIFORM; \
+        (o)->clusters = 100;            \
+        (o)->sigma = 0.1;               \
+        (o)->seed = 1;                  \
+        (o)->repeats = 5;               \
+        (o)->warmup = 1;                \
+        (o)->sample = 20;               \
+    } while (0)
 
 /* ---- misc ---------------------------------------------------------------------------- */
+int64_t bench_list_max(const int64_t *v, int n); /* largest of v[0..n), n >= 1 */
 double bench_now(void); /* monotonic seconds */
 double bench_median(const double *x, int n);
 double bench_min(const double *x, int n);
@@ -109,9 +126,20 @@ int bench_openmp(void);                        /* 1 if built with OpenMP */
 /* JSON helpers: a quoted, escaped string; a number or null for NaN/Inf. */
 void bench_json_str(FILE *f, const char *s);
 void bench_json_num(FILE *f, double v);
+/* The same after ", \"key\": " (key written as given: no escaping). */
+void bench_json_key_str(FILE *f, const char *key, const char *s);
+void bench_json_key_num(FILE *f, const char *key, double v);
 /* Opens a result document: {"program": P, "meta": {"xknn_version", "commit", "date"
  * -- the caller continues the meta object with ", \"key\": value" pairs. */
 void bench_json_begin(FILE *f, const char *program, const char *version, const char *date);
+/* The rows of a result document: bench_json_open opens path for writing (NULL after
+ * "prog: cannot write path" on stderr); bench_json_row_end ends a row's object with its
+ * ", \"status\"" and ", \"error\"" strings; bench_json_close ends the rows list with
+ * "pass" and the document, and closes the file ("prog: error writing path" on stderr
+ * when that fails). */
+FILE *bench_json_open(const char *prog, const char *path);
+void bench_json_row_end(FILE *f, const char *status, const char *error);
+void bench_json_close(FILE *f, const char *prog, const char *path, int pass);
 /* Writes an .fbin file (uint32 n, uint32 d, float32 rows) through a temporary name in
  * the same directory, renamed when complete. Returns 0, or -1 with a message on stderr. */
 int bench_write_fbin(const char *path, const float *x, int64_t n, int64_t d);

@@ -120,15 +120,6 @@ static void usage(FILE *f)
             "  --verbose          the backend prints its plan on stderr\n");
 }
 
-static int64_t list_max(const int64_t *v, int n)
-{
-    int64_t m = v[0];
-    int i;
-    for (i = 1; i < n; i++)
-        if (v[i] > m) m = v[i];
-    return m;
-}
-
 /* Parses a comma/space list of names (NULL-terminated table `names`, values `vals`)
  * into out[0..max); returns the count. Dies with the option and the accepted names. */
 static int parse_names(const char *opt, const char *v, const char *const *names, const int *vals, int *out, int max)
@@ -188,13 +179,7 @@ static void parse_opts(int argc, char **argv, opts *o)
     o->mode[0] = MODE_DEVICE;
     o->nmode = 1;
     o->cpu_path = XKNN_CPU_PATH_AUTO;
-    o->data = BENCH_DATA_UNIFORM;
-    o->clusters = 100;
-    o->sigma = 0.1;
-    o->seed = 1;
-    o->repeats = 5;
-    o->warmup = 1;
-    o->sample = 20;
+    BENCH_SHARED_DEFAULTS(o);
     o->rotate = 16;
     for (i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -371,6 +356,27 @@ static void poison(int64_t *ids, float *dist, size_t count)
     memset(dist, 0xFF, count * sizeof(float));
 }
 
+/* The two host copies of a row's result: a, the warm-up's; b, the last repeat's. */
+typedef struct results {
+    int64_t *ids_a, *ids_b;
+    float *dist_a, *dist_b;
+} results;
+
+/* One block of ids and one of distances, each holding both copies. */
+static void results_alloc(results *res, size_t count)
+{
+    res->ids_a = (int64_t *)bench_xmalloc(2 * count * sizeof(int64_t), "ids");
+    res->ids_b = res->ids_a + count;
+    res->dist_a = (float *)bench_xmalloc(2 * count * sizeof(float), "dist");
+    res->dist_b = res->dist_a + count;
+}
+
+static void results_free(results *res)
+{
+    free(res->ids_a);
+    free(res->dist_a);
+}
+
 /* Fills the derived columns and the status of a finished row. */
 static void finish_row(row *r)
 {
@@ -390,43 +396,46 @@ static void finish_row(row *r)
         snprintf(r->status, sizeof r->status, "ok");
 }
 
+/* Checks both copies of a completed row: wrong, the worse of the two against the sampled
+ * exact answers; nondet, the rows that differ between them; then finish_row. */
+static void check_row(row *r, const check *c, const results *res)
+{
+    int64_t w;
+    r->wrong = count_wrong_full(c, r->k, res->ids_a, res->dist_a);
+    w = count_wrong_full(c, r->k, res->ids_b, res->dist_b);
+    if (w > r->wrong) r->wrong = w;
+    r->nondet = bench_count_differ(r->nq, r->k, res->ids_a, res->dist_a, res->ids_b, res->dist_b);
+    finish_row(r);
+}
+
 /* ---- CPU backend and CUDA --host rows: host arrays, host clock ---------------------------- */
 static void run_host_row(row *r, const opts *o, const check *c, const float *ref, const float *qry,
                          const xknn_params *p)
 {
     const size_t cnt = (size_t)(r->nq * r->k);
-    int64_t *ids_a = (int64_t *)bench_xmalloc(cnt * sizeof(int64_t), "ids");
-    int64_t *ids_b = (int64_t *)bench_xmalloc(cnt * sizeof(int64_t), "ids");
-    float *dist_a = (float *)bench_xmalloc(cnt * sizeof(float), "dist");
-    float *dist_b = (float *)bench_xmalloc(cnt * sizeof(float), "dist");
+    results res;
     xknn_matrix R = XKNN_MATRIX_F32(ref, r->n, r->d), Q = XKNN_MATRIX_F32(qry, r->nq, r->d);
     xknn_error err;
     int i;
-    poison(ids_a, dist_a, cnt);
+    results_alloc(&res, cnt);
+    poison(res.ids_a, res.dist_a, cnt);
     for (i = 0; i < o->warmup; i++) {
-        if (xknn_search(p, &R, &Q, r->k, ids_a, dist_a, &err) != XKNN_SUCCESS) goto fail;
+        if (xknn_search(p, &R, &Q, r->k, res.ids_a, res.dist_a, &err) != XKNN_SUCCESS) goto fail;
     }
     for (i = 0; i < o->repeats; i++) {
         double t0;
-        if (i == o->repeats - 1) poison(ids_b, dist_b, cnt);
+        if (i == o->repeats - 1) poison(res.ids_b, res.dist_b, cnt);
         t0 = bench_now();
-        if (xknn_search(p, &R, &Q, r->k, ids_b, dist_b, &err) != XKNN_SUCCESS) goto fail;
+        if (xknn_search(p, &R, &Q, r->k, res.ids_b, res.dist_b, &err) != XKNN_SUCCESS) goto fail;
         r->times[r->ntimes++] = 1e3 * (bench_now() - t0);
     }
-    r->wrong = count_wrong_full(c, r->k, ids_a, dist_a);
-    i = (int)count_wrong_full(c, r->k, ids_b, dist_b);
-    if (i > r->wrong) r->wrong = i;
-    r->nondet = bench_count_differ(r->nq, r->k, ids_a, dist_a, ids_b, dist_b);
-    finish_row(r);
+    check_row(r, c, &res);
     goto done;
 fail:
     snprintf(r->status, sizeof r->status, "ERROR");
     snprintf(r->error, sizeof r->error, "xknn_search: %.400s (%s)", err.message, xknn_status_string(err.status));
 done:
-    free(ids_a);
-    free(ids_b);
-    free(dist_a);
-    free(dist_b);
+    results_free(&res);
 }
 
 /* ---- CUDA ---------------------------------------------------------------------------- */
@@ -533,16 +542,14 @@ static void gpu_upload(gpu *g, const opts *o, const float *ref, const float *qry
 static void run_device_row(row *r, const opts *o, const check *c, gpu *g, const xknn_params *p)
 {
     const size_t cnt = (size_t)(r->nq * r->k);
-    int64_t *ids_a = (int64_t *)bench_xmalloc(cnt * sizeof(int64_t), "ids");
-    int64_t *ids_b = (int64_t *)bench_xmalloc(cnt * sizeof(int64_t), "ids");
-    float *dist_a = (float *)bench_xmalloc(cnt * sizeof(float), "dist");
-    float *dist_b = (float *)bench_xmalloc(cnt * sizeof(float), "dist");
+    results res;
     int64_t *d_ids = NULL;
     float *d_dist = NULL;
     void *ws = NULL;
     size_t ws_bytes = 0;
     xknn_error err;
     int i;
+    results_alloc(&res, cnt);
     r->copies = g->copies;
     ROW_CUDA(cudaMalloc((void **)&d_ids, cnt * sizeof(int64_t)));
     ROW_CUDA(cudaMalloc((void **)&d_dist, cnt * sizeof(float)));
@@ -557,8 +564,8 @@ static void run_device_row(row *r, const opts *o, const check *c, gpu *g, const 
     }
     ROW_CUDA(cudaStreamSynchronize(g->stream));
     ROW_CUDA(cudaGetLastError());
-    ROW_CUDA(cudaMemcpy(ids_a, d_ids, cnt * sizeof(int64_t), cudaMemcpyDeviceToHost));
-    ROW_CUDA(cudaMemcpy(dist_a, d_dist, cnt * sizeof(float), cudaMemcpyDeviceToHost));
+    ROW_CUDA(cudaMemcpy(res.ids_a, d_ids, cnt * sizeof(int64_t), cudaMemcpyDeviceToHost));
+    ROW_CUDA(cudaMemcpy(res.dist_a, d_dist, cnt * sizeof(float), cudaMemcpyDeviceToHost));
     for (i = 0; i < o->repeats; i++) {
         const int cp = (i + 1) % g->copies; /* copy 0 was the warm-up's */
         xknn_matrix R = XKNN_MATRIX_F32(g->ref[cp], r->n, r->d), Q = XKNN_MATRIX_F32(g->qry[cp], r->nq, r->d);
@@ -575,13 +582,9 @@ static void run_device_row(row *r, const opts *o, const check *c, gpu *g, const 
         r->times[r->ntimes++] = (double)ms;
     }
     ROW_CUDA(cudaGetLastError());
-    ROW_CUDA(cudaMemcpy(ids_b, d_ids, cnt * sizeof(int64_t), cudaMemcpyDeviceToHost));
-    ROW_CUDA(cudaMemcpy(dist_b, d_dist, cnt * sizeof(float), cudaMemcpyDeviceToHost));
-    r->wrong = count_wrong_full(c, r->k, ids_a, dist_a);
-    i = (int)count_wrong_full(c, r->k, ids_b, dist_b);
-    if (i > r->wrong) r->wrong = i;
-    r->nondet = bench_count_differ(r->nq, r->k, ids_a, dist_a, ids_b, dist_b);
-    finish_row(r);
+    ROW_CUDA(cudaMemcpy(res.ids_b, d_ids, cnt * sizeof(int64_t), cudaMemcpyDeviceToHost));
+    ROW_CUDA(cudaMemcpy(res.dist_b, d_dist, cnt * sizeof(float), cudaMemcpyDeviceToHost));
+    check_row(r, c, &res);
     goto done;
 fail:
     snprintf(r->status, sizeof r->status, "ERROR");
@@ -591,10 +594,7 @@ done:
     cudaFree(ws);
     cudaFree(d_dist);
     cudaFree(d_ids);
-    free(ids_a);
-    free(ids_b);
-    free(dist_a);
-    free(dist_b);
+    results_free(&res);
 }
 
 /* cuBLAS SGEMM and TF32 GEMM ceilings at N x N x N (random operands, events, median). */
@@ -761,34 +761,25 @@ static void print_row(const row *r)
 
 static void write_json(const char *path, const opts *o, const meta *m, const row *rows, int nrows, int pass)
 {
-    FILE *f = fopen(path, "w");
+    FILE *f = bench_json_open(PROG, path);
     int i, j;
-    if (!f) {
-        fprintf(stderr, PROG ": cannot write %s\n", path);
-        return;
-    }
+    if (!f) return;
     bench_json_begin(f, "bench_knn", XKNN_VERSION_STRING, m->date);
-    fprintf(f, ", \"device\": ");
-    bench_json_str(f, m->device);
-    fprintf(f, ", \"cpu\": ");
-    bench_json_str(f, m->cpu);
+    bench_json_key_str(f, "device", m->device);
+    bench_json_key_str(f, "cpu", m->cpu);
     fprintf(f, ", \"threads\": %d, \"data\": ", m->threads);
     bench_json_str(f, bench_data_name(o->data));
-    fprintf(f, ", \"data_source\": ");
-    bench_json_str(f, m->data_source);
+    bench_json_key_str(f, "data_source", m->data_source);
     fprintf(f, ", \"seed\": %llu, \"clusters\": %lld, \"sigma\": %g, \"metric\": \"l2\", \"dtype\": \"float32\"",
             (unsigned long long)o->seed, (long long)o->clusters, o->sigma);
     fprintf(f, ", \"repeats\": %d, \"warmup\": %d, \"sample\": %lld", o->repeats, o->warmup, (long long)o->sample);
-    fprintf(f, ", \"ceiling_sgemm_gpu_TFLOPs\": ");
-    bench_json_num(f, m->sgemm_gpu);
-    fprintf(f, ", \"ceiling_tf32_gpu_TFLOPs\": ");
-    bench_json_num(f, m->tf32_gpu);
+    bench_json_key_num(f, "ceiling_sgemm_gpu_TFLOPs", m->sgemm_gpu);
+    bench_json_key_num(f, "ceiling_tf32_gpu_TFLOPs", m->tf32_gpu);
     fprintf(f, ", \"ceiling_gpu_size\": %lld, \"ceiling_sgemm_cpu_TFLOPs\": ", (long long)m->ceil_gpu_n);
     bench_json_num(f, m->sgemm_cpu);
     fprintf(f, ", \"ceiling_cpu_size\": %lld, \"ceiling_h2d_pinned_GBps\": ", (long long)m->ceil_cpu_n);
     bench_json_num(f, m->h2d_pinned);
-    fprintf(f, ", \"ceiling_h2d_pageable_GBps\": ");
-    bench_json_num(f, m->h2d_pageable);
+    bench_json_key_num(f, "ceiling_h2d_pageable_GBps", m->h2d_pageable);
     fprintf(f, "},\n \"rows\": [");
     for (i = 0; i < nrows; i++) {
         const row *r = &rows[i];
@@ -806,30 +797,18 @@ static void write_json(const char *path, const opts *o, const meta *m, const row
         }
         fprintf(f, "], \"time_ms\": ");
         bench_json_num(f, r->ntimes ? r->time_ms : NAN);
-        fprintf(f, ", \"min_ms\": ");
-        bench_json_num(f, r->ntimes ? r->min_ms : NAN);
-        fprintf(f, ", \"queries_per_s\": ");
-        bench_json_num(f, r->ntimes ? r->qps : NAN);
-        fprintf(f, ", \"eff_TFLOPs\": ");
-        bench_json_num(f, r->ntimes ? r->tflops : NAN);
-        fprintf(f, ", \"ceiling_TFLOPs\": ");
-        bench_json_num(f, r->ceiling);
-        fprintf(f, ", \"pct_ceiling\": ");
-        bench_json_num(f, r->ntimes ? r->pct : NAN);
-        fprintf(f, ", \"GB_per_s\": ");
-        bench_json_num(f, r->ntimes ? r->gbps : NAN);
-        fprintf(f, ", \"pct_link\": ");
-        bench_json_num(f, r->ntimes ? r->pct_link : NAN);
+        bench_json_key_num(f, "min_ms", r->ntimes ? r->min_ms : NAN);
+        bench_json_key_num(f, "queries_per_s", r->ntimes ? r->qps : NAN);
+        bench_json_key_num(f, "eff_TFLOPs", r->ntimes ? r->tflops : NAN);
+        bench_json_key_num(f, "ceiling_TFLOPs", r->ceiling);
+        bench_json_key_num(f, "pct_ceiling", r->ntimes ? r->pct : NAN);
+        bench_json_key_num(f, "GB_per_s", r->ntimes ? r->gbps : NAN);
+        bench_json_key_num(f, "pct_link", r->ntimes ? r->pct_link : NAN);
         fprintf(f, ", \"wrong\": %lld, \"sampled\": %lld, \"nondet\": %lld, \"workspace_bytes\": %zu, \"copies\": %d",
                 (long long)r->wrong, (long long)r->sampled, (long long)r->nondet, r->workspace, r->copies);
-        fprintf(f, ", \"status\": ");
-        bench_json_str(f, r->status);
-        fprintf(f, ", \"error\": ");
-        bench_json_str(f, r->error);
-        fputc('}', f);
+        bench_json_row_end(f, r->status, r->error);
     }
-    fprintf(f, "\n ],\n \"pass\": %s\n}\n", pass ? "true" : "false");
-    if (fclose(f) != 0) fprintf(stderr, PROG ": error writing %s\n", path);
+    bench_json_close(f, PROG, path, pass);
 }
 
 /* ---- data ---------------------------------------------------------------------------- */
@@ -867,7 +846,7 @@ int main(int argc, char **argv)
     bench_cpu_model(m.cpu, sizeof m.cpu);
     m.threads = bench_max_threads();
     snprintf(m.device, sizeof m.device, "none");
-    maxk = list_max(o.k, o.nk);
+    maxk = bench_list_max(o.k, o.nk);
 
     printf("# xknn bench_knn %s, commit %s\n", XKNN_VERSION_STRING, bench_commit());
     printf("# date %s\n", m.date);
@@ -937,7 +916,7 @@ int main(int argc, char **argv)
                           (long long)d, o.read_data, (long long)fcols);
             if (o.n[0] == 0) o.n[0] = nmax;
             if (o.nq[0] == 0) o.nq[0] = nqmax;
-            if (list_max(o.n, o.nn) > nmax || list_max(o.nq, o.nnq) > nqmax)
+            if (bench_list_max(o.n, o.nn) > nmax || bench_list_max(o.nq, o.nnq) > nqmax)
                 bench_die(PROG, "--n/--nq larger than the files (%lld references, %lld queries)", (long long)nmax,
                           (long long)nqmax);
             o.d[di] = d;
@@ -946,8 +925,8 @@ int main(int argc, char **argv)
                    (long long)nqmax, bench_now() - t0);
         } else {
             bench_gen gen;
-            nmax = list_max(o.n, o.nn);
-            nqmax = list_max(o.nq, o.nnq);
+            nmax = bench_list_max(o.n, o.nn);
+            nqmax = bench_list_max(o.nq, o.nnq);
             if (bench_gen_init(&gen, o.data, o.seed, d, o.clusters, o.sigma) != 0) bench_die(PROG, "out of memory");
             ref = (float *)bench_xmalloc((size_t)(nmax * d) * sizeof(float), "references");
             qry = (float *)bench_xmalloc((size_t)(nqmax * d) * sizeof(float), "queries");

@@ -88,11 +88,10 @@ static double device_median(xknn_cuda_context *ctx, const xknn_params *prm, cons
     CUDA_DIE(cudaMemcpy(hi, di, (size_t)(nq * k) * sizeof(int64_t), cudaMemcpyDeviceToHost));
     CUDA_DIE(cudaMemcpy(hd, dd, (size_t)(nq * k) * sizeof(float), cudaMemcpyDeviceToHost));
     *same = !memcmp(hi, ids, (size_t)(nq * k) * sizeof(int64_t)) && !memcmp(hd, dist, (size_t)(nq * k) * sizeof(float));
-    CUDA_DIE(cudaFree(ws));
-    CUDA_DIE(cudaFree(dd));
-    CUDA_DIE(cudaFree(di));
-    CUDA_DIE(cudaFree(dq));
-    CUDA_DIE(cudaFree(dr));
+    {
+        void *const bufs[] = {ws, dd, di, dq, dr}; /* freed in this order */
+        for (r = 0; r < 5; r++) CUDA_DIE(cudaFree(bufs[r]));
+    }
     CUDA_DIE(cudaEventDestroy(e1));
     CUDA_DIE(cudaEventDestroy(e0));
     CUDA_DIE(cudaStreamDestroy(s));

@@ -10,6 +10,13 @@
  *
  *   mpirun -np 2 bench_scaling --backend cuda --n 20M --nq 10k --d 128 --k 100
  *   mpirun -np 2 bench_scaling --backend cuda --n-per-rank 10M --nq 10k --d 128 --k 100
+ *   mpirun -np 2 bench_scaling --backend cuda --n 20M --mode both
+ *
+ * One-shot (default): each timed call is xknn_mpi_search, which stages the slice (scan,
+ * copy to the device) inside the call. --mode resident: the slice goes into a resident
+ * index once (xknn_mpi_index_create, timed on its own), and each timed call is
+ * xknn_mpi_index_search, which moves only queries and candidates. --mode both: the
+ * one-shot rows, then the resident ones, on the same data and oracle.
  *
  * Exit status (every rank): 0 PASS, 1 FAIL (wrong results or a failed search), 2 usage
  * or setup error.
@@ -48,7 +55,7 @@ typedef struct opts {
     int repeats, warmup;
     int64_t sample, query_block, chunk;
     xknn_mpi_transfer transfer;
-    int threads, verbose;
+    int threads, verbose, modes; /* modes: 1 one-shot, 2 resident, 3 both */
     const char *json;
 } opts;
 
@@ -57,7 +64,7 @@ typedef struct row {
     double bcast_ms, search_ms, reduce_ms, total_ms, min_total_ms, qps, tflops, imbalance;
     double *rank_search_ms; /* size entries, rank 0 only */
     double *totals_ms;      /* repeats */
-    int ntimes;
+    int ntimes, resident;
     int64_t wrong, nondet, blocks, query_block;
     char transfer[32];
     char status[16];
@@ -85,6 +92,8 @@ static int usage(FILE *f)
             "  --threads N       CPU threads per rank for the CPU backend (default 0: OpenMP)\n"
             "  --chunk N         rows per chunk of the oracle's regeneration (default 65536)\n"
             "  --json FILE       rank 0 writes the metadata and rows as JSON\n"
+            "  --mode M          one-shot (default: xknn_mpi_search), resident (an index\n"
+            "                    created once, its searches timed), or both\n"
             "  --verbose         the library prints its plan on stderr\n"
             "sizes take k M G (powers of 1000) or Ki Mi Gi (powers of 1024)\n");
     return 2;
@@ -93,7 +102,15 @@ static int usage(FILE *f)
 /* Returns 0, or 2 after printing a message on rank 0 (every rank parses the same argv). */
 static int parse_opts(int argc, char **argv, opts *o, int rank)
 {
-    int i;
+    /* the options that take a size, and the member each sets */
+    static const char *const size_names[] = {"--n",        "--n-per-rank", "--nq",          "--d",
+                                             "--clusters", "--sample",     "--query-block", "--chunk", NULL};
+    int64_t *const size_dst[] = {&o->n,        &o->n_per_rank, &o->nq,          &o->d,
+                                 &o->clusters, &o->sample,     &o->query_block, &o->chunk};
+    /* those that take a size into an int member */
+    static const char *const int_names[] = {"--repeats", "--warmup", "--threads", NULL};
+    int *const int_dst[] = {&o->repeats, &o->warmup, &o->threads};
+    int i, j;
     memset(o, 0, sizeof *o);
     o->nq = 10000;
     o->d = 128;
@@ -101,15 +118,10 @@ static int parse_opts(int argc, char **argv, opts *o, int rank)
     o->nk = 1;
     o->backend = xknn_backend_built(XKNN_BACKEND_CUDA) && xknn_cuda_device_count() > 0 ? XKNN_BACKEND_CUDA
                                                                                          : XKNN_BACKEND_CPU;
-    o->data = BENCH_DATA_UNIFORM;
-    o->clusters = 100;
-    o->sigma = 0.1;
-    o->seed = 1;
-    o->repeats = 5;
-    o->warmup = 1;
-    o->sample = 20;
+    BENCH_SHARED_DEFAULTS(o);
     o->chunk = 65536;
     o->transfer = XKNN_MPI_TRANSFER_AUTO;
+    o->modes = 1;
 #define BAD(...)                                                                                                  \
     do {                                                                                                          \
         if (rank == 0) {                                                                                          \
@@ -131,14 +143,11 @@ static int parse_opts(int argc, char **argv, opts *o, int rank)
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             if (rank == 0) usage(stdout);
             return 1;
-        } else if (!strcmp(a, "--n")) {
-            SIZE(o->n);
-        } else if (!strcmp(a, "--n-per-rank")) {
-            SIZE(o->n_per_rank);
-        } else if (!strcmp(a, "--nq")) {
-            SIZE(o->nq);
-        } else if (!strcmp(a, "--d")) {
-            SIZE(o->d);
+        } else if ((j = bench_find_word(a, size_names)) >= 0) {
+            SIZE(*size_dst[j]);
+        } else if ((j = bench_find_word(a, int_names)) >= 0) {
+            SIZE(v);
+            *int_dst[j] = (int)v;
         } else if (!strcmp(a, "--k")) {
             const char *s = VALUE();
             if (!s || (o->nk = bench_parse_size_list(s, o->k, MAXL)) < 1) BAD("--k needs a list of sizes");
@@ -156,8 +165,6 @@ static int parse_opts(int argc, char **argv, opts *o, int rank)
         } else if (!strcmp(a, "--data")) {
             const char *s = VALUE();
             if (!s || (o->data = bench_data_from_name(s)) == BENCH_DATA_COUNT) BAD("--data: uniform or clusters");
-        } else if (!strcmp(a, "--clusters")) {
-            SIZE(o->clusters);
         } else if (!strcmp(a, "--sigma")) {
             const char *s = VALUE();
             char *end = NULL;
@@ -166,29 +173,20 @@ static int parse_opts(int argc, char **argv, opts *o, int rank)
         } else if (!strcmp(a, "--seed")) {
             SIZE(v);
             o->seed = (uint64_t)v;
-        } else if (!strcmp(a, "--repeats")) {
-            SIZE(v);
-            o->repeats = (int)v;
-        } else if (!strcmp(a, "--warmup")) {
-            SIZE(v);
-            o->warmup = (int)v;
-        } else if (!strcmp(a, "--sample")) {
-            SIZE(o->sample);
-        } else if (!strcmp(a, "--query-block")) {
-            SIZE(o->query_block);
-        } else if (!strcmp(a, "--chunk")) {
-            SIZE(o->chunk);
         } else if (!strcmp(a, "--transfer")) {
             const char *s = VALUE();
             if (!s || (o->transfer = xknn_mpi_transfer_from_name(s)) == XKNN_MPI_TRANSFER_COUNT)
                 BAD("--transfer: auto, host-staged or cuda-aware");
-        } else if (!strcmp(a, "--threads")) {
-            SIZE(v);
-            o->threads = (int)v;
         } else if (!strcmp(a, "--json")) {
             if (!(o->json = VALUE())) BAD("--json needs a file name");
         } else if (!strcmp(a, "--verbose")) {
             o->verbose = 1;
+        } else if (!strcmp(a, "--mode")) {
+            const char *m = VALUE();
+            if (m && !strcmp(m, "one-shot")) o->modes = 1;
+            else if (m && !strcmp(m, "resident")) o->modes = 2;
+            else if (m && !strcmp(m, "both")) o->modes = 3;
+            else BAD("--mode: one-shot, resident or both");
         } else {
             if (rank == 0) usage(stderr);
             BAD("unknown option '%s'", a);
@@ -211,17 +209,13 @@ static int parse_opts(int argc, char **argv, opts *o, int rank)
 }
 
 static void write_json(const char *path, const opts *o, int size, int64_t n, const char *cpu, const char *date,
-                       const char *devices, double gen_s, const row *rows, int nrows, int pass)
+                       const char *devices, double gen_s, double create_ms, const row *rows, int nrows, int pass)
 {
-    FILE *f = fopen(path, "w");
+    FILE *f = bench_json_open(PROG, path);
     int i, j;
-    if (!f) {
-        fprintf(stderr, PROG ": cannot write %s\n", path);
-        return;
-    }
+    if (!f) return;
     bench_json_begin(f, "bench_scaling", XKNN_VERSION_STRING, date);
-    fprintf(f, ", \"cpu\": ");
-    bench_json_str(f, cpu);
+    bench_json_key_str(f, "cpu", cpu);
     fprintf(f, ", \"devices\": %s", devices);
     fprintf(f, ", \"threads_per_rank\": %d, \"ranks\": %d, \"scaling\": \"%s\"", bench_max_threads(), size,
             o->n_per_rank > 0 ? "weak" : "strong");
@@ -235,24 +229,22 @@ static void write_json(const char *path, const opts *o, int size, int64_t n, con
     fprintf(f, ", \"repeats\": %d, \"warmup\": %d, \"sample\": %lld, \"generate_s_max\": ", o->repeats, o->warmup,
             (long long)o->sample);
     bench_json_num(f, gen_s);
+    fprintf(f, ", \"mode\": \"%s\"", o->modes == 3 ? "both" : o->modes == 2 ? "resident" : "one-shot");
+    bench_json_key_num(f, "create_ms", create_ms);
     fprintf(f, "},\n \"rows\": [");
     for (i = 0; i < nrows; i++) {
         const row *r = &rows[i];
-        fprintf(f, "%s\n  {\"ranks\": %d, \"n\": %lld, \"nq\": %lld, \"d\": %lld, \"k\": %lld", i ? "," : "", size,
-                (long long)n, (long long)o->nq, (long long)o->d, (long long)r->k);
+        fprintf(f, "%s\n  {\"ranks\": %d, \"n\": %lld, \"nq\": %lld, \"d\": %lld, \"k\": %lld, \"mode\": \"%s\"",
+                i ? "," : "", size, (long long)n, (long long)o->nq, (long long)o->d, (long long)r->k,
+                r->resident ? "resident" : "one-shot");
         fprintf(f, ", \"query_block\": %lld, \"blocks\": %lld, \"transfer\": ", (long long)r->query_block,
                 (long long)r->blocks);
         bench_json_str(f, r->transfer);
-        fprintf(f, ", \"broadcast_ms\": ");
-        bench_json_num(f, r->bcast_ms);
-        fprintf(f, ", \"search_ms\": ");
-        bench_json_num(f, r->search_ms);
-        fprintf(f, ", \"reduce_ms\": ");
-        bench_json_num(f, r->reduce_ms);
-        fprintf(f, ", \"total_ms\": ");
-        bench_json_num(f, r->total_ms);
-        fprintf(f, ", \"min_total_ms\": ");
-        bench_json_num(f, r->min_total_ms);
+        bench_json_key_num(f, "broadcast_ms", r->bcast_ms);
+        bench_json_key_num(f, "search_ms", r->search_ms);
+        bench_json_key_num(f, "reduce_ms", r->reduce_ms);
+        bench_json_key_num(f, "total_ms", r->total_ms);
+        bench_json_key_num(f, "min_total_ms", r->min_total_ms);
         fprintf(f, ", \"totals_ms\": [");
         for (j = 0; j < r->ntimes; j++) {
             if (j) fputs(", ", f);
@@ -265,27 +257,54 @@ static void write_json(const char *path, const opts *o, int size, int64_t n, con
         }
         fprintf(f, "], \"queries_per_s\": ");
         bench_json_num(f, r->qps);
-        fprintf(f, ", \"eff_TFLOPs\": ");
-        bench_json_num(f, r->tflops);
-        fprintf(f, ", \"imbalance\": ");
-        bench_json_num(f, r->imbalance);
-        fprintf(f, ", \"wrong\": %lld, \"nondet\": %lld, \"status\": ", (long long)r->wrong, (long long)r->nondet);
-        bench_json_str(f, r->status);
-        fprintf(f, ", \"error\": ");
-        bench_json_str(f, r->error);
-        fputc('}', f);
+        bench_json_key_num(f, "eff_TFLOPs", r->tflops);
+        bench_json_key_num(f, "imbalance", r->imbalance);
+        fprintf(f, ", \"wrong\": %lld, \"nondet\": %lld", (long long)r->wrong, (long long)r->nondet);
+        bench_json_row_end(f, r->status, r->error);
     }
-    fprintf(f, "\n ],\n \"pass\": %s\n}\n", pass ? "true" : "false");
-    if (fclose(f) != 0) fprintf(stderr, PROG ": error writing %s\n", path);
+    bench_json_close(f, PROG, path, pass);
 }
 
-static int64_t list_max(const int64_t *v, int n)
+/* The search parameters of every call (and of the resident index). */
+static xknn_params bench_params(const opts *o, void *cuda_ctx)
 {
-    int64_t m = v[0];
-    int i;
-    for (i = 1; i < n; i++)
-        if (v[i] > m) m = v[i];
-    return m;
+    xknn_params p = XKNN_PARAMS_INIT;
+    p.backend = (xknn_backend)o->backend;
+    p.cuda_path = o->path;
+    p.cuda_context = cuda_ctx;
+    p.num_threads = o->threads;
+    p.verbose = o->verbose;
+    return p;
+}
+
+/* One timed call: the resident index's search where there is one, else xknn_mpi_search. */
+static xknn_status bench_search(xknn_mpi_context *ctx, xknn_mpi_index *index, const xknn_params *p,
+                                const xknn_matrix *M, int64_t row0, const xknn_matrix *Q, int64_t k,
+                                const xknn_mpi_output *out, xknn_mpi_stats *stats, xknn_error *err)
+{
+    if (index) return xknn_mpi_index_search(index, Q, 0, k, out, stats, err);
+    return xknn_mpi_search(ctx, p, M, row0, Q, 0, k, out, stats, err);
+}
+
+/* The resident index over this rank's slice (collective), its creation time (the max over
+ * ranks) into *create_ms. Returns NULL after a message on rank 0 where it fails. */
+static xknn_mpi_index *bench_index(xknn_mpi_context *ctx, const opts *o, void *cuda_ctx, float *mine, int64_t rows,
+                                   int64_t row0, int rank, double *create_ms)
+{
+    const xknn_params p = bench_params(o, cuda_ctx);
+    const xknn_matrix M = XKNN_MATRIX_F32(mine, rows, o->d);
+    xknn_mpi_index *index = NULL;
+    xknn_error err;
+    double t = MPI_Wtime();
+    const xknn_status st = xknn_mpi_index_create(ctx, &p, &M, row0, &index, &err);
+    t = 1e3 * (MPI_Wtime() - t);
+    MPI_Allreduce(&t, create_ms, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    if (st != XKNN_SUCCESS) { /* agreed by the library */
+        if (rank == 0) fprintf(stderr, PROG ": xknn_mpi_index_create: %s\n", err.message);
+        return NULL;
+    }
+    if (rank == 0) printf("# resident index: created in %.1f ms (max over ranks)\n", *create_ms);
+    return index;
 }
 
 static void fmt_ms(char *buf, size_t size, double v)
@@ -304,8 +323,9 @@ int main(int argc, char **argv)
     float *mine = NULL, *qry = NULL;
     int64_t *ex_ids = NULL, *sidx = NULL, *got_ids = NULL;
     float *ex_dist = NULL, *got_dist = NULL;
-    double gen_s, gen_max = 0.0;
+    double gen_s, gen_max = 0.0, create_ms = NAN;
     xknn_mpi_context *ctx = NULL;
+    xknn_mpi_index *index = NULL;
     xknn_mpi_config cfg = XKNN_MPI_CONFIG_INIT;
     xknn_error err;
     xknn_status st;
@@ -412,9 +432,10 @@ int main(int argc, char **argv)
                (unsigned long long)o.seed, o.backend == XKNN_BACKEND_CUDA ? "cuda" : "cpu",
                o.path == 1 ? "fp32" : o.path == 2 ? "tf32" : "auto", xknn_mpi_transfer_name(xknn_mpi_transfer_mode(ctx)));
         printf("# generated the slices and queries in %.2f s (max over ranks)\n", gen_max);
-        printf("# timing: warm-up %d, median of %d repeats of xknn_mpi_search (gather to rank 0) after a barrier; "
+        printf("# timing: warm-up %d, median of %d repeats of %s (gather to rank 0) after a barrier; "
                "phases from xknn_mpi_stats.max (max over ranks)\n",
-               o.warmup, o.repeats);
+               o.warmup, o.repeats, o.modes == 3 ? "xknn_mpi_search (one-shot), then xknn_mpi_index_search (resident)"
+                               : o.modes == 2 ? "xknn_mpi_index_search (resident)" : "xknn_mpi_search (one-shot)");
         fflush(stdout);
 
         /* exact answer of the sampled queries over the global data, regenerated */
@@ -424,7 +445,7 @@ int main(int argc, char **argv)
             bench_oracle *orc;
             int64_t i0;
             S = o.sample < o.nq ? o.sample : o.nq;
-            kmax = list_max(o.k, o.nk);
+            kmax = bench_list_max(o.k, o.nk);
             if (kmax > n) kmax = n;
             sidx = (int64_t *)bench_xmalloc((size_t)S * sizeof(int64_t), "sample");
             sq = (float *)bench_xmalloc((size_t)(S * o.d) * sizeof(float), "sample");
@@ -459,11 +480,23 @@ int main(int argc, char **argv)
     bench_gen_free(&gen);
     MPI_Barrier(MPI_COMM_WORLD);
 
-    rows = (row *)calloc((size_t)o.nk, sizeof(row));
+    rows = (row *)calloc((size_t)(2 * o.nk), sizeof(row));
     if (!rows) bench_die(PROG, "out of memory");
-    for (ki = 0; ki < o.nk; ki++) {
-        const int64_t k = o.k[ki];
-        row *r = &rows[nrows++];
+    for (ki = 0; ki < 2 * o.nk; ki++) {
+        const int resident = ki >= o.nk; /* the one-shot rows, then the resident ones */
+        const int64_t k = o.k[ki % o.nk];
+        row *r;
+        if (!(o.modes & (resident ? 2 : 1))) continue;
+        if (rank == 0 && o.modes == 3 && ki % o.nk == 0) printf("# %s\n", resident ? "resident" : "one-shot");
+        if (resident && !index) {
+            /* (made after the one-shot rows: a GPU need not hold two copies of the slice) */
+            index = bench_index(ctx, &o, cuda_ctx, mine, rows_mine, row0, rank, &create_ms);
+            if (!index) {
+                MPI_Finalize();
+                return 1;
+            }
+        }
+        r = &rows[nrows++];
         const size_t cnt = rank == 0 ? (size_t)(o.nq * k) : 0;
         int64_t *ids_a = NULL, *ids_b = NULL;
         float *dist_a = NULL, *dist_b = NULL;
@@ -475,9 +508,10 @@ int main(int argc, char **argv)
         xknn_matrix M = XKNN_MATRIX_F32(mine, rows_mine, o.d), Q = XKNN_MATRIX_F32(qry, o.nq, o.d);
         xknn_mpi_output out = XKNN_MPI_OUTPUT_INIT;
         xknn_mpi_stats stats;
-        xknn_params p = XKNN_PARAMS_INIT;
+        const xknn_params p = bench_params(&o, cuda_ctx);
         memset(r, 0, sizeof *r);
         r->k = k;
+        r->resident = resident;
         r->totals_ms = (double *)bench_xmalloc((size_t)o.repeats * sizeof(double), "times");
         r->bcast_ms = r->search_ms = r->reduce_ms = r->total_ms = r->min_total_ms = NAN;
         r->qps = r->tflops = r->imbalance = NAN;
@@ -500,17 +534,13 @@ int main(int argc, char **argv)
             memset(ids_a, 0xFF, cnt * sizeof(int64_t));
             memset(dist_a, 0xFF, cnt * sizeof(float));
         }
-        p.backend = (xknn_backend)o.backend;
-        p.cuda_path = o.path;
-        p.cuda_context = cuda_ctx;
-        p.num_threads = o.threads;
-        p.verbose = o.verbose;
         out.gather_root = 0;
         out.ids = ids_a;
         out.dist = dist_a;
         st = XKNN_SUCCESS;
         for (i = 0; st == XKNN_SUCCESS && i < o.warmup; i++)
-            st = xknn_mpi_search(ctx, &p, &M, row0, rank == 0 ? &Q : NULL, 0, k, &out, &stats, &err);
+            st = bench_search(ctx, resident ? index : NULL, &p, &M, row0, rank == 0 ? &Q : NULL, k, &out, &stats,
+                              &err);
         out.ids = ids_b;
         out.dist = dist_b;
         for (i = 0; st == XKNN_SUCCESS && i < o.repeats; i++) {
@@ -519,7 +549,8 @@ int main(int argc, char **argv)
                 memset(dist_b, 0xFF, cnt * sizeof(float));
             }
             MPI_Barrier(MPI_COMM_WORLD);
-            st = xknn_mpi_search(ctx, &p, &M, row0, rank == 0 ? &Q : NULL, 0, k, &out, &stats, &err);
+            st = bench_search(ctx, resident ? index : NULL, &p, &M, row0, rank == 0 ? &Q : NULL, k, &out, &stats,
+                              &err);
             if (st != XKNN_SUCCESS) break;
             bc[i] = 1e3 * stats.max.broadcast;
             se[i] = 1e3 * stats.max.search;
@@ -530,7 +561,8 @@ int main(int argc, char **argv)
         }
         if (st != XKNN_SUCCESS) { /* agreed by the library: the same on every rank */
             snprintf(r->status, sizeof r->status, "ERROR");
-            snprintf(r->error, sizeof r->error, "xknn_mpi_search: %.400s (%s)", err.message, xknn_status_string(st));
+            snprintf(r->error, sizeof r->error, "%s: %.400s (%s)", resident ? "xknn_mpi_index_search" : "xknn_mpi_search",
+                     err.message, xknn_status_string(st));
             r->ntimes = 0;
         } else {
             r->blocks = stats.blocks;
@@ -620,7 +652,7 @@ int main(int argc, char **argv)
             printf("# no rows ran (every k was larger than n)\n");
             failed++;
         }
-        if (o.json) write_json(o.json, &o, size, n, cpu, date, devices_json, gen_max, rows, nrows, failed == 0);
+        if (o.json) write_json(o.json, &o, size, n, cpu, date, devices_json, gen_max, create_ms, rows, nrows, failed == 0);
         if (failed)
             printf("# FAIL: %d of %d rows wrong or failed\n", failed, nrows);
         else
@@ -634,6 +666,7 @@ int main(int argc, char **argv)
         free(rows[i].totals_ms);
     }
     free(rows);
+    if (index) xknn_mpi_index_destroy(index);
     free(mine);
     free(qry);
     free(sidx);

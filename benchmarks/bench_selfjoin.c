@@ -81,6 +81,13 @@ int main(int argc, char **argv)
     char date[64], device[256] = "cpu";
     int same = -1;
     int64_t wrong = -1;
+    /* the options that take a size (each at least its minimum) or a word, and what each sets */
+    static const char *const size_names[] = {"--n", "--d", "--k", "--check", NULL};
+    static const int64_t size_min[] = {2, 1, 1, 0};
+    int64_t *const size_dst[] = {&n, &d, &k, &check};
+    static const char *const word_names[] = {"--backend", "--metric", "--json", "--write-data", NULL};
+    const char **const word_dst[] = {&backend, &metric, &json, &write_data};
+    int j;
 
     for (i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -93,33 +100,16 @@ int main(int argc, char **argv)
             verbose = 2;
         } else if (!strcmp(a, "--no-plain")) {
             plain = 0;
-        } else if (v && !strcmp(a, "--n")) {
-            if (bench_parse_size(v, &n) || n < 2) bench_die(PROG, "--n %s: need an integer >= 2", v);
-            i++;
-        } else if (v && !strcmp(a, "--d")) {
-            if (bench_parse_size(v, &d) || d < 1) bench_die(PROG, "--d %s: need an integer >= 1", v);
-            i++;
-        } else if (v && !strcmp(a, "--k")) {
-            if (bench_parse_size(v, &k) || k < 1) bench_die(PROG, "--k %s: need an integer >= 1", v);
-            i++;
-        } else if (v && !strcmp(a, "--check")) {
-            if (bench_parse_size(v, &check) || check < 0) bench_die(PROG, "--check %s: need an integer >= 0", v);
+        } else if (v && (j = bench_find_word(a, size_names)) >= 0) {
+            if (bench_parse_size(v, size_dst[j]) || *size_dst[j] < size_min[j])
+                bench_die(PROG, "%s %s: need an integer >= %lld", a, v, (long long)size_min[j]);
             i++;
         } else if (v && !strcmp(a, "--repeats")) {
             repeats = atoi(v);
             if (repeats < 1 || repeats > 64) bench_die(PROG, "--repeats %s: need 1..64", v);
             i++;
-        } else if (v && !strcmp(a, "--backend")) {
-            backend = v;
-            i++;
-        } else if (v && !strcmp(a, "--metric")) {
-            metric = v;
-            i++;
-        } else if (v && !strcmp(a, "--json")) {
-            json = v;
-            i++;
-        } else if (v && !strcmp(a, "--write-data")) {
-            write_data = v;
+        } else if (v && (j = bench_find_word(a, word_names)) >= 0) {
+            *word_dst[j] = v;
             i++;
         } else {
             usage(stderr);
@@ -219,19 +209,14 @@ int main(int argc, char **argv)
         if (!f) bench_die(PROG, "cannot open %s", json);
         fprintf(f, "{\"program\": \"" PROG "\", \"commit\": ");
         bench_json_str(f, bench_commit());
-        fprintf(f, ", \"date\": ");
-        bench_json_str(f, date);
-        fprintf(f, ", \"device\": ");
-        bench_json_str(f, device);
-        fprintf(f, ", \"backend\": ");
-        bench_json_str(f, backend);
-        fprintf(f, ", \"metric\": ");
-        bench_json_str(f, metric);
+        bench_json_key_str(f, "date", date);
+        bench_json_key_str(f, "device", device);
+        bench_json_key_str(f, "backend", backend);
+        bench_json_key_str(f, "metric", metric);
         fprintf(f, ", \"n\": %lld, \"d\": %lld, \"k\": %lld, \"repeats\": %d, \"symmetric_ms\": ", (long long)n,
                 (long long)d, (long long)k, repeats);
         bench_json_num(f, sym_ms);
-        fprintf(f, ", \"plain_ms\": ");
-        bench_json_num(f, plain ? plain_ms : -1.0);
+        bench_json_key_num(f, "plain_ms", plain ? plain_ms : -1.0);
         fprintf(f, ", \"same_bytes\": %d, \"check_rows\": %lld, \"check_wrong\": %lld}\n", same, (long long)check,
                 (long long)wrong);
         fclose(f);

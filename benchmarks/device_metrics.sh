@@ -13,6 +13,8 @@
 # Files written to OUT: bench_metrics.json and peers_metrics.json (one JSON object per
 # line), device_metrics.log (everything).
 set -uo pipefail
+# shellcheck source=benchmarks/device_lib.sh
+. "$(dirname "$0")/device_lib.sh"
 OUT=${OUT:-$PWD/device-out}
 BUILD=${BUILD:-build-dev}
 GPU_ARCH=${GPU_ARCH:-90}
@@ -23,20 +25,14 @@ WHAM_NQ=${WHAM_NQ:-1k}
 REPEATS=${REPEATS:-5}
 PEERS=${PEERS:-1}
 WORK=${WORK:-/tmp/xknn-metrics}
-mkdir -p "$OUT" "$WORK"
-LOG=$OUT/device_metrics.log
-J=$OUT/bench_metrics.json
-P=$OUT/peers_metrics.json
-: > "$J"
-: > "$P"
-exec > >(tee -a "$LOG") 2>&1
+device_outputs metrics
 
 if [ ! -x "$BUILD/benchmarks/bench_metrics" ]; then
     args=(-Dbuildtype=release)
     [ "$BACKEND" = cuda ] && args+=(-Dcuda=enabled "-Dgpu_arch=$GPU_ARCH")
-    meson setup "$BUILD" "${args[@]}" > "$WORK/setup.log" 2>&1 || { tail -20 "$WORK/setup.log"; exit 1; }
+    quiet_or_exit setup.log meson setup "$BUILD" "${args[@]}"
 fi
-ninja -C "$BUILD" benchmarks/bench_metrics > "$WORK/build.log" 2>&1 || { tail -20 "$WORK/build.log"; exit 1; }
+quiet_or_exit build.log ninja -C "$BUILD" benchmarks/bench_metrics
 B=$BUILD/benchmarks/bench_metrics
 
 # row: metric dtype d k repeats [peer-metric]

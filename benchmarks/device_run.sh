@@ -30,10 +30,10 @@
 # test log), sanitizer.log, bench_knn.json and peers_torch.json (lists of runs),
 # summary.txt.
 set -uo pipefail
+# shellcheck source=benchmarks/device_lib.sh
+. "$(dirname "$0")/device_lib.sh"
 
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export PYTHONUNBUFFERED=1
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+device_env
 
 OUT=${OUT:-$PWD/device-out}
 STEPS=${STEPS:-"build test sanitizer bench peers"}
@@ -56,64 +56,17 @@ LAST_RC=0
 mkdir -p "$OUT" "$WORK/json"
 rm -f "$WORK"/json/*.json "$WORK/steps.txt"
 
-has_step() { case " $STEPS " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
-has_word() { case " $2 " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
-
-# step NAME LIMIT_S CMD...: runs CMD under timeout, records "NAME verdict seconds".
-step() {
-    local name=$1 limit=$2 t0 t1 rc verdict left
-    shift 2
-    # never run past the deadline: the summary must still be printed inside the call
-    left=$((DEADLINE - SECONDS - 20))
-    if [ "$left" -lt 10 ]; then
-        printf '%-24s %-16s %8s\n' "$name" "SKIP(no time)" "-" >>"$WORK/steps.txt"
-        echo "=== [$name] skipped: less than 30 s left of TOTAL_S=$TOTAL_S"
-        LAST_RC=124
-        return 0
-    fi
-    [ "$limit" -gt "$left" ] && limit=$left
-    echo
-    echo "=== [$name] $*"
-    t0=$(date +%s.%N)
-    timeout --kill-after=15 "$limit" "$@"
-    rc=$?
-    t1=$(date +%s.%N)
-    case $rc in
-    0) verdict=ok ;;
-    124 | 137) verdict="TIMEOUT(${limit}s)" ;;
-    *) verdict="FAIL(rc=$rc)" ;;
-    esac
-    printf '%-24s %-16s %8ss\n' "$name" "$verdict" "$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.1f", b - a }')" \
-        >>"$WORK/steps.txt"
-    echo "=== [$name] $verdict"
-    return 0
-}
-
-skip() { printf '%-24s %-16s %8s\n' "$1" "SKIP($2)" "-" >>"$WORK/steps.txt"; echo "=== [$1] skipped: $2"; }
-
 main() {
     local B=$BUILD/benchmarks/bench_knn
     echo "# device_run.sh: $(date -u +%Y-%m-%dT%H:%M:%SZ), steps: $STEPS"
-    if [ -z "${XKNN_GIT_COMMIT:-}" ] && git rev-parse --short HEAD >/dev/null 2>&1; then
-        XKNN_GIT_COMMIT=$(git rev-parse --short HEAD)
-    fi
-    export XKNN_GIT_COMMIT=${XKNN_GIT_COMMIT:-unknown}
-    echo "# commit $XKNN_GIT_COMMIT; $NPROC cores; $(uname -r)"
-    nvidia-smi -L
+    device_commit
     nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv || true
     command -v nvcc >/dev/null 2>&1 || export PATH=/usr/local/cuda/bin:$PATH
     echo "# nvcc: $(nvcc --version 2>/dev/null | tail -n 2 | head -n 1); meson $(meson --version 2>/dev/null); $(mpirun --version 2>/dev/null | head -n 1)"
     python3 -c 'import torch; print("# torch", torch.__version__, "cuda", torch.version.cuda, "available", torch.cuda.is_available())' || true
 
     # ---- build ---------------------------------------------------------------------------
-    if has_step build; then
-        if [ -f "$BUILD/build.ninja" ]; then
-            step meson-setup 300 meson setup --reconfigure "$BUILD" -Dcuda=enabled -Dgpu_arch="$GPU_ARCH" -Dbuildtype=release
-        else
-            step meson-setup 300 meson setup "$BUILD" -Dcuda=enabled -Dgpu_arch="$GPU_ARCH" -Dbuildtype=release
-        fi
-        step ninja 600 ninja -C "$BUILD" -j "$NPROC"
-    fi
+    has_step build && build_steps -Dcuda=enabled -Dgpu_arch="$GPU_ARCH"
 
     # ---- tests ---------------------------------------------------------------------------
     if has_step test; then
@@ -204,14 +157,13 @@ main() {
     # ---- summary -----------------------------------------------------------------------------
     python3 - "$WORK/json" "$OUT" "$WORK/steps.txt" <<'PY'
 import glob, json, os, sys
+sys.path.insert(0, "benchmarks")
+from bench_util import read_json
 jdir, out, steps = sys.argv[1:4]
 bench, peers = [], []
 for p in sorted(glob.glob(os.path.join(jdir, "*.json"))):
-    try:
-        with open(p) as f:
-            doc = json.load(f)
-    except (OSError, ValueError) as e:
-        print(f"# cannot read {p}: {e}")
+    doc = read_json(p)
+    if doc is None:
         continue
     label = os.path.basename(p)[:-5].split("_", 1)[1]
     doc["label"] = label

@@ -23,10 +23,10 @@
 # Files written to OUT: device_scaling.log, bench_scaling.json (list of runs),
 # summary.txt, scaling_strong.png, scaling_weak.png.
 set -uo pipefail
+# shellcheck source=benchmarks/device_lib.sh
+. "$(dirname "$0")/device_lib.sh"
 
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export PYTHONUNBUFFERED=1
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+device_env
 export OMPI_MCA_btl_vader_single_copy_mechanism=none
 
 OUT=${OUT:-$PWD/device-out}
@@ -53,38 +53,6 @@ DEADLINE=$((SECONDS + TOTAL_S))
 mkdir -p "$OUT" "$WORK/json"
 rm -f "$WORK"/json/*.json "$WORK/steps.txt"
 
-has_step() { case " $STEPS " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
-
-step() {
-    local name=$1 limit=$2 t0 t1 rc verdict left
-    shift 2
-    # never run past the deadline: the summary must still be printed inside the call
-    left=$((DEADLINE - SECONDS - 20))
-    if [ "$left" -lt 10 ]; then
-        printf '%-24s %-16s %8s\n' "$name" "SKIP(no time)" "-" >>"$WORK/steps.txt"
-        echo "=== [$name] skipped: less than 30 s left of TOTAL_S=$TOTAL_S"
-        LAST_RC=124
-        return 0
-    fi
-    [ "$limit" -gt "$left" ] && limit=$left
-    echo
-    echo "=== [$name] $*"
-    t0=$(date +%s.%N)
-    timeout --kill-after=15 "$limit" "$@"
-    rc=$?
-    t1=$(date +%s.%N)
-    case $rc in
-    0) verdict=ok ;;
-    124 | 137) verdict="TIMEOUT(${limit}s)" ;;
-    *) verdict="FAIL(rc=$rc)" ;;
-    esac
-    printf '%-24s %-16s %8ss\n' "$name" "$verdict" "$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.1f", b - a }')" \
-        >>"$WORK/steps.txt"
-    echo "=== [$name] $verdict"
-    LAST_RC=$rc
-    return 0
-}
-
 # run_np NAME NP ARGS...: bench_scaling under mpirun with NPROC/NP OpenMP threads per rank
 run_np() {
     local name=$1 np=$2 threads
@@ -103,25 +71,12 @@ run_np() {
 main() {
     local BS=$BUILD/benchmarks/bench_scaling np
     echo "# device_scaling.sh: $(date -u +%Y-%m-%dT%H:%M:%SZ), steps: $STEPS, ranks: $NPS"
-    if [ -z "${XKNN_GIT_COMMIT:-}" ] && git rev-parse --short HEAD >/dev/null 2>&1; then
-        XKNN_GIT_COMMIT=$(git rev-parse --short HEAD)
-    fi
-    export XKNN_GIT_COMMIT=${XKNN_GIT_COMMIT:-unknown}
-    echo "# commit $XKNN_GIT_COMMIT; $NPROC cores; $(uname -r)"
-    nvidia-smi -L
+    device_commit
     nvidia-smi topo -m || true
     command -v nvcc >/dev/null 2>&1 || export PATH=/usr/local/cuda/bin:$PATH
     echo "# $(mpirun --version 2>/dev/null | head -n 1)"
 
-    if has_step build; then
-        if [ -f "$BUILD/build.ninja" ]; then
-            step meson-setup 300 meson setup --reconfigure "$BUILD" -Dcuda=enabled -Dmpi=enabled -Dgpu_arch=90 \
-                -Dbuildtype=release
-        else
-            step meson-setup 300 meson setup "$BUILD" -Dcuda=enabled -Dmpi=enabled -Dgpu_arch=90 -Dbuildtype=release
-        fi
-        step ninja 600 ninja -C "$BUILD" -j "$NPROC"
-    fi
+    has_step build && build_steps -Dcuda=enabled -Dmpi=enabled -Dgpu_arch=90
     if [ ! -x "$BS" ]; then
         echo "=== no $BS: nothing to run"
         return 0
@@ -155,14 +110,13 @@ main() {
 
     python3 - "$WORK/json" "$OUT" <<'PY'
 import glob, json, os, sys
+sys.path.insert(0, "benchmarks")
+from bench_util import read_json
 jdir, out = sys.argv[1:3]
 runs = []
 for p in sorted(glob.glob(os.path.join(jdir, "*.json"))):
-    try:
-        with open(p) as f:
-            doc = json.load(f)
-    except (OSError, ValueError) as e:
-        print(f"# cannot read {p}: {e}")
+    doc = read_json(p)
+    if doc is None:
         continue
     doc["label"] = os.path.basename(p)[:-5]
     runs.append(doc)

@@ -24,6 +24,8 @@
 # Files written to OUT: bench_selfjoin.json and peers_selfjoin.json (one JSON object per
 # line), knn_mpi_npP.json (mpi step, one per rank count), device_selfjoin.log (everything).
 set -uo pipefail
+# shellcheck source=benchmarks/device_lib.sh
+. "$(dirname "$0")/device_lib.sh"
 OUT=${OUT:-$PWD/device-out}
 BUILD=${BUILD:-build-dev}
 GPU_ARCH=${GPU_ARCH:-90}
@@ -38,24 +40,13 @@ NPS=${NPS:-"1 2"}
 SAMPLE=${SAMPLE:-8}
 BACKEND=${BACKEND:-cuda}
 MPI_ARGS=${MPI_ARGS-"--mca btl_vader_single_copy_mechanism cma"}
-mkdir -p "$OUT" "$WORK"
-LOG=$OUT/device_selfjoin.log
-J=$OUT/bench_selfjoin.json
-P=$OUT/peers_selfjoin.json
-: > "$J"
-: > "$P"
-exec > >(tee -a "$LOG") 2>&1
-
-has_step() { case " $STEPS " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+device_outputs selfjoin
+device_env
 
 if [ ! -f "$BUILD/build.ninja" ]; then
-    meson setup "$BUILD" -Dbuildtype=release -Dcuda=enabled "-Dgpu_arch=$GPU_ARCH" > "$WORK/setup.log" 2>&1 ||
-        { tail -20 "$WORK/setup.log"; exit 1; }
+    quiet_or_exit setup.log meson setup "$BUILD" -Dbuildtype=release -Dcuda=enabled "-Dgpu_arch=$GPU_ARCH"
 fi
-ninja -C "$BUILD" benchmarks/bench_selfjoin tools/knn_mpi tests/mkdata > "$WORK/build.log" 2>&1 ||
-    { tail -20 "$WORK/build.log"; exit 1; }
+quiet_or_exit build.log ninja -C "$BUILD" benchmarks/bench_selfjoin tools/knn_mpi tests/mkdata
 rc=0
 
 if has_step single; then

@@ -8,15 +8,11 @@
 # (benchmarks/peers_learn.py).
 #   usage: bash benchmarks/fmnist_learn.sh [BUILD_DIR] [OUT_DIR]
 set -euo pipefail
-build=${1:-build}
-out=${2:-fmnist-learn}
-data=${FMNIST:-/usr/share/datasets/fashion-mnist}
-ref=$data/train-images-idx3-ubyte.gz
-qry=$data/t10k-images-idx3-ubyte.gz
+# shellcheck source=benchmarks/device_lib.sh
+. "$(dirname "$0")/device_lib.sh"
+fmnist_files fmnist-learn "$@"
 lab=$data/train-labels-idx1-ubyte.gz
 qlab=$data/t10k-labels-idx1-ubyte.gz
-mkdir -p "$out"
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 knn() { mpirun --allow-run-as-root --oversubscribe --bind-to none -np "$1" "$build/tools/knn_mpi" "${@:2}"; }
 for k in 1 5 9; do
     for v in uniform distance; do

@@ -6,13 +6,9 @@
 # force (benchmarks/check_result.py).
 #   usage: bash benchmarks/fmnist_mpi.sh [BUILD_DIR] [OUT_DIR]
 set -euo pipefail
-build=${1:-build}
-out=${2:-fmnist-out}
-data=${FMNIST:-/usr/share/datasets/fashion-mnist}
-ref=$data/train-images-idx3-ubyte.gz
-qry=$data/t10k-images-idx3-ubyte.gz
-mkdir -p "$out"
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+# shellcheck source=benchmarks/device_lib.sh
+. "$(dirname "$0")/device_lib.sh"
+fmnist_files fmnist-out "$@"
 cores=$(nproc)
 for np in 1 2 3 4 5; do
     t=$(( cores / np )); [ "$t" -ge 1 ] || t=1

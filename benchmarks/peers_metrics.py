@@ -25,6 +25,8 @@ import sys
 
 import numpy as np
 
+from bench_util import cuda_times_ms
+
 NP = {"f32": np.float32, "f16": np.float16, "u8": np.uint8, "i8": np.int8, "bin": np.uint64}
 
 
@@ -110,16 +112,7 @@ def main():
                 out.append(torch.topk(v, a.k, dim=1, largest=False))
         return out
 
-    search()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(a.repeats):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        search()
-        e.record()
-        torch.cuda.synchronize()
-        times.append(s.elapsed_time(e))
+    times = cuda_times_ms(torch, search, a.repeats)
     med = statistics.median(times)
     row = {"program": "peers_metrics", "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
            "peer": "torch " + torch.__version__, "method": method, "metric": a.metric, "dtype": a.dtype,

@@ -39,6 +39,8 @@ import time
 
 import numpy as np
 
+from bench_util import read_json, runs_of
+
 
 def read_fbin(path, rows=None):
     with open(path, "rb") as f:
@@ -309,14 +311,10 @@ def main():
     # xknn rows for the speedup column
     xrows = []
     for path in args.xknn_json:
-        try:
-            with open(path) as f:
-                doc = json.load(f)
-        except (OSError, ValueError) as e:
-            print(f"# cannot read {path}: {e}")
+        doc = read_json(path)
+        if doc is None:
             continue
-        runs = doc if isinstance(doc, list) else [doc]
-        for run in runs:
+        for run in runs_of(doc):
             for r in run.get("rows", []):
                 on_device = r.get("backend") == "cuda" and r.get("mode") == "device"
                 on_cpu = args.device == "cpu" and r.get("backend") == "cpu"  # testing without a GPU

@@ -17,22 +17,20 @@ and prints the scaling efficiencies (benchmarks/README.md defines them):
 Without matplotlib it prints the tables and skips the plots.
 """
 import argparse
-import json
 import os
 import sys
 from collections import defaultdict
 
+from bench_util import json_runs
+
 
 def load(paths):
     runs = []
-    for p in paths:
-        with open(p) as f:
-            doc = json.load(f)
-        for run in doc if isinstance(doc, list) else [doc]:
-            if isinstance(run, dict) and "rows" in run:
-                run.setdefault("meta", {})
-                run["_file"] = p
-                runs.append(run)
+    for p, run in json_runs(paths):
+        if isinstance(run, dict) and "rows" in run:
+            run.setdefault("meta", {})
+            run["_file"] = p
+            runs.append(run)
     return runs
 
 
@@ -134,6 +132,14 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     written = []
 
+    def save(name, fig):
+        """Lays fig out, writes it as OUT/name (120 dpi), closes it and notes its path."""
+        fig.tight_layout()
+        path = os.path.join(args.out, name)
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+        written.append(path)
+
     for var in ("k", "d", "n"):
         fixed, groups = sweep_groups(rows, var)
         if not groups:
@@ -150,11 +156,7 @@ def main():
         ax.set_title(f"bench_knn: time vs {var}")
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7)
-        fig.tight_layout()
-        path = os.path.join(args.out, f"knn_time_vs_{var}.png")
-        fig.savefig(path, dpi=120)
-        plt.close(fig)
-        written.append(path)
+        save(f"knn_time_vs_{var}.png", fig)
 
     for scaling in ("strong", "weak"):
         sel = {k: v for k, v in series.items() if k[0] == scaling and 1 in v and len(v) >= 2}
@@ -174,11 +176,7 @@ def main():
         ax.set_title(f"bench_scaling: {scaling} scaling (dashed: ideal)")
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=7)
-        fig.tight_layout()
-        path = os.path.join(args.out, f"scaling_{scaling}.png")
-        fig.savefig(path, dpi=120)
-        plt.close(fig)
-        written.append(path)
+        save(f"scaling_{scaling}.png", fig)
 
     groups = peer_groups(runs)
     if groups:
@@ -198,11 +196,7 @@ def main():
             ax.set_title(f"n={key[0]} d={key[1]} k={key[2]}", fontsize=9)
             ax.grid(True, axis="x", alpha=0.3)
         fig.suptitle("xknn vs peers (higher is better)")
-        fig.tight_layout()
-        path = os.path.join(args.out, "peers.png")
-        fig.savefig(path, dpi=120)
-        plt.close(fig)
-        written.append(path)
+        save("peers.png", fig)
 
     for p in written:
         print(f"wrote {p}")

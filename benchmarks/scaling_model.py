@@ -33,6 +33,8 @@ import json
 import math
 import sys
 
+from bench_util import json_runs
+
 
 def parse_size(s):
     s = str(s).strip()
@@ -44,22 +46,19 @@ def parse_size(s):
 
 def load_rows(paths):
     rows = []
-    for p in paths:
-        with open(p) as f:
-            doc = json.load(f)
-        for run in doc if isinstance(doc, list) else [doc]:
-            if run.get("program") != "bench_scaling":
+    for _, run in json_runs(paths):
+        if run.get("program") != "bench_scaling":
+            continue
+        meta = run.get("meta", {})
+        if meta.get("backend") != "cuda":
+            continue
+        for r in run.get("rows", []):
+            if r.get("status") != "ok" or r.get("wrong", 0):
                 continue
-            meta = run.get("meta", {})
-            if meta.get("backend") != "cuda":
-                continue
-            for r in run.get("rows", []):
-                if r.get("status") != "ok" or r.get("wrong", 0):
-                    continue
-                rows.append(dict(scaling=meta.get("scaling"), ranks=r["ranks"], n=r["n"], nq=r["nq"], d=r["d"],
-                                 k=r["k"], search=r["search_ms"] / 1e3, bcast=r["broadcast_ms"] / 1e3,
-                                 reduce=r["reduce_ms"] / 1e3, total=r["total_ms"] / 1e3,
-                                 commit=meta.get("commit"), device=(meta.get("devices") or ["?"])[0]))
+            rows.append(dict(scaling=meta.get("scaling"), ranks=r["ranks"], n=r["n"], nq=r["nq"], d=r["d"],
+                             k=r["k"], search=r["search_ms"] / 1e3, bcast=r["broadcast_ms"] / 1e3,
+                             reduce=r["reduce_ms"] / 1e3, total=r["total_ms"] / 1e3,
+                             commit=meta.get("commit"), device=(meta.get("devices") or ["?"])[0]))
     return rows
 
 

@@ -8,26 +8,22 @@ ratio, and whether xknn's ids and distance bits on the device equal the CPU back
 on a sample of the queries (the whole problem on the CPU would take minutes)."""
 import argparse
 import json
+import os
 import statistics
+import sys
 
 import numpy as np
 import torch
 
 import xknn
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "benchmarks"))
+from bench_util import cuda_times_ms  # noqa: E402 (the benchmarks' shared helpers)
+
 
 def timed(fn, repeats):
-    fn()
-    torch.cuda.synchronize()
-    out = []
-    for _ in range(repeats):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        torch.cuda.synchronize()
-        out.append(a.elapsed_time(b))
-    return statistics.median(out)
+    """Median milliseconds of fn() on the GPU (CUDA events, one warm-up first)."""
+    return statistics.median(cuda_times_ms(torch, fn, repeats))
 
 
 def torch_knn(R, Q, k, rn, block=2048):

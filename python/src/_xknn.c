@@ -290,7 +290,7 @@ static PyObject *py_cuda_search(PyObject *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
-static PyMethodDef xknn_py_methods[] = {
+XKNN_PY_MODULE_DEF(xknn_py_module, "_xknn", "xknn's C extension (use the xknn package)",
     {"search", (PyCFunction)(void (*)(void))py_search, METH_VARARGS | METH_KEYWORDS, "exact k-NN on host arrays"},
     {"check", py_check, METH_VARARGS, "xknn_check_input on a host array"},
     {"read", py_read, METH_VARARGS, "read a data file"},
@@ -298,14 +298,7 @@ static PyMethodDef xknn_py_methods[] = {
     {"info", py_info, METH_NOARGS, "(cuda built, CUDA devices)"},
     {"cuda_context", py_cuda_context, METH_VARARGS, "a CUDA context on a device"},
     {"cuda_workspace_size", py_cuda_workspace_size, METH_VARARGS, "device workspace bytes"},
-    {"cuda_search", py_cuda_search, METH_VARARGS, "exact k-NN on device pointers"},
-    {NULL, NULL, 0, NULL},
-};
-
-static struct PyModuleDef xknn_py_module = {
-    PyModuleDef_HEAD_INIT, "_xknn", "xknn's C extension (use the xknn package)", -1, xknn_py_methods,
-    NULL, NULL, NULL, NULL,
-};
+    {"cuda_search", py_cuda_search, METH_VARARGS, "exact k-NN on device pointers"});
 
 PyMODINIT_FUNC PyInit__xknn(void)
 {

@@ -237,18 +237,11 @@ static PyObject *py_search(PyObject *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
-static PyMethodDef xknn_py_mpi_methods[] = {
+XKNN_PY_MODULE_DEF(xknn_py_mpi_module, "_xknn_mpi", "xknn.mpi's C extension (use xknn.mpi)",
     {"create", py_create, METH_VARARGS, "collective: a context over a dup of the communicator"},
     {"destroy", py_destroy, METH_VARARGS, "collective: frees the context"},
     {"agree", py_agree, METH_VARARGS, "collective: agree on this rank's outcome"},
     {"rank_size", py_rank_size, METH_VARARGS, "(rank, size)"},
-    {"search", py_search, METH_VARARGS, "collective: distributed exact k-NN gathered on root"},
-    {NULL, NULL, 0, NULL},
-};
-
-static struct PyModuleDef xknn_py_mpi_module = {
-    PyModuleDef_HEAD_INIT, "_xknn_mpi", "xknn.mpi's C extension (use xknn.mpi)", -1, xknn_py_mpi_methods,
-    NULL, NULL, NULL, NULL,
-};
+    {"search", py_search, METH_VARARGS, "collective: distributed exact k-NN gathered on root"});
 
 PyMODINIT_FUNC PyInit__xknn_mpi(void) { return PyModule_Create(&xknn_py_mpi_module); }

@@ -155,4 +155,11 @@ static inline int xknn_py_params(const char *metric, double p, const char *backe
     return 0;
 }
 
+/* Defines `static struct PyModuleDef var`: the module `name` with docstring `doc` over the
+ * methods given (PyMethodDef initialisers, at least one; the sentinel is added), single-phase
+ * initialisation without per-module state. */
+#define XKNN_PY_MODULE_DEF(var, name, doc, ...)                                \
+    static PyMethodDef var##_methods[] = {__VA_ARGS__, {NULL, NULL, 0, NULL}}; \
+    static struct PyModuleDef var = {PyModuleDef_HEAD_INIT, name, doc, -1, var##_methods, NULL, NULL, NULL, NULL}
+
 #endif /* XKNN_PY_H */

@@ -122,6 +122,13 @@ def _threads(n_jobs):
 class _Base(BaseEstimator):
     """What the three estimators share: the fitted rows and the exact kneighbors."""
 
+    def _store_params(self, args):
+        """Stores a constructor's arguments (its locals(), self aside) as attributes of the
+        same names, unchanged, as scikit-learn's get_params and clone expect."""
+        for name, value in args.items():
+            if name != "self":
+                setattr(self, name, value)
+
     def _fit_rows(self, X):
         xm, norm_p, squared = _metric_of(self.metric, self.p, self.metric_params)
         if not (isinstance(self.n_neighbors, numbers.Integral) and self.n_neighbors >= 1):
@@ -248,34 +255,24 @@ class NearestNeighbors(_Base):
 
     def __init__(self, *, n_neighbors=5, algorithm="auto", leaf_size=30, metric="minkowski", p=2,
                  metric_params=None, n_jobs=None, backend="auto"):
-        self.n_neighbors = n_neighbors
-        self.algorithm = algorithm
-        self.leaf_size = leaf_size
-        self.metric = metric
-        self.p = p
-        self.metric_params = metric_params
-        self.n_jobs = n_jobs
-        self.backend = backend
+        self._store_params(locals())
 
     def fit(self, X, y=None):
         X = _validate_data(self, X, dtype=[np.float64, np.float32], order="C")
         return self._fit_rows(X)
 
 
-class KNeighborsClassifier(ClassifierMixin, _Base):
-    """Exact k-NN classification (scikit-learn's KNeighborsClassifier, brute force)."""
+class _Supervised(_Base):
+    """The constructor of the classifier and the regressor (scikit-learn's arguments of
+    KNeighborsClassifier and KNeighborsRegressor, which are the same), stored as given."""
 
     def __init__(self, n_neighbors=5, *, weights="uniform", algorithm="auto", leaf_size=30, p=2,
                  metric="minkowski", metric_params=None, n_jobs=None, backend="auto"):
-        self.n_neighbors = n_neighbors
-        self.weights = weights
-        self.algorithm = algorithm
-        self.leaf_size = leaf_size
-        self.p = p
-        self.metric = metric
-        self.metric_params = metric_params
-        self.n_jobs = n_jobs
-        self.backend = backend
+        self._store_params(locals())
+
+
+class KNeighborsClassifier(ClassifierMixin, _Supervised):
+    """Exact k-NN classification (scikit-learn's KNeighborsClassifier, brute force)."""
 
     def fit(self, X, y):
         X, y = _validate_data(self, X, y, dtype=[np.float64, np.float32], order="C")
@@ -315,20 +312,8 @@ class KNeighborsClassifier(ClassifierMixin, _Base):
         return self.classes_.take(best)
 
 
-class KNeighborsRegressor(RegressorMixin, _Base):
+class KNeighborsRegressor(RegressorMixin, _Supervised):
     """Exact k-NN regression (scikit-learn's KNeighborsRegressor, brute force)."""
-
-    def __init__(self, n_neighbors=5, *, weights="uniform", algorithm="auto", leaf_size=30, p=2,
-                 metric="minkowski", metric_params=None, n_jobs=None, backend="auto"):
-        self.n_neighbors = n_neighbors
-        self.weights = weights
-        self.algorithm = algorithm
-        self.leaf_size = leaf_size
-        self.p = p
-        self.metric = metric
-        self.metric_params = metric_params
-        self.n_jobs = n_jobs
-        self.backend = backend
 
     def fit(self, X, y):
         X, y = _validate_data(self, X, y, dtype=[np.float64, np.float32], order="C", multi_output=True,
