@@ -91,14 +91,13 @@ struct CUstream_st; /* = cudaStream_t's pointee; NULL means the legacy default s
                                   Hopper builds (gpu_arch 90, sm_90a code) run it on wgmma,
                                   other GPUs on mma.sync; the environment variable
                                   XKNN_CUDA_MMA_SYNC=1 forces mma.sync, and
-                                  XKNN_CUDA_WGMMA_KB32=1 the wgmma kernel's 32-dimension
-                                  stages everywhere; XKNN_CUDA_WITNESS_C=C sets the witness
-                                  prefix f = sqrt(C kk / n) (default 1600 for kk <= 128,
-                                  200 above; diagnostics). l2/euclidean on mma.sync (and
-                                  the fp32 path's CUDA-core passes for k >= n / 16384)
-                                  drop the pairs whose lower bound exceeds the k-th upper
-                                  bound before the re-rank; XKNN_CUDA_NO_PRUNE=1
-                                  (diagnostic) re-ranks them all. For large k (l2, where
+                                  XKNN_CUDA_WITNESS_C=C sets the witness prefix
+                                  f = sqrt(C kk / n) (default 1600 for kk <= 128, 200
+                                  above; diagnostics; docs/DESIGN.md section 10 lists
+                                  them all). l2/euclidean on mma.sync (and the fp32
+                                  path's CUDA-core passes for k >= n / 16384) drop the
+                                  pairs whose lower bound exceeds the k-th upper bound
+                                  before the re-rank. For large k (l2, where
                                   a rigorous bound would need most references as
                                   witnesses) the bound is estimated from a short prefix
                                   and certified after the re-rank; a query whose
@@ -108,8 +107,7 @@ struct CUstream_st; /* = cudaStream_t's pointee; NULL means the legacy default s
                                   XKNN_CUDA_RESOLVE_RANGES=0 (diagnostics) turn them off.
                                   Same bytes either way. In xknn_search_pair (l2) a
                                   side whose running lists are full takes its thresholds
-                                  from their k-th values instead of witnesses;
-                                  XKNN_CUDA_PAIR_WITNESSES=1 keeps the witnesses.        */
+                                  from their k-th values instead of witnesses.           */
 /* Host-array searches of other metrics and dtypes (xknn_search with backend cuda or auto)
  * take kernels/cuda/imma.cu (u8/i8 l2, euclidean, ip; hamming: exact integer tensor cores
  * with fused candidate selection) or kernels/cuda/generic.cu (everything else: canonical

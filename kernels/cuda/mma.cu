@@ -406,8 +406,7 @@ template <int MODE, bool VEC>
 cudaError_t launch_one(const MmaParams &p, int sms, int wgmma, cudaStream_t st)
 {
     constexpr int KB2 = MODE == 2 ? 32 : 64; /* no 64-dimension instance of mode 2 */
-    const char *kb32 = getenv("XKNN_CUDA_WGMMA_KB32"); /* diagnostic: the 32-dimension stages everywhere */
-    const bool kb64 = wgmma_chunk_of((p.d + kBK - 1) / kBK * kBK, MODE == 2) == 64 && !(kb32 && *kb32 && *kb32 != '0');
+    const bool kb64 = wgmma_chunk_of((p.d + kBK - 1) / kBK * kBK, MODE == 2) == 64;
     /* (the 32-dimension layout's bytes are those of mode 2's stages) */
     const bool ff = p.ffma != 0;
     if (ff) wgmma = 0;

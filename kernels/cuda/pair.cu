@@ -203,12 +203,10 @@ cleanup:
     return st;
 }
 
-/* 1 where a side's thresholds may come from its lists: l2, unless
- * XKNN_CUDA_PAIR_WITNESSES=1 (a diagnostic: always witnesses) */
+/* 1 where a side's thresholds may come from its lists: l2 */
 static int lists_thr_allowed(const xknn_params *prm)
 {
-    const char *w = getenv("XKNN_CUDA_PAIR_WITNESSES");
-    return prm->metric == XKNN_METRIC_L2 && !(w && *w == '1');
+    return prm->metric == XKNN_METRIC_L2;
 }
 
 /* The k-th canonical values of a side's running lists into kth[0, rows) when every row

@@ -87,12 +87,9 @@ ResolveParams resolve_params(const Run &r, const float *Q, int64_t ldq, const fl
  * entries can carry their accumulators. The prune saves a row gather per dropped entry,
  * about sqrt(kk n / C) entries a query. ffma_kernel pays for carrying them in the whole
  * pass (its hot loop's registers are allocated less well), so it carries them only for
- * kk >= n / kFfmaCarryRatio; mma_kernel always does. XKNN_CUDA_NO_PRUNE=1 (a diagnostic:
- * the results are the same bytes) re-ranks every entry. */
+ * kk >= n / kFfmaCarryRatio; mma_kernel always does. */
 static int mma_prunes(const Plan &p)
 {
-    const char *e = getenv("XKNN_CUDA_NO_PRUNE");
-    if (e && *e && *e != '0') return 0;
     if (p.wgmma || (p.kind != kCanonL2 && p.kind != kCanonEuclid)) return 0;
     return !p.ffma || p.kk * kFfmaCarryRatio >= p.n;
 }
