@@ -560,24 +560,6 @@ float xknn_distance(xknn_metric metric, const float *a, const float *b, int64_t 
     return xknn__cm_dist_f32(&spec, a, b, d);
 }
 
-/* printf-style fill of an error report; returns status for `return xknn__fail(...)`. */
-static xknn_status xknn__fail(xknn_error *err, xknn_status status, const char *fmt, ...)
-#if defined(__GNUC__)
-    __attribute__((format(printf, 3, 4)))
-#endif
-    ;
-static xknn_status xknn__fail(xknn_error *err, xknn_status status, const char *fmt, ...)
-{
-    if (err) {
-        va_list ap;
-        err->status = status;
-        va_start(ap, fmt);
-        vsnprintf(err->message, sizeof err->message, fmt, ap);
-        va_end(ap);
-    }
-    return status;
-}
-
 /* 1 if row has a NaN or Inf: exponent bits all ones. Branch-free so it vectorises. */
 static int xknn__row_nonfinite(const float *row, int64_t cols)
 {

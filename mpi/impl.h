@@ -13,12 +13,6 @@
 #include "xknn_mpi.h"
 #include "xknn/impl/backend.h" /* xknn__lists_pad */
 
-#if defined(__GNUC__)
-#define XKNN__PRINTF(a, b) __attribute__((format(printf, a, b)))
-#else
-#define XKNN__PRINTF(a, b)
-#endif
-
 struct xknn_mpi_context {
     MPI_Comm comm;              /* the library's duplicate, MPI_ERRORS_RETURN        */
     int rank, size;             /* in comm                                            */
@@ -49,8 +43,9 @@ enum {
     XKNN__TAG_LIST_DIST = 0x6b05
 };
 
-/* Fills *err (may be NULL) printf-style; returns status. */
-xknn_status xknn__mpi_fail(xknn_error *err, xknn_status status, const char *fmt, ...) XKNN__PRINTF(3, 4);
+/* Fills *err (may be NULL) printf-style; returns status: the library's xknn__fail
+ * (xknn/impl/backend.h) under the layer's name. */
+#define xknn__mpi_fail xknn__fail
 
 /* Maps a failed MPI return code to XKNN_ERROR_MPI with MPI_Error_string's text. */
 xknn_status xknn__mpi_error(int rank, xknn_error *err, int rc, const char *what);

@@ -8,13 +8,13 @@
 #define XKNN_MPI_CMD_H
 
 #include <errno.h>
-#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "xknn.h"
+#include "xknn/impl/backend.h" /* xknn__fail */
 #ifdef XKNN_HAVE_MPI
 #include <mpi.h>
 #endif
@@ -38,21 +38,9 @@ static inline int knn__exit_code(xknn_status st)
     }
 }
 
-/* Fills *err (status and message); returns st. */
-static inline xknn_status knn__fail(xknn_error *err, xknn_status st, const char *fmt, ...)
-#if defined(__GNUC__)
-    __attribute__((format(printf, 3, 4)))
-#endif
-    ;
-static inline xknn_status knn__fail(xknn_error *err, xknn_status st, const char *fmt, ...)
-{
-    va_list ap;
-    err->status = st;
-    va_start(ap, fmt);
-    vsnprintf(err->message, sizeof err->message, fmt, ap);
-    va_end(ap);
-    return st;
-}
+/* Fills *err (status and printf-style message); returns st: the library's xknn__fail
+ * (xknn/impl/backend.h) under the commands' name. */
+#define knn__fail xknn__fail
 
 /* Prefixes the message with "rank R: " (rank-local failures in a multi-rank run). */
 static inline void knn__prefix_rank(xknn_error *err, int rank, int size)

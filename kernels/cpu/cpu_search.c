@@ -32,7 +32,6 @@
 #include <float.h>
 #include <limits.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -54,17 +53,6 @@ int xknn__pair_cmp(const void *a, const void *b)
     if (x->d < y->d) return -1;
     if (x->d > y->d) return 1;
     return (x->id > y->id) - (x->id < y->id);
-}
-
-xknn_status xknn__cpu_fail(const xknn__job *job, xknn_status st, const char *fmt, ...)
-{
-    if (job->msg && job->msg_size) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(job->msg, job->msg_size, fmt, ap);
-        va_end(ap);
-    }
-    return st;
 }
 
 /* ----------------------------------------------------------------------------------- */

@@ -30,7 +30,6 @@
 #include <float.h>
 #include <limits.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -40,6 +39,7 @@
 #endif
 
 #include "canonical.h"
+#include "cpu_internal.h"
 
 #ifdef XKNN_HAVE_CBLAS
 #include <cblas.h>
@@ -141,17 +141,6 @@ static void xknn__gq_shrink(const xknn__job *job, xknn__gq *s, int64_t kk, const
     }
 }
 
-static xknn_status xknn__gemm_fail(const xknn__job *job, const char *fmt, ...)
-{
-    if (job->msg && job->msg_size) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(job->msg, job->msg_size, fmt, ap);
-        va_end(ap);
-    }
-    return XKNN_ERROR_OUT_OF_MEMORY;
-}
-
 #if defined(__GNUC__) || defined(__clang__)
 extern int openblas_get_parallel(void) __attribute__((weak));
 extern int openblas_get_num_threads(void) __attribute__((weak));
@@ -189,7 +178,9 @@ xknn_status xknn__cpu_gemm_ip(const xknn__job *job)
     nblocks = (nq + QB - 1) / QB;
 
     nrm = (double *)malloc((size_t)(n + nq) * sizeof(double));
-    if (!nrm) return xknn__gemm_fail(job, "cpu backend: out of memory for %lld norms", (long long)(n + nq));
+    if (!nrm)
+        return xknn__cpu_fail(job, XKNN_ERROR_OUT_OF_MEMORY, "cpu backend: out of memory for %lld norms",
+                              (long long)(n + nq));
 #pragma omp parallel for num_threads(nt) schedule(static, 256) reduction(max : mref)
     for (r = 0; r < n; r++) {
         double v;
@@ -310,8 +301,9 @@ xknn_status xknn__cpu_gemm_ip(const xknn__job *job)
 #endif
     free(nrm);
     if (st != XKNN_SUCCESS)
-        return xknn__gemm_fail(job, "cpu backend: out of memory for a %lld x %lld tile and %lld candidates per query",
-                               (long long)QB, (long long)RB, (long long)cap);
+        return xknn__cpu_fail(job, XKNN_ERROR_OUT_OF_MEMORY,
+                              "cpu backend: out of memory for a %lld x %lld tile and %lld candidates per query",
+                              (long long)QB, (long long)RB, (long long)cap);
     return XKNN_SUCCESS;
 }
 #endif /* XKNN_HAVE_CBLAS */

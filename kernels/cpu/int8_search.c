@@ -31,7 +31,6 @@
  */
 #include <limits.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -41,6 +40,7 @@
 #endif
 
 #include "canonical.h"
+#include "cpu_internal.h"
 
 #define XKNN__I8_MR 8   /* queries per kernel tile        */
 #define XKNN__I8_NR 32  /* references per kernel tile     */
@@ -226,17 +226,6 @@ static float xknn__i8_key(xknn_metric m, int32_t e)
     return (float)e;
 }
 
-static xknn_status xknn__i8_fail(const xknn__job *job, const char *fmt, ...)
-{
-    if (job->msg && job->msg_size) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(job->msg, job->msg_size, fmt, ap);
-        va_end(ap);
-    }
-    return XKNN_ERROR_OUT_OF_MEMORY;
-}
-
 /* Per-thread buffers: one chunk of queries and one packed panel of references. */
 typedef struct {
     xknn__i8_entry *heaps; /* qc x kk */
@@ -308,7 +297,8 @@ xknn_status xknn__cpu_int8(const xknn__job *job)
      * cr = 0 (u8) or -128 sum(y) (i8). */
     rterm = (uint32_t *)calloc((size_t)(npanels * XKNN__I8_NR), sizeof(uint32_t));
     if (!rterm)
-        return xknn__i8_fail(job, "cpu backend: out of memory for %lld reference norms", (long long)n);
+        return xknn__cpu_fail(job, XKNN_ERROR_OUT_OF_MEMORY, "cpu backend: out of memory for %lld reference norms",
+                              (long long)n);
 #pragma omp parallel for num_threads(nt) schedule(static, 1024)
     for (i = 0; i < n; i++) {
         const uint8_t *y = rbase + i * job->ldr;
@@ -424,7 +414,8 @@ xknn_status xknn__cpu_int8(const xknn__job *job)
     }
     free(rterm);
     if (st != XKNN_SUCCESS)
-        return xknn__i8_fail(job, "cpu backend: out of memory for the integer path (%lld queries x k=%lld per thread)",
-                             (long long)qc, (long long)kk);
+        return xknn__cpu_fail(job, XKNN_ERROR_OUT_OF_MEMORY,
+                              "cpu backend: out of memory for the integer path (%lld queries x k=%lld per thread)",
+                              (long long)qc, (long long)kk);
     return XKNN_SUCCESS;
 }
