@@ -50,18 +50,6 @@ typedef struct {
     int exact;
 } xknn__gc;
 
-typedef struct {
-    double key;
-    int64_t id;
-} xknn__gk;
-
-static int xknn__gk_cmp(const void *pa, const void *pb)
-{
-    const xknn__gk *a = (const xknn__gk *)pa, *b = (const xknn__gk *)pb;
-    if (a->key != b->key) return a->key < b->key ? -1 : 1;
-    return (a->id > b->id) - (a->id < b->id);
-}
-
 /* Per-query state: candidates and the k smallest ku seen (max-heap). */
 typedef struct {
     xknn__gc *cand;
@@ -113,7 +101,7 @@ static float xknn__gemm_canon(const xknn__job *job, const float *q, int64_t row)
 
 /* Drop candidates with kl > tau; if still more than half full, make every candidate
  * exact and keep the best kk by (key, id). tmp: cap entries. */
-static void xknn__gq_shrink(const xknn__job *job, xknn__gq *s, int64_t kk, const float *q, xknn__gk *tmp,
+static void xknn__gq_shrink(const xknn__job *job, xknn__gq *s, int64_t kk, const float *q, xknn__keyed *tmp,
                             int force_exact)
 {
     const int ip = job->params.metric == XKNN_METRIC_IP;
@@ -132,7 +120,7 @@ static void xknn__gq_shrink(const xknn__job *job, xknn__gq *s, int64_t kk, const
         tmp[c].key = s->cand[c].kl;
         tmp[c].id = s->cand[c].row;
     }
-    qsort(tmp, (size_t)s->count, sizeof *tmp, xknn__gk_cmp);
+    qsort(tmp, (size_t)s->count, sizeof *tmp, xknn__keyed_cmp);
     if (s->count > kk) s->count = kk;
     for (c = 0; c < s->count; c++) {
         s->cand[c].kl = s->cand[c].ku = tmp[c].key;
@@ -214,7 +202,7 @@ xknn_status xknn__cpu_gemm_ip(const xknn__job *job)
         xknn__gc *cands = (xknn__gc *)malloc((size_t)(QB * cap) * sizeof(xknn__gc));
         double *tops = (double *)malloc((size_t)(QB * kk) * sizeof(double));
         xknn__gq *qs = (xknn__gq *)malloc((size_t)QB * sizeof(xknn__gq));
-        xknn__gk *tmp = (xknn__gk *)malloc((size_t)cap * sizeof(xknn__gk));
+        xknn__keyed *tmp = (xknn__keyed *)malloc((size_t)cap * sizeof(xknn__keyed));
         int64_t b;
         if (!tile || !cands || !tops || !qs || !tmp) {
 #pragma omp critical(xknn_cpu_oom)

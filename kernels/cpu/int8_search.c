@@ -141,6 +141,12 @@ static void xknn__i8_kernel_portable(const uint8_t *A, int64_t lda, const int8_t
 #define XKNN__I8_HAVE_VNNI 1
 #define XKNN__TARGET_VNNI __attribute__((target("avx512f,avx512bw,avx512vnni")))
 
+/* F(i, x0, x1) for each row i of the 8-row block with its two accumulators (columns
+ * 0-15 and 16-31). */
+#define XKNN__I8_ROWS(F)                                        \
+    F(0, c00, c01) F(1, c10, c11) F(2, c20, c21) F(3, c30, c31) \
+    F(4, c40, c41) F(5, c50, c51) F(6, c60, c61) F(7, c70, c71)
+
 XKNN__TARGET_VNNI static void xknn__i8_kernel_vnni(const uint8_t *A, int64_t lda, const int8_t *Bp, int64_t d4,
                                                    const uint32_t *qterm, const uint32_t *rterm, int shift,
                                                    const int32_t *worst, int32_t *E, uint32_t *mask)
@@ -163,14 +169,7 @@ XKNN__TARGET_VNNI static void xknn__i8_kernel_vnni(const uint8_t *A, int64_t lda
     av = _mm512_set1_epi32(w);                                   \
     x0 = _mm512_dpbusd_epi32(x0, av, b0);                        \
     x1 = _mm512_dpbusd_epi32(x1, av, b1);
-        XKNN__I8_ROW(0, c00, c01)
-        XKNN__I8_ROW(1, c10, c11)
-        XKNN__I8_ROW(2, c20, c21)
-        XKNN__I8_ROW(3, c30, c31)
-        XKNN__I8_ROW(4, c40, c41)
-        XKNN__I8_ROW(5, c50, c51)
-        XKNN__I8_ROW(6, c60, c61)
-        XKNN__I8_ROW(7, c70, c71)
+        XKNN__I8_ROWS(XKNN__I8_ROW)
 #undef XKNN__I8_ROW
     }
     {
@@ -189,17 +188,11 @@ XKNN__TARGET_VNNI static void xknn__i8_kernel_vnni(const uint8_t *A, int64_t lda
         _mm512_storeu_si512((void *)(E + (i) * 32), e0);                                          \
         _mm512_storeu_si512((void *)(E + (i) * 32 + 16), e1);                                     \
     }
-        XKNN__I8_EPI(0, c00, c01)
-        XKNN__I8_EPI(1, c10, c11)
-        XKNN__I8_EPI(2, c20, c21)
-        XKNN__I8_EPI(3, c30, c31)
-        XKNN__I8_EPI(4, c40, c41)
-        XKNN__I8_EPI(5, c50, c51)
-        XKNN__I8_EPI(6, c60, c61)
-        XKNN__I8_EPI(7, c70, c71)
+        XKNN__I8_ROWS(XKNN__I8_EPI)
 #undef XKNN__I8_EPI
     }
 }
+#undef XKNN__I8_ROWS
 
 static int xknn__i8_has_vnni(void)
 {

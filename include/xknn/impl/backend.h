@@ -162,6 +162,20 @@ static inline int xknn__result_less(float da, int64_t ia, float db, int64_t ib)
     return da < db || (da == db && ia < ib);
 }
 
+/* An id with its sort key (a distance, widened exactly to double where it is a float),
+ * and qsort's comparator of the order (key ascending, id ascending). */
+typedef struct xknn__keyed {
+    double key;
+    int64_t id;
+} xknn__keyed;
+
+static inline int xknn__keyed_cmp(const void *pa, const void *pb)
+{
+    const xknn__keyed *a = (const xknn__keyed *)pa, *b = (const xknn__keyed *)pb;
+    if (a->key != b->key) return a->key < b->key ? -1 : 1;
+    return (a->id > b->id) - (a->id < b->id);
+}
+
 #ifdef __cplusplus
 }
 #endif
