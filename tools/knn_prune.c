@@ -139,14 +139,9 @@ static int prune__parse(int argc, char **argv, prune_opts *o, char *msg, size_t 
                 snprintf(msg, msz, "%s: empty file name", a);
                 return EXIT_USAGE;
             }
-            if (!strcmp(a, "--labels"))
-                o->labels = val;
-            else if (!strcmp(a, "--subset"))
-                o->subset = val;
-            else if (!strcmp(a, "--subset-labels"))
-                o->subset_labels = val;
-            else
-                o->out = val;
+            static const char *const names[] = {"--labels", "--subset", "--subset-labels"}; /* else -o */
+            const char **slot[] = {&o->labels, &o->subset, &o->subset_labels, &o->out};
+            *slot[knn__index_of(a, names, 3)] = val;
         } else if (a[0] == '-' && a[1]) {
             snprintf(msg, msz, "unknown option '%s' (see knn_prune --help)", a);
             return EXIT_USAGE;
