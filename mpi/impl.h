@@ -50,6 +50,17 @@ enum {
 /* Maps a failed MPI return code to XKNN_ERROR_MPI with MPI_Error_string's text. */
 xknn_status xknn__mpi_error(int rank, xknn_error *err, int rc, const char *what);
 
+/* The check after an MPI call: 0 when rc is MPI_SUCCESS; else 1, with *st and err the
+ * failure of `what` on rank (xknn__mpi_error) and *broken (when given) set: no more
+ * communication. For `if (xknn__mpi_check(...)) return -1;`. */
+static inline int xknn__mpi_check(int rc, int rank, xknn_status *st, xknn_error *err, int *broken, const char *what)
+{
+    if (rc == MPI_SUCCESS) return 0;
+    *st = xknn__mpi_error(rank, err, rc, what);
+    if (broken) *broken = 1;
+    return 1;
+}
+
 /* The one place where the transfer mode is decided (see xknn_mpi.h, TRANSFER MODES).
  * candidates_on_device: 1 once a backend hands back device candidate buffers.
  * Returns XKNN_MPI_TRANSFER_COUNT (and a message) when the request cannot be honoured. */

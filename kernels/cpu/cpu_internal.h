@@ -61,6 +61,9 @@ int64_t xknn__rerank(const xknn__job *job, xknn__qstate *s, const float *q, int6
  * xknn__blas_threads_restore needs. */
 int xknn__blas_threads_single(int nt);
 void xknn__blas_threads_restore(int saved);
+/* OUT_OF_MEMORY for a BLAS path's per-thread buffers: a qb x rb tile and cap candidates
+ * per query. */
+xknn_status xknn__cpu_tile_oom(const xknn__job *job, int64_t qb, int64_t rb, int64_t cap);
 #endif
 
 /* The canonical distance function of a dtype, and the bytes of one element (BIN: of

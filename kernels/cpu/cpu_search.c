@@ -608,11 +608,14 @@ static xknn_status xknn__cpu_blas(const xknn__job *job)
 
     xknn__blas_threads_restore(blas_threads);
     free(nx);
-    if (status != XKNN_SUCCESS)
-        return xknn__cpu_fail(job, status,
-                              "cpu backend: out of memory for a %lld x %lld tile and %lld candidates per query",
-                              (long long)QB, (long long)RB, (long long)cap);
-    return XKNN_SUCCESS;
+    return status != XKNN_SUCCESS ? xknn__cpu_tile_oom(job, QB, RB, cap) : XKNN_SUCCESS;
+}
+
+xknn_status xknn__cpu_tile_oom(const xknn__job *job, int64_t qb, int64_t rb, int64_t cap)
+{
+    return xknn__cpu_fail(job, XKNN_ERROR_OUT_OF_MEMORY,
+                          "cpu backend: out of memory for a %lld x %lld tile and %lld candidates per query",
+                          (long long)qb, (long long)rb, (long long)cap);
 }
 #endif /* XKNN_HAVE_CBLAS */
 

@@ -288,10 +288,6 @@ xknn_status xknn__cpu_gemm_ip(const xknn__job *job)
     if (blas_threads > 0) openblas_set_num_threads(blas_threads);
 #endif
     free(nrm);
-    if (st != XKNN_SUCCESS)
-        return xknn__cpu_fail(job, XKNN_ERROR_OUT_OF_MEMORY,
-                              "cpu backend: out of memory for a %lld x %lld tile and %lld candidates per query",
-                              (long long)QB, (long long)RB, (long long)cap);
-    return XKNN_SUCCESS;
+    return st != XKNN_SUCCESS ? xknn__cpu_tile_oom(job, QB, RB, cap) : XKNN_SUCCESS;
 }
 #endif /* XKNN_HAVE_CBLAS */
