@@ -160,21 +160,18 @@ XKNN_API xknn_status xknn_condense(const xknn_params *params, const xknn_matrix 
 extern "C" {
 #endif
 
+static const char *const xknn__vote_names[XKNN_VOTE_COUNT] = {"uniform", "distance"};
+
 const char *xknn_vote_name(xknn_vote vote)
 {
-    switch (vote) {
-    case XKNN_VOTE_UNIFORM: return "uniform";
-    case XKNN_VOTE_DISTANCE: return "distance";
-    default: return "unknown";
-    }
+    if ((int)vote < 0 || vote >= XKNN_VOTE_COUNT) return "unknown";
+    return xknn__vote_names[vote];
 }
 
 xknn_vote xknn_vote_from_name(const char *name)
 {
-    if (!name) return XKNN_VOTE_COUNT;
-    if (!strcmp(name, "uniform")) return XKNN_VOTE_UNIFORM;
-    if (!strcmp(name, "distance")) return XKNN_VOTE_DISTANCE;
-    return XKNN_VOTE_COUNT;
+    static const xknn__alias none[] = {{NULL, 0}};
+    return (xknn_vote)xknn__from_name(name, xknn__vote_names, (int)XKNN_VOTE_COUNT, none);
 }
 
 static void xknn__learn_ok(xknn_error *err)

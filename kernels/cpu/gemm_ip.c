@@ -129,13 +129,6 @@ static void xknn__gq_shrink(const xknn__job *job, xknn__gq *s, int64_t kk, const
     }
 }
 
-#if defined(__GNUC__) || defined(__clang__)
-extern int openblas_get_parallel(void) __attribute__((weak));
-extern int openblas_get_num_threads(void) __attribute__((weak));
-extern void openblas_set_num_threads(int) __attribute__((weak));
-#define XKNN__GEMM_WEAK 1
-#endif
-
 xknn_status xknn__cpu_gemm_ip(const xknn__job *job)
 {
     const int64_t n = job->n, d = job->d, nq = job->nq, k = job->k;
@@ -188,13 +181,7 @@ xknn_status xknn__cpu_gemm_ip(const xknn__job *job)
         return (xknn_status)-1;
     }
 
-#ifdef XKNN__GEMM_WEAK
-    if (nt > 1 && openblas_get_parallel && openblas_get_num_threads && openblas_set_num_threads &&
-        openblas_get_parallel() == 1) {
-        blas_threads = openblas_get_num_threads();
-        openblas_set_num_threads(1);
-    }
-#endif
+    blas_threads = xknn__blas_threads_single(nt);
 
 #pragma omp parallel num_threads(nt)
     {
@@ -284,9 +271,7 @@ xknn_status xknn__cpu_gemm_ip(const xknn__job *job)
         free(cands);
         free(tile);
     }
-#ifdef XKNN__GEMM_WEAK
-    if (blas_threads > 0) openblas_set_num_threads(blas_threads);
-#endif
+    xknn__blas_threads_restore(blas_threads);
     free(nrm);
     return st != XKNN_SUCCESS ? xknn__cpu_tile_oom(job, QB, RB, cap) : XKNN_SUCCESS;
 }
