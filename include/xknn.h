@@ -479,21 +479,32 @@ const char *xknn_metric_name(xknn_metric metric)
     return xknn__metric_names[metric];
 }
 
+/* Another name of an enumerator; a table of them ends with a NULL name. */
+typedef struct xknn__alias {
+    const char *name;
+    int value;
+} xknn__alias;
+
+/* The enumerator called name: its index among the count names, else the value of its
+ * alias; count when it is neither (or NULL). */
+static int xknn__from_name(const char *name, const char *const *names, int count, const xknn__alias *aliases)
+{
+    int i;
+    if (!name) return count;
+    for (i = 0; i < count; i++)
+        if (!strcmp(name, names[i])) return i;
+    for (; aliases->name; aliases++)
+        if (!strcmp(name, aliases->name)) return aliases->value;
+    return count;
+}
+
+static const xknn__alias xknn__metric_aliases[] = {
+    {"sqeuclidean", XKNN_METRIC_L2}, {"L2", XKNN_METRIC_L2},            {"manhattan", XKNN_METRIC_L1},
+    {"cityblock", XKNN_METRIC_L1},   {"inner_product", XKNN_METRIC_IP}, {"dot", XKNN_METRIC_IP}, {NULL, 0}};
+
 xknn_metric xknn_metric_from_name(const char *name)
 {
-    static const struct {
-        const char *name;
-        xknn_metric metric;
-    } aliases[] = {{"sqeuclidean", XKNN_METRIC_L2},   {"L2", XKNN_METRIC_L2},
-                   {"manhattan", XKNN_METRIC_L1},     {"cityblock", XKNN_METRIC_L1},
-                   {"inner_product", XKNN_METRIC_IP}, {"dot", XKNN_METRIC_IP}};
-    int i;
-    if (!name) return XKNN_METRIC_COUNT;
-    for (i = 0; i < (int)XKNN_METRIC_COUNT; i++)
-        if (!strcmp(name, xknn__metric_names[i])) return (xknn_metric)i;
-    for (i = 0; i < (int)(sizeof aliases / sizeof aliases[0]); i++)
-        if (!strcmp(name, aliases[i].name)) return aliases[i].metric;
-    return XKNN_METRIC_COUNT;
+    return (xknn_metric)xknn__from_name(name, xknn__metric_names, (int)XKNN_METRIC_COUNT, xknn__metric_aliases);
 }
 
 static const char *const xknn__dtype_names[XKNN_DTYPE_COUNT] = {"f32", "f16", "bf16", "u8", "i8", "bin"};
@@ -504,20 +515,13 @@ const char *xknn_dtype_name(xknn_dtype dtype)
     return xknn__dtype_names[dtype];
 }
 
+static const xknn__alias xknn__dtype_aliases[] = {
+    {"float32", XKNN_DTYPE_F32}, {"float16", XKNN_DTYPE_F16}, {"bfloat16", XKNN_DTYPE_BF16},
+    {"uint8", XKNN_DTYPE_U8},    {"int8", XKNN_DTYPE_I8},     {"bits", XKNN_DTYPE_BIN}, {NULL, 0}};
+
 xknn_dtype xknn_dtype_from_name(const char *name)
 {
-    static const struct {
-        const char *name;
-        xknn_dtype dtype;
-    } aliases[] = {{"float32", XKNN_DTYPE_F32}, {"float16", XKNN_DTYPE_F16}, {"bfloat16", XKNN_DTYPE_BF16},
-                   {"uint8", XKNN_DTYPE_U8},    {"int8", XKNN_DTYPE_I8},     {"bits", XKNN_DTYPE_BIN}};
-    int i;
-    if (!name) return XKNN_DTYPE_COUNT;
-    for (i = 0; i < (int)XKNN_DTYPE_COUNT; i++)
-        if (!strcmp(name, xknn__dtype_names[i])) return (xknn_dtype)i;
-    for (i = 0; i < (int)(sizeof aliases / sizeof aliases[0]); i++)
-        if (!strcmp(name, aliases[i].name)) return aliases[i].dtype;
-    return XKNN_DTYPE_COUNT;
+    return (xknn_dtype)xknn__from_name(name, xknn__dtype_names, (int)XKNN_DTYPE_COUNT, xknn__dtype_aliases);
 }
 
 const char *xknn_backend_name(xknn_backend backend)
@@ -558,24 +562,6 @@ float xknn_distance(xknn_metric metric, const float *a, const float *b, int64_t 
     spec.p = 2.0;
     spec.weights = NULL;
     return xknn__cm_dist_f32(&spec, a, b, d);
-}
-
-/* printf-style fill of an error report; returns status for `return xknn__fail(...)`. */
-static xknn_status xknn__fail(xknn_error *err, xknn_status status, const char *fmt, ...)
-#if defined(__GNUC__)
-    __attribute__((format(printf, 3, 4)))
-#endif
-    ;
-static xknn_status xknn__fail(xknn_error *err, xknn_status status, const char *fmt, ...)
-{
-    if (err) {
-        va_list ap;
-        err->status = status;
-        va_start(ap, fmt);
-        vsnprintf(err->message, sizeof err->message, fmt, ap);
-        va_end(ap);
-    }
-    return status;
 }
 
 /* 1 if row has a NaN or Inf: exponent bits all ones. Branch-free so it vectorises. */

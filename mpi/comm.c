@@ -3,7 +3,6 @@
  * mpi/comm.c -- the context (duplicated communicator, local rank, device, transfer
  * mode), collective error agreement, and small helpers of the distributed layer.
  */
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,18 +12,6 @@
 #if defined(XKNN_HAVE_MPI_EXT_H)
 #include <mpi-ext.h>
 #endif
-
-xknn_status xknn__mpi_fail(xknn_error *err, xknn_status status, const char *fmt, ...)
-{
-    if (err) {
-        va_list ap;
-        err->status = status;
-        va_start(ap, fmt);
-        vsnprintf(err->message, sizeof err->message, fmt, ap);
-        va_end(ap);
-    }
-    return status;
-}
 
 xknn_status xknn__mpi_error(int rank, xknn_error *err, int rc, const char *what)
 {

@@ -13,12 +13,6 @@
 #include "xknn_mpi.h"
 #include "xknn/impl/backend.h" /* xknn__lists_pad */
 
-#if defined(__GNUC__)
-#define XKNN__PRINTF(a, b) __attribute__((format(printf, a, b)))
-#else
-#define XKNN__PRINTF(a, b)
-#endif
-
 struct xknn_mpi_context {
     MPI_Comm comm;              /* the library's duplicate, MPI_ERRORS_RETURN        */
     int rank, size;             /* in comm                                            */
@@ -49,11 +43,23 @@ enum {
     XKNN__TAG_LIST_DIST = 0x6b05
 };
 
-/* Fills *err (may be NULL) printf-style; returns status. */
-xknn_status xknn__mpi_fail(xknn_error *err, xknn_status status, const char *fmt, ...) XKNN__PRINTF(3, 4);
+/* Fills *err (may be NULL) printf-style; returns status: the library's xknn__fail
+ * (xknn/impl/backend.h) under the layer's name. */
+#define xknn__mpi_fail xknn__fail
 
 /* Maps a failed MPI return code to XKNN_ERROR_MPI with MPI_Error_string's text. */
 xknn_status xknn__mpi_error(int rank, xknn_error *err, int rc, const char *what);
+
+/* The check after an MPI call: 0 when rc is MPI_SUCCESS; else 1, with *st and err the
+ * failure of `what` on rank (xknn__mpi_error) and *broken (when given) set: no more
+ * communication. For `if (xknn__mpi_check(...)) return -1;`. */
+static inline int xknn__mpi_check(int rc, int rank, xknn_status *st, xknn_error *err, int *broken, const char *what)
+{
+    if (rc == MPI_SUCCESS) return 0;
+    *st = xknn__mpi_error(rank, err, rc, what);
+    if (broken) *broken = 1;
+    return 1;
+}
 
 /* The one place where the transfer mode is decided (see xknn_mpi.h, TRANSFER MODES).
  * candidates_on_device: 1 once a backend hands back device candidate buffers.

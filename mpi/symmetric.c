@@ -602,11 +602,11 @@ static void xknn__ring_final(xknn__ring *R, int merge, int64_t a, int64_t b, int
     R->tm->reduce += MPI_Wtime() - t0;
 }
 
-/* An MPI call failed: its message into lerr, and no more communication. */
-static void xknn__ring_mpi_failed(xknn__ring *R, int rc, const char *what)
+/* xknn__mpi_check on the ring: a failed call's message into lerr, and no more
+ * communication. */
+static int xknn__ring_mpi_check(xknn__ring *R, int rc, const char *what)
 {
-    R->st = xknn__mpi_error(R->rank, R->lerr, rc, what);
-    R->broken = 1;
+    return xknn__mpi_check(rc, R->rank, &R->st, R->lerr, &R->broken, what);
 }
 
 /* The options (the same results with any of them): where the compute runs, and how
@@ -709,10 +709,7 @@ static int xknn__ring_agree(xknn__ring *R, int have_all)
                                "rank %d: out of memory for the symmetric self-join (%d list sets of %lld rows, k=%lld)",
                                R->rank, 1 + R->nvis + R->nacc, (long long)R->maxrows, (long long)R->k);
     rc = MPI_Allreduce(have, every, 3, MPI_INT, MPI_MIN, R->ctx->comm);
-    if (rc != MPI_SUCCESS) {
-        xknn__ring_mpi_failed(R, rc, "MPI_Allreduce");
-        return -1;
-    }
+    if (xknn__ring_mpi_check(R, rc, "MPI_Allreduce")) return -1;
     if (!every[0]) return -1;
     R->bounds = every[1];
     /* (no piece without a row) */
@@ -801,10 +798,7 @@ static int xknn__ring_start(xknn__ring *R)
     if (rc == MPI_SUCCESS) rc = MPI_Type_commit(&R->idtype);
     if (rc == MPI_SUCCESS) rc = MPI_Type_contiguous((int)R->k, MPI_FLOAT, &R->dtype_k);
     if (rc == MPI_SUCCESS) rc = MPI_Type_commit(&R->dtype_k);
-    if (rc != MPI_SUCCESS) {
-        xknn__ring_mpi_failed(R, rc, "MPI_Type_contiguous");
-        return -1;
-    }
+    if (xknn__ring_mpi_check(R, rc, "MPI_Type_contiguous")) return -1;
     if (R->nloc > 0) {
         /* ref's rows themselves when they are dense, else a packed copy */
         const int64_t elems = xknn_row_elems(R->dtype, R->d);
@@ -818,24 +812,14 @@ static int xknn__ring_start(xknn__ring *R)
             R->ownrows = R->slice[0];
         }
     }
-    /* (the worker's params: pw; inline: p) */
-    memset(b, 0, sizeof *b);
-    b->p = &R->pw;
-    b->ref = R->ref;
-    b->m = R->rowss;
-    b->half = R->half;
-    b->cut = R->cut;
-    b->k = R->k;
-    b->d = R->d;
-    b->nloc = R->nloc;
-    b->r0 = R->ref_offset;
-    b->l0 = R->own.ids;
-    b->d0 = R->own.dist;
-    b->dtype = R->dtype;
-    b->P = R->P;
-    b->S = R->S;
-    b->rank = R->rank;
-    b->neg = R->neg;
+    {
+        /* (the worker's params: pw; inline: p; every other field zero) */
+        const xknn__sym_step base = {
+            .p = &R->pw, .ref = R->ref, .m = R->rowss, .half = R->half, .cut = R->cut, .k = R->k, .d = R->d,
+            .nloc = R->nloc, .r0 = R->ref_offset, .l0 = R->own.ids, .d0 = R->own.dist, .dtype = R->dtype,
+            .P = R->P, .S = R->S, .rank = R->rank, .neg = R->neg};
+        *b = base;
+    }
     memset(&R->rd, 0, sizeof R->rd);
     R->rd_made = pthread_mutex_init(&R->rd.mu, NULL) == 0; /* (else no news: rows final after the loop) */
     return 0;
@@ -901,8 +885,7 @@ static int xknn__ring_post(xknn__ring *R, xknn__ring_round *o)
         R->nrecv = 1; /* (rank 0's rows [g, m_0) become padding once the worker runs) */
     }
     R->tm->broadcast += MPI_Wtime() - t0;
-    if (rc == MPI_SUCCESS) return 0;
-    xknn__ring_mpi_failed(R, rc, "MPI_Isend/MPI_Irecv (reference slice or lists)");
+    if (!xknn__ring_mpi_check(R, rc, "MPI_Isend/MPI_Irecv (reference slice or lists)")) return 0;
     for (r = 0; r < 6; r += (r == 0 ? 4 : 1)) /* the receives: 0, 4, 5 */
         if (o->req[r] != MPI_REQUEST_NULL) MPI_Cancel(&o->req[r]);
     for (r = 0; r < 64; r++)
@@ -1298,7 +1281,7 @@ static void xknn__ring_join(xknn__ring *R, xknn__ring_round *o)
         R->tm->broadcast += o->worker ? (o->tc > w->t1 ? o->tc - w->t1 : 0.0) : o->tc - o->tw;
     else
         R->tm->reduce += o->worker ? (o->tc > w->t1 ? o->tc - w->t1 : 0.0) : o->tc - o->tw;
-    if (o->rc != MPI_SUCCESS) xknn__ring_mpi_failed(R, o->rc, "MPI_Waitall (reference slice or lists)");
+    xknn__ring_mpi_check(R, o->rc, "MPI_Waitall (reference slice or lists)");
 }
 
 /* Bounds, after step 0: every row's k-th value (+inf where its list is not full yet), to
@@ -1328,7 +1311,7 @@ static void xknn__ring_bounds(xknn__ring *R)
     rc = MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, R->bnd, R->bcnt, R->bcnt + R->P, MPI_FLOAT, R->ctx->comm);
     R->tm->broadcast += MPI_Wtime() - t0;
     if (R->trace) fprintf(stderr, "xknn_mpi: trace rank %d: bounds shared %.3f\n", R->rank, xknn__sym_now() - R->tr0);
-    if (rc != MPI_SUCCESS) xknn__ring_mpi_failed(R, rc, "MPI_Allgatherv (bounds)");
+    xknn__ring_mpi_check(R, rc, "MPI_Allgatherv (bounds)");
 }
 
 /* Round s: its transfers posted, step s's compute started, the transfers completed
@@ -1426,10 +1409,7 @@ static void xknn__ring_deliver(xknn__ring *R)
             }
         }
         R->tm->reduce += MPI_Wtime() - t0;
-        if (rc != MPI_SUCCESS) {
-            xknn__ring_mpi_failed(R, rc, "MPI_Send/MPI_Recv (candidate lists)");
-            break;
-        }
+        if (xknn__ring_mpi_check(R, rc, "MPI_Send/MPI_Recv (candidate lists)")) break;
         if (rank == j) {
             if (!out->sink || R->sunk < rows) R->owned++; /* (blocks given during the steps counted there) */
             if (out->sink && R->st == XKNN_SUCCESS && R->sunk < rows) {
@@ -1457,7 +1437,7 @@ static void xknn__ring_balance(xknn__ring *R)
             fprintf(stderr, "xknn_mpi: rank %d: distance_evals=%lld busy=%.3f s\n", j, (long long)R->allev[j],
                     R->all[j]);
     }
-    if (rc != MPI_SUCCESS) xknn__ring_mpi_failed(R, rc, "MPI_Gather (busy times)");
+    xknn__ring_mpi_check(R, rc, "MPI_Gather (busy times)");
 }
 
 /* What the ring releases at its end (xknn__sym_release, through xknn__mpi_later). */

@@ -8,15 +8,17 @@
 #define XKNN_MPI_CMD_H
 
 #include <errno.h>
-#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "xknn.h"
+#include "xknn/impl/backend.h" /* xknn__fail */
 #ifdef XKNN_HAVE_MPI
 #include <mpi.h>
+
+#include "xknn_mpi.h"
 #endif
 
 enum { EXIT_OK = 0, EXIT_USAGE = 1, EXIT_INPUT = 2, EXIT_RESOURCE = 3, EXIT_INTERNAL = 4 };
@@ -38,21 +40,9 @@ static inline int knn__exit_code(xknn_status st)
     }
 }
 
-/* Fills *err (status and message); returns st. */
-static inline xknn_status knn__fail(xknn_error *err, xknn_status st, const char *fmt, ...)
-#if defined(__GNUC__)
-    __attribute__((format(printf, 3, 4)))
-#endif
-    ;
-static inline xknn_status knn__fail(xknn_error *err, xknn_status st, const char *fmt, ...)
-{
-    va_list ap;
-    err->status = st;
-    va_start(ap, fmt);
-    vsnprintf(err->message, sizeof err->message, fmt, ap);
-    va_end(ap);
-    return st;
-}
+/* Fills *err (status and printf-style message); returns st: the library's xknn__fail
+ * (xknn/impl/backend.h) under the commands' name. */
+#define knn__fail xknn__fail
 
 /* Prefixes the message with "rank R: " (rank-local failures in a multi-rank run). */
 static inline void knn__prefix_rank(xknn_error *err, int rank, int size)
@@ -94,6 +84,28 @@ static inline int knn__parse_backend(const char *s, xknn_backend *out)
         }
     return -1;
 }
+
+/* Index of s among names[0 .. count-1]; count when it is none of them. */
+static inline int knn__index_of(const char *s, const char *const *names, int count)
+{
+    int i;
+    for (i = 0; i < count && strcmp(s, names[i]); i++) continue;
+    return i;
+}
+
+/* Collective: every rank of ctx gets the same status and message (the lowest failing
+ * rank's); without MPI the one process's st, and ctx (a field MPI builds alone have) is
+ * not compiled. */
+#ifdef XKNN_HAVE_MPI
+#define knn__agree_ctx(ctx, st, err) xknn_mpi_agree((ctx), (st), (err))
+#else
+#define knn__agree_ctx(ctx, st, err) knn__agree_alone((st), (err))
+static inline xknn_status knn__agree_alone(xknn_status st, xknn_error *err)
+{
+    (void)err;
+    return st;
+}
+#endif
 
 #ifdef XKNN_HAVE_MPI
 /* A failed MPI call on rank `rank`: XKNN_ERROR_MPI with MPI_Error_string's text. */

@@ -9,7 +9,6 @@
 #include "knn_predict.h"
 
 #include <errno.h>
-#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -61,17 +60,6 @@ static xknn_status knn__pmpi(knn_predict *p, xknn_error *err, int rc, const char
 }
 #endif
 
-static xknn_status knn__pagree(knn_predict *p, xknn_status st, xknn_error *err)
-{
-#ifdef XKNN_HAVE_MPI
-    return xknn_mpi_agree(p->ctx, st, err);
-#else
-    (void)p;
-    (void)err;
-    return st;
-#endif
-}
-
 /* Writes len bytes at off of the --predict output. */
 static xknn_status knn__pwrite(knn_predict *p, int64_t off, const unsigned char *buf, int64_t len, xknn_error *err)
 {
@@ -82,28 +70,25 @@ static xknn_status knn__pwrite(knn_predict *p, int64_t off, const unsigned char 
 
 static xknn_status knn__pread_inputs(knn_predict *p, xknn_error *err)
 {
+    /* --labels, --targets: one value a REF row; --query-labels: one a query */
+    const char *const opts[3] = {"--labels", "--targets", "--query-labels"};
+    const char *const paths[3] = {p->labels_path, p->targets_path, p->qlabels_path};
     xknn_status st;
     int64_t m = 0;
-    if (p->labels_path) {
-        if ((st = xknn_labels_read(p->labels_path, &m, &p->labels, err)) != XKNN_SUCCESS) return st;
-        if (m != p->n)
+    int i;
+    for (i = 0; i < 3; i++) {
+        const char *what = i == 1 ? "target" : "label";
+        if (!paths[i]) continue;
+        st = i == 1 ? xknn_targets_read(paths[i], &m, &p->targets, err)
+                    : xknn_labels_read(paths[i], &m, i == 0 ? &p->labels : &p->qlabels, err);
+        if (st != XKNN_SUCCESS) return st;
+        if (i == 2 && m != p->nq)
+            return knn__fail(err, XKNN_ERROR_INVALID_ARGUMENT, "%s: %s holds %lld %ss, but there are nq=%lld queries",
+                             opts[i], paths[i], (long long)m, what, (long long)p->nq);
+        if (i < 2 && m != p->n)
             return knn__fail(err, XKNN_ERROR_INVALID_ARGUMENT,
-                              "--labels: %s holds %lld labels, but REF has n=%lld rows (one label per row)",
-                              p->labels_path, (long long)m, (long long)p->n);
-    }
-    if (p->targets_path) {
-        if ((st = xknn_targets_read(p->targets_path, &m, &p->targets, err)) != XKNN_SUCCESS) return st;
-        if (m != p->n)
-            return knn__fail(err, XKNN_ERROR_INVALID_ARGUMENT,
-                              "--targets: %s holds %lld targets, but REF has n=%lld rows (one target per row)",
-                              p->targets_path, (long long)m, (long long)p->n);
-    }
-    if (p->qlabels_path) {
-        if ((st = xknn_labels_read(p->qlabels_path, &m, &p->qlabels, err)) != XKNN_SUCCESS) return st;
-        if (m != p->nq)
-            return knn__fail(err, XKNN_ERROR_INVALID_ARGUMENT,
-                              "--query-labels: %s holds %lld labels, but there are nq=%lld queries",
-                              p->qlabels_path, (long long)m, (long long)p->nq);
+                             "%s: %s holds %lld %ss, but REF has n=%lld rows (one %s per row)", opts[i], paths[i],
+                             (long long)m, what, (long long)p->n, what);
     }
     p->pred = (uint32_t *)calloc((size_t)(p->nq > 0 ? p->nq : 1), sizeof *p->pred);
     p->owned = (unsigned char *)calloc((size_t)(p->nq > 0 ? p->nq : 1), 1);
@@ -151,7 +136,7 @@ xknn_status knn_predict_open(knn_predict *p, int64_t n, int64_t nq, xknn_metric 
     if (!knn_predict_active(p)) return XKNN_SUCCESS;
     /* every rank reads the same (small) files: one verdict, agreed below */
     st = knn__pread_inputs(p, err);
-    return knn__pagree(p, st, err);
+    return knn__agree_ctx(p->ctx, st, err);
 }
 
 /* ---- rows: the vote on the owner of a block --------------------------------------- */
@@ -278,7 +263,7 @@ xknn_status knn_predict_finish(knn_predict *p, xknn_error *err)
                             (int)(p->nclasses * p->nclasses), MPI_INT64_T, MPI_SUM, 0, p->comm);
         if (rc != MPI_SUCCESS) st = knn__pmpi(p, err, rc, "MPI_Allreduce (accuracy)");
     }
-    if ((st = knn__pagree(p, st, err)) != XKNN_SUCCESS) return st;
+    if ((st = knn__agree_ctx(p->ctx, st, err)) != XKNN_SUCCESS) return st;
 #endif
     p->accuracy = p->nq > 0 ? (double)p->correct / (double)p->nq : 0.0;
     if (!p->out_path) return XKNN_SUCCESS;
@@ -315,7 +300,7 @@ xknn_status knn_predict_finish(knn_predict *p, xknn_error *err)
     if (st == XKNN_SUCCESS) st = knn__pwrite_rows(p, hdr, offs, err);
     free(offs);
     p->bytes = total;
-    return knn__pagree(p, st, err);
+    return knn__agree_ctx(p->ctx, st, err);
 }
 
 void knn_predict_print_confusion(const knn_predict *p, FILE *f)

@@ -16,7 +16,6 @@
 #define _POSIX_C_SOURCE 200809L
 
 #include <errno.h>
-#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -140,14 +139,9 @@ static int prune__parse(int argc, char **argv, prune_opts *o, char *msg, size_t 
                 snprintf(msg, msz, "%s: empty file name", a);
                 return EXIT_USAGE;
             }
-            if (!strcmp(a, "--labels"))
-                o->labels = val;
-            else if (!strcmp(a, "--subset"))
-                o->subset = val;
-            else if (!strcmp(a, "--subset-labels"))
-                o->subset_labels = val;
-            else
-                o->out = val;
+            static const char *const names[] = {"--labels", "--subset", "--subset-labels"}; /* else -o */
+            const char **slot[] = {&o->labels, &o->subset, &o->subset_labels, &o->out};
+            *slot[knn__index_of(a, names, 3)] = val;
         } else if (a[0] == '-' && a[1]) {
             snprintf(msg, msz, "unknown option '%s' (see knn_prune --help)", a);
             return EXIT_USAGE;
@@ -233,6 +227,20 @@ static double prune__now(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+/* Condensing (--cnn) or editing of the n rows x of d floats: keep[i] set for the rows
+ * kept, *kept of them (*passes: condensing's). */
+static xknn_status prune__run(const prune_opts *o, const float *x, int64_t n, int64_t d, const int32_t *labels,
+                              unsigned char *keep, int64_t *kept, int64_t *passes, xknn_error *err)
+{
+    xknn_params p = XKNN_PARAMS_INIT;
+    const xknn_matrix ref = XKNN_MATRIX_F32(x, n, d);
+    p.backend = o->backend;
+    p.metric = o->metric;
+    p.num_threads = o->threads;
+    if (o->cnn) return xknn_condense(&p, &ref, labels, o->k, o->batch, keep, kept, passes, err);
+    return xknn_edit(&p, &ref, labels, o->k, keep, kept, err);
+}
+
 int main(int argc, char **argv)
 {
     prune_opts o;
@@ -245,8 +253,6 @@ int main(int argc, char **argv)
     unsigned char *keep = NULL;
     int64_t n = 0, nl = 0, kept = 0, passes = 0, i, j;
     xknn_file_info info;
-    xknn_params p = XKNN_PARAMS_INIT;
-    xknn_matrix ref = XKNN_MATRIX_F32(NULL, 0, 0);
     xknn_error err;
     xknn_status st = XKNN_SUCCESS;
     double t0 = prune__now(), t_search = 0;
@@ -319,17 +325,8 @@ int main(int argc, char **argv)
         }
 
     /* the work */
-    p.backend = o.backend;
-    p.metric = o.metric;
-    p.num_threads = o.threads;
-    ref.data = x;
-    ref.rows = n;
-    ref.cols = info.cols;
     t_search = prune__now();
-    if (o.cnn)
-        st = xknn_condense(&p, &ref, labels, o.k, o.batch, keep, &kept, &passes, &err);
-    else
-        st = xknn_edit(&p, &ref, labels, o.k, keep, &kept, &err);
+    st = prune__run(&o, x, n, info.cols, labels, keep, &kept, &passes, &err);
     t_search = prune__now() - t_search;
     if (st != XKNN_SUCCESS) goto report;
 

@@ -154,25 +154,24 @@ XKNN_API xknn_status xknn_condense(const xknn_params *params, const xknn_matrix 
 #include <stdlib.h>
 #include <string.h>
 
+#include "impl/backend.h" /* xknn__fail, xknn__keyed */
+
 #ifdef __cplusplus
 extern "C" {
 #endif
 
+static const char *const xknn__vote_names[XKNN_VOTE_COUNT] = {"uniform", "distance"};
+
 const char *xknn_vote_name(xknn_vote vote)
 {
-    switch (vote) {
-    case XKNN_VOTE_UNIFORM: return "uniform";
-    case XKNN_VOTE_DISTANCE: return "distance";
-    default: return "unknown";
-    }
+    if ((int)vote < 0 || vote >= XKNN_VOTE_COUNT) return "unknown";
+    return xknn__vote_names[vote];
 }
 
 xknn_vote xknn_vote_from_name(const char *name)
 {
-    if (!name) return XKNN_VOTE_COUNT;
-    if (!strcmp(name, "uniform")) return XKNN_VOTE_UNIFORM;
-    if (!strcmp(name, "distance")) return XKNN_VOTE_DISTANCE;
-    return XKNN_VOTE_COUNT;
+    static const xknn__alias none[] = {{NULL, 0}};
+    return (xknn_vote)xknn__from_name(name, xknn__vote_names, (int)XKNN_VOTE_COUNT, none);
 }
 
 static void xknn__learn_ok(xknn_error *err)
@@ -467,18 +466,6 @@ done:
     return st;
 }
 
-typedef struct xknn__cand {
-    float dist;
-    int64_t id;
-} xknn__cand;
-
-static int xknn__cand_cmp(const void *a, const void *b)
-{
-    const xknn__cand *x = (const xknn__cand *)a, *y = (const xknn__cand *)b;
-    if (x->dist != y->dist) return x->dist < y->dist ? -1 : 1;
-    return x->id < y->id ? -1 : x->id > y->id;
-}
-
 xknn_status xknn_condense(const xknn_params *params, const xknn_matrix *ref, const int32_t *labels, int64_t k,
                           int64_t batch, unsigned char *keep, int64_t *kept, int64_t *passes, xknn_error *err)
 {
@@ -488,7 +475,7 @@ xknn_status xknn_condense(const xknn_params *params, const xknn_matrix *ref, con
     const float *x = ref ? (const float *)ref->data : NULL;
     float *store = NULL, *qbuf = NULL, *sdist = NULL;
     int64_t *store_id = NULL, *sids = NULL, *cand_ids = NULL, *added = NULL, *todo = NULL;
-    xknn__cand *cand = NULL;
+    xknn__keyed *cand = NULL; /* (distance, id) */
     int64_t ns = 0, npass = 0, bmax, i, j;
     int changed = 1, dirty = 1;
     xknn_status st = XKNN_SUCCESS;
@@ -508,7 +495,7 @@ xknn_status xknn_condense(const xknn_params *params, const xknn_matrix *ref, con
     sids = (int64_t *)malloc((size_t)(bmax * k) * sizeof *sids);
     sdist = (float *)malloc((size_t)(bmax * k) * sizeof *sdist);
     added = (int64_t *)malloc((size_t)bmax * sizeof *added);
-    cand = (xknn__cand *)malloc((size_t)(k + bmax) * sizeof *cand);
+    cand = (xknn__keyed *)malloc((size_t)(k + bmax) * sizeof *cand);
     cand_ids = (int64_t *)malloc((size_t)k * sizeof *cand_ids);
     if (!store || !store_id || !todo || !qbuf || !sids || !sdist || !added || !cand || !cand_ids) {
         st = xknn__fail(err, XKNN_ERROR_OUT_OF_MEMORY, "cannot allocate the store of %lld x %lld floats",
@@ -560,14 +547,14 @@ xknn_status xknn_condense(const xknn_params *params, const xknn_matrix *ref, con
                 int64_t nc = 0, m;
                 int32_t pred = 0;
                 for (j = 0; j < kk; j++) {
-                    cand[nc].dist = sdist[i * kk + j];
+                    cand[nc].key = sdist[i * kk + j];
                     cand[nc++].id = store_id[sids[i * kk + j]];
                 }
                 for (j = 0; j < na; j++) {
-                    cand[nc].dist = xknn_distance(p.metric, x + id * ld, x + added[j] * ld, d);
+                    cand[nc].key = xknn_distance(p.metric, x + id * ld, x + added[j] * ld, d);
                     cand[nc++].id = added[j];
                 }
-                if (na > 0) qsort(cand, (size_t)nc, sizeof *cand, xknn__cand_cmp);
+                if (na > 0) qsort(cand, (size_t)nc, sizeof *cand, xknn__keyed_cmp);
                 m = nc < k ? nc : k;
                 for (j = 0; j < m; j++) cand_ids[j] = cand[j].id;
                 if ((st = xknn_classify(1, m, cand_ids, NULL, p.metric, XKNN_VOTE_UNIFORM, labels, n, &pred, err)) !=

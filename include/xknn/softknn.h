@@ -193,6 +193,7 @@ XKNN_API xknn_status xknn_softknn_train(xknn_softknn *model, const xknn_softknn_
 #include <stdlib.h>
 #include <string.h>
 
+#include "impl/backend.h" /* xknn__fail */
 #include "impl/softknn_kernels.h"
 
 #ifdef __cplusplus
@@ -209,18 +210,6 @@ struct xknn_softknn {
     uint8_t *labels;  /* 0 / 1                      */
     xknn__sk_cuda *cuda;
 };
-
-static xknn_status xknn__sk_err(xknn_error *err, xknn_status st, const char *fmt, ...)
-{
-    if (err) {
-        va_list ap;
-        err->status = st;
-        va_start(ap, fmt);
-        vsnprintf(err->message, sizeof err->message, fmt, ap);
-        va_end(ap);
-    }
-    return st;
-}
 
 void xknn_softknn_init_params(int64_t d, double *theta)
 {
@@ -251,33 +240,33 @@ xknn_status xknn_softknn_create(const xknn_softknn_config *cfg, const uint64_t *
     xknn_softknn *s;
     int64_t words, i;
     if (err) err->status = XKNN_SUCCESS, err->message[0] = '\0';
-    if (!model) return xknn__sk_err(err, XKNN_ERROR_INVALID_ARGUMENT, "soft-kNN: model pointer is NULL");
+    if (!model) return xknn__fail(err, XKNN_ERROR_INVALID_ARGUMENT, "soft-kNN: model pointer is NULL");
     *model = NULL;
     if (cfg) c = *cfg;
-    if (!x || !labels) return xknn__sk_err(err, XKNN_ERROR_INVALID_ARGUMENT, "soft-kNN: x or labels is NULL");
+    if (!x || !labels) return xknn__fail(err, XKNN_ERROR_INVALID_ARGUMENT, "soft-kNN: x or labels is NULL");
     if (n < 2 || d < 1)
-        return xknn__sk_err(err, XKNN_ERROR_INVALID_ARGUMENT, "soft-kNN: need n >= 2 rows and d >= 1 bits (n=%lld d=%lld)",
-                            (long long)n, (long long)d);
+        return xknn__fail(err, XKNN_ERROR_INVALID_ARGUMENT, "soft-kNN: need n >= 2 rows and d >= 1 bits (n=%lld d=%lld)",
+                          (long long)n, (long long)d);
     words = (d + 63) / 64;
     if (ldx == 0) ldx = words;
     if (ldx < words)
-        return xknn__sk_err(err, XKNN_ERROR_INVALID_ARGUMENT, "soft-kNN: ldx=%lld words is less than ceil(d/64)=%lld",
-                            (long long)ldx, (long long)words);
+        return xknn__fail(err, XKNN_ERROR_INVALID_ARGUMENT, "soft-kNN: ldx=%lld words is less than ceil(d/64)=%lld",
+                          (long long)ldx, (long long)words);
     if ((int)c.backend < 0 || c.backend >= XKNN_BACKEND_COUNT || (int)c.precision < 0 ||
         c.precision >= XKNN_SOFTKNN_PRECISION_COUNT)
-        return xknn__sk_err(err, XKNN_ERROR_INVALID_ARGUMENT, "soft-kNN: unknown backend or precision value");
+        return xknn__fail(err, XKNN_ERROR_INVALID_ARGUMENT, "soft-kNN: unknown backend or precision value");
     if (c.precision == XKNN_SOFTKNN_DOUBLE_REF && c.backend == XKNN_BACKEND_CUDA)
-        return xknn__sk_err(err, XKNN_ERROR_INVALID_ARGUMENT,
-                            "soft-kNN: the double-precision reference runs on the CPU only (backend cuda asked)");
+        return xknn__fail(err, XKNN_ERROR_INVALID_ARGUMENT,
+                          "soft-kNN: the double-precision reference runs on the CPU only (backend cuda asked)");
     for (i = 0; i < n; i++)
         if (labels[i] > 1)
-            return xknn__sk_err(err, XKNN_ERROR_INVALID_ARGUMENT, "soft-kNN: label of row %lld is %d, must be 0 or 1",
-                                (long long)i, (int)labels[i]);
+            return xknn__fail(err, XKNN_ERROR_INVALID_ARGUMENT, "soft-kNN: label of row %lld is %d, must be 0 or 1",
+                              (long long)i, (int)labels[i]);
     if (c.backend == XKNN_BACKEND_AUTO)
         c.backend = (c.precision == XKNN_SOFTKNN_FLOAT && xknn_cuda_device_count() > 0) ? XKNN_BACKEND_CUDA
                                                                                       : XKNN_BACKEND_CPU;
     s = (xknn_softknn *)calloc(1, sizeof *s);
-    if (!s) return xknn__sk_err(err, XKNN_ERROR_OUT_OF_MEMORY, "soft-kNN: out of memory");
+    if (!s) return xknn__fail(err, XKNN_ERROR_OUT_OF_MEMORY, "soft-kNN: out of memory");
     s->backend = c.backend;
     s->precision = c.precision;
     s->num_threads = c.num_threads;
@@ -287,8 +276,8 @@ xknn_status xknn_softknn_create(const xknn_softknn_config *cfg, const uint64_t *
     s->labels = (uint8_t *)malloc((size_t)n);
     if (!s->x || !s->y || !s->labels) {
         xknn_softknn_destroy(s);
-        return xknn__sk_err(err, XKNN_ERROR_OUT_OF_MEMORY, "soft-kNN: out of memory for %lld rows of %lld bits",
-                            (long long)n, (long long)d);
+        return xknn__fail(err, XKNN_ERROR_OUT_OF_MEMORY, "soft-kNN: out of memory for %lld rows of %lld bits",
+                          (long long)n, (long long)d);
     }
     for (i = 0; i < n; i++) {
         memcpy(s->x + i * words, x + i * ldx, (size_t)words * sizeof(uint64_t));
@@ -301,7 +290,7 @@ xknn_status xknn_softknn_create(const xknn_softknn_config *cfg, const uint64_t *
         xknn_status st = xknn__softknn_cuda_create(c.device, s->x, s->y, n, d, words, &s->cuda, msg, sizeof msg);
         if (st != XKNN_SUCCESS) {
             xknn_softknn_destroy(s);
-            return xknn__sk_err(err, st, "soft-kNN: %s", msg);
+            return xknn__fail(err, st, "soft-kNN: %s", msg);
         }
     }
     *model = s;
@@ -311,12 +300,12 @@ xknn_status xknn_softknn_create(const xknn_softknn_config *cfg, const uint64_t *
 static xknn_status xknn__sk_check_theta(const xknn_softknn *s, const double *theta, xknn_error *err)
 {
     int64_t i;
-    if (!theta) return xknn__sk_err(err, XKNN_ERROR_INVALID_ARGUMENT, "soft-kNN: theta is NULL");
+    if (!theta) return xknn__fail(err, XKNN_ERROR_INVALID_ARGUMENT, "soft-kNN: theta is NULL");
     for (i = 0; i < s->d + 4; i++)
         if (!isfinite(theta[i]))
-            return xknn__sk_err(err, XKNN_ERROR_INVALID_VALUE, "soft-kNN: parameter %lld is not finite", (long long)i);
+            return xknn__fail(err, XKNN_ERROR_INVALID_VALUE, "soft-kNN: parameter %lld is not finite", (long long)i);
     if (!(xknn__sk_wnorm(theta, s->d) > 0))
-        return xknn__sk_err(err, XKNN_ERROR_INVALID_VALUE, "soft-kNN: every weight is zero (||W||_1 = 0)");
+        return xknn__fail(err, XKNN_ERROR_INVALID_VALUE, "soft-kNN: every weight is zero (||W||_1 = 0)");
     return XKNN_SUCCESS;
 }
 
@@ -339,7 +328,7 @@ static xknn_status xknn__sk_run(xknn_softknn *s, const uint64_t *u, int64_t m, c
         st = xknn__softknn_ref_eval(&job);
     else
         st = xknn__softknn_cpu_eval(&job);
-    if (st != XKNN_SUCCESS) return xknn__sk_err(err, st, "soft-kNN: %s", msg);
+    if (st != XKNN_SUCCESS) return xknn__fail(err, st, "soft-kNN: %s", msg);
     return XKNN_SUCCESS;
 }
 
@@ -353,14 +342,14 @@ static xknn_status xknn__sk_batch(xknn_softknn *s, const int64_t *batch, int64_t
     int64_t *own = NULL, i;
     xknn_status st = XKNN_SUCCESS;
     if (!mark || !u || !target) {
-        st = xknn__sk_err(err, XKNN_ERROR_OUT_OF_MEMORY, "soft-kNN: out of memory");
+        st = xknn__fail(err, XKNN_ERROR_OUT_OF_MEMORY, "soft-kNN: out of memory");
         goto done;
     }
     for (i = 0; i < m; i++) {
         int64_t r = batch[i];
         if (r < 0 || r >= s->n || mark[r]) {
-            st = xknn__sk_err(err, XKNN_ERROR_INVALID_ARGUMENT, "soft-kNN: batch[%lld] = %lld is %s", (long long)i,
-                              (long long)r, (r < 0 || r >= s->n) ? "out of range" : "repeated");
+            st = xknn__fail(err, XKNN_ERROR_INVALID_ARGUMENT, "soft-kNN: batch[%lld] = %lld is %s", (long long)i,
+                            (long long)r, (r < 0 || r >= s->n) ? "out of range" : "repeated");
             goto done;
         }
         mark[r] = 1;
@@ -370,8 +359,8 @@ static xknn_status xknn__sk_batch(xknn_softknn *s, const int64_t *batch, int64_t
     if (refs) {
         for (i = 0; i < nr; i++)
             if (refs[i] < 0 || refs[i] >= s->n || mark[refs[i]]) {
-                st = xknn__sk_err(err, XKNN_ERROR_INVALID_ARGUMENT, "soft-kNN: refs[%lld] = %lld is %s", (long long)i,
-                                  (long long)refs[i], (refs[i] < 0 || refs[i] >= s->n) ? "out of range" : "in the batch");
+                st = xknn__fail(err, XKNN_ERROR_INVALID_ARGUMENT, "soft-kNN: refs[%lld] = %lld is %s", (long long)i,
+                                (long long)refs[i], (refs[i] < 0 || refs[i] >= s->n) ? "out of range" : "in the batch");
                 goto done;
             }
     } else {
@@ -379,7 +368,7 @@ static xknn_status xknn__sk_batch(xknn_softknn *s, const int64_t *batch, int64_t
         nr = s->n - m;
         own = (int64_t *)malloc((size_t)(nr > 0 ? nr : 1) * sizeof(int64_t));
         if (!own) {
-            st = xknn__sk_err(err, XKNN_ERROR_OUT_OF_MEMORY, "soft-kNN: out of memory");
+            st = xknn__fail(err, XKNN_ERROR_OUT_OF_MEMORY, "soft-kNN: out of memory");
             goto done;
         }
         for (i = 0; i < s->n; i++)
@@ -387,7 +376,7 @@ static xknn_status xknn__sk_batch(xknn_softknn *s, const int64_t *batch, int64_t
         refs = own;
     }
     if (nr < 1) {
-        st = xknn__sk_err(err, XKNN_ERROR_INVALID_ARGUMENT, "soft-kNN: no reference row left to score the batch against");
+        st = xknn__fail(err, XKNN_ERROR_INVALID_ARGUMENT, "soft-kNN: no reference row left to score the batch against");
         goto done;
     }
     st = xknn__sk_run(s, u, m, refs, nr, theta, target, scores, loss, grad, err);
@@ -406,8 +395,8 @@ xknn_status xknn_softknn_loss_grad(xknn_softknn *model, const int64_t *batch, in
     double l = 0;
     if (err) err->status = XKNN_SUCCESS, err->message[0] = '\0';
     if (!model || !batch || m < 1 || (refs && nr < 1))
-        return xknn__sk_err(err, XKNN_ERROR_INVALID_ARGUMENT, "soft-kNN loss_grad: model and batch needed, m >= 1 (m=%lld)",
-                            (long long)m);
+        return xknn__fail(err, XKNN_ERROR_INVALID_ARGUMENT, "soft-kNN loss_grad: model and batch needed, m >= 1 (m=%lld)",
+                          (long long)m);
     st = xknn__sk_check_theta(model, theta, err);
     if (st != XKNN_SUCCESS) return st;
     st = xknn__sk_batch(model, batch, m, refs, nr, theta, NULL, &l, grad, err);
@@ -423,18 +412,18 @@ xknn_status xknn_softknn_score(xknn_softknn *model, const uint64_t *u, int64_t l
     xknn_status st;
     if (err) err->status = XKNN_SUCCESS, err->message[0] = '\0';
     if (!model || !u || !scores || m < 1)
-        return xknn__sk_err(err, XKNN_ERROR_INVALID_ARGUMENT, "soft-kNN score: model, rows and scores needed, m >= 1");
+        return xknn__fail(err, XKNN_ERROR_INVALID_ARGUMENT, "soft-kNN score: model, rows and scores needed, m >= 1");
     if (ldu == 0) ldu = model->ld;
     if (ldu < model->ld)
-        return xknn__sk_err(err, XKNN_ERROR_INVALID_ARGUMENT, "soft-kNN score: ldu=%lld words is less than %lld",
-                            (long long)ldu, (long long)model->ld);
+        return xknn__fail(err, XKNN_ERROR_INVALID_ARGUMENT, "soft-kNN score: ldu=%lld words is less than %lld",
+                          (long long)ldu, (long long)model->ld);
     st = xknn__sk_check_theta(model, theta, err);
     if (st != XKNN_SUCCESS) return st;
     all = (int64_t *)malloc((size_t)model->n * sizeof(int64_t));
     chunk = (uint64_t *)malloc((size_t)(XKNN_SOFTKNN_SCORE_CHUNK * model->ld) * sizeof(uint64_t));
     if (!all || !chunk) {
         free(chunk), free(all);
-        return xknn__sk_err(err, XKNN_ERROR_OUT_OF_MEMORY, "soft-kNN score: out of memory");
+        return xknn__fail(err, XKNN_ERROR_OUT_OF_MEMORY, "soft-kNN score: out of memory");
     }
     for (i = 0; i < model->n; i++) all[i] = i;
     for (p0 = 0; p0 < m && st == XKNN_SUCCESS; p0 += XKNN_SOFTKNN_SCORE_CHUNK) {
@@ -488,7 +477,7 @@ xknn_status xknn_softknn_calibrate(xknn_softknn *model, int64_t m, uint64_t seed
     xknn_status st;
     if (err) err->status = XKNN_SUCCESS, err->message[0] = '\0';
     if (!model || m < 2 || m > model->n - 1)
-        return xknn__sk_err(err, XKNN_ERROR_INVALID_ARGUMENT, "soft-kNN calibrate: need a model and 2 <= m <= n-1");
+        return xknn__fail(err, XKNN_ERROR_INVALID_ARGUMENT, "soft-kNN calibrate: need a model and 2 <= m <= n-1");
     st = xknn__sk_check_theta(model, theta, err);
     if (st != XKNN_SUCCESS) return st;
     d = model->d;
@@ -496,7 +485,7 @@ xknn_status xknn_softknn_calibrate(xknn_softknn *model, int64_t m, uint64_t seed
     tmp = (double *)malloc((size_t)(d + 4) * sizeof(double));
     sc = (double *)malloc((size_t)m * sizeof(double));
     if (!order || !tmp || !sc) {
-        st = xknn__sk_err(err, XKNN_ERROR_OUT_OF_MEMORY, "soft-kNN calibrate: out of memory");
+        st = xknn__fail(err, XKNN_ERROR_OUT_OF_MEMORY, "soft-kNN calibrate: out of memory");
         goto done;
     }
     for (i = 0; i < model->n; i++) order[i] = i;
@@ -519,10 +508,10 @@ xknn_status xknn_softknn_calibrate(xknn_softknn *model, int64_t m, uint64_t seed
         for (i = 0; i < m; i++) sd += (sc[i] - mu) * (sc[i] - mu) / (double)m;
         sd = sqrt(sd);
         if (n1 == 0 || n0 == 0 || !(sd > 0)) {
-            st = xknn__sk_err(err, XKNN_ERROR_INVALID_VALUE,
-                              "soft-kNN calibrate: %lld rows of label 1 and %lld of label 0 drawn, spread of mean_p %g: "
-                              "draw more rows or change a, c",
-                              (long long)n1, (long long)n0, sd);
+            st = xknn__fail(err, XKNN_ERROR_INVALID_VALUE,
+                            "soft-kNN calibrate: %lld rows of label 1 and %lld of label 0 drawn, spread of mean_p %g: "
+                            "draw more rows or change a, c",
+                            (long long)n1, (long long)n0, sd);
             goto done;
         }
         for (i = 0; i < m; i++) sc[i] = (sc[i] - mu) / sd;
@@ -552,9 +541,9 @@ xknn_status xknn_softknn_calibrate(xknn_softknn *model, int64_t m, uint64_t seed
         /* w1 (mean - mu) / sd + w0 = beta (mean + alpha) */
         theta[d + 1] = w[0] / sd;
         if (!(theta[d + 1] > 0) || !isfinite(theta[d + 1])) {
-            st = xknn__sk_err(err, XKNN_ERROR_INVALID_VALUE,
-                              "soft-kNN calibrate: a larger vote mean_p does not indicate label 1 (fitted beta %g)",
-                              theta[d + 1]);
+            st = xknn__fail(err, XKNN_ERROR_INVALID_VALUE,
+                            "soft-kNN calibrate: a larger vote mean_p does not indicate label 1 (fitted beta %g)",
+                            theta[d + 1]);
             goto done;
         }
         theta[d] = w[1] / theta[d + 1] - mu;
@@ -576,16 +565,16 @@ xknn_status xknn_softknn_train(xknn_softknn *model, const xknn_softknn_train_opt
     int ep;
     xknn_status st;
     if (err) err->status = XKNN_SUCCESS, err->message[0] = '\0';
-    if (!model || !opts) return xknn__sk_err(err, XKNN_ERROR_INVALID_ARGUMENT, "soft-kNN train: model and options needed");
+    if (!model || !opts) return xknn__fail(err, XKNN_ERROR_INVALID_ARGUMENT, "soft-kNN train: model and options needed");
     o = *opts;
     n = model->n;
     np = XKNN_SOFTKNN_NPARAMS(model->d);
     if (o.epochs < 1 || o.batch < 1 || o.batch > n - 1 || o.refs < 0 || !(o.lr > 0) || !(o.beta1 >= 0 && o.beta1 < 1) ||
         !(o.beta2 >= 0 && o.beta2 < 1) || !(o.eps > 0))
-        return xknn__sk_err(err, XKNN_ERROR_INVALID_ARGUMENT,
-                            "soft-kNN train: need epochs >= 1, 1 <= batch <= n-1 (n=%lld), refs >= 0, lr > 0, "
-                            "0 <= beta1, beta2 < 1, eps > 0",
-                            (long long)n);
+        return xknn__fail(err, XKNN_ERROR_INVALID_ARGUMENT,
+                          "soft-kNN train: need epochs >= 1, 1 <= batch <= n-1 (n=%lld), refs >= 0, lr > 0, "
+                          "0 <= beta1, beta2 < 1, eps > 0",
+                          (long long)n);
     st = xknn__sk_check_theta(model, theta, err);
     if (st != XKNN_SUCCESS) return st;
     order = (int64_t *)malloc((size_t)n * sizeof(int64_t));
@@ -595,7 +584,7 @@ xknn_status xknn_softknn_train(xknn_softknn *model, const xknn_softknn_train_opt
     m1 = (double *)calloc((size_t)np, sizeof(double));
     m2 = (double *)calloc((size_t)np, sizeof(double));
     if (!order || !rest || !mark || !g || !m1 || !m2) {
-        st = xknn__sk_err(err, XKNN_ERROR_OUT_OF_MEMORY, "soft-kNN train: out of memory");
+        st = xknn__fail(err, XKNN_ERROR_OUT_OF_MEMORY, "soft-kNN train: out of memory");
         goto done;
     }
     rng = o.seed;
@@ -646,8 +635,8 @@ xknn_status xknn_softknn_train(xknn_softknn *model, const xknn_softknn_train_opt
             lsum += loss;
             nb++;
             if (!(xknn__sk_wnorm(theta, model->d) > 0)) {
-                st = xknn__sk_err(err, XKNN_ERROR_INVALID_VALUE, "soft-kNN train: every weight reached zero at step %lld",
-                                  step);
+                st = xknn__fail(err, XKNN_ERROR_INVALID_VALUE, "soft-kNN train: every weight reached zero at step %lld",
+                                step);
                 break;
             }
         }

@@ -109,12 +109,10 @@ xknn_status xknn__cpu_int8_f32(const xknn__job *job, int required)
     }
     xknn__to_bytes(job->ref, n, job->ldr, d, sub.dtype == XKNN_DTYPE_U8, rb, nt);
     if (!self) xknn__to_bytes(job->query, nq, job->ldq, d, sub.dtype == XKNN_DTYPE_U8, qb, nt);
-    sub.ref = NULL;
-    sub.query = NULL;
+    sub.ref = sub.query = NULL; /* no float32 view: the rows are rb and qb, d bytes each */
     sub.ref_data = rb;
     sub.query_data = qb;
-    sub.ldr = d;
-    sub.ldq = d;
+    sub.ldr = sub.ldq = d;
     if (job->params.verbose)
         fprintf(stderr, "xknn: cpu backend: float32 values are all %s integers: exact integer path\n",
                 sub.dtype == XKNN_DTYPE_U8 ? "8-bit unsigned" : "8-bit signed");

@@ -25,12 +25,9 @@ void xknn__pheap_push(xknn__pair *h, int64_t *size, int64_t cap, float d, int64_
 void xknn__emit(const xknn__job *job, int64_t qi, const xknn__pair *best, int64_t have);
 /* CPU threads of the job (params.num_threads, else the OpenMP default). */
 int xknn__threads(const xknn__job *job);
-/* Formats the job's error message; returns st. */
-xknn_status xknn__cpu_fail(const xknn__job *job, xknn_status st, const char *fmt, ...)
-#if defined(__GNUC__) || defined(__clang__)
-    __attribute__((format(printf, 3, 4)))
-#endif
-    ;
+/* Formats the error message of job (an xknn__job, or any job with msg and msg_size);
+ * returns st. */
+#define xknn__cpu_fail(job, st, ...) xknn__msgf((job)->msg, (job)->msg_size, (st), __VA_ARGS__)
 
 /* f32 jobs whose values are all 8-bit integers (cpu_int8.c): converted once and searched
  * by the integer path. Returns XKNN__FALLBACK when it does not apply and !required. */
@@ -64,6 +61,9 @@ int64_t xknn__rerank(const xknn__job *job, xknn__qstate *s, const float *q, int6
  * xknn__blas_threads_restore needs. */
 int xknn__blas_threads_single(int nt);
 void xknn__blas_threads_restore(int saved);
+/* OUT_OF_MEMORY for a BLAS path's per-thread buffers: a qb x rb tile and cap candidates
+ * per query. */
+xknn_status xknn__cpu_tile_oom(const xknn__job *job, int64_t qb, int64_t rb, int64_t cap);
 #endif
 
 /* The canonical distance function of a dtype, and the bytes of one element (BIN: of

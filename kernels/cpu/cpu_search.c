@@ -32,7 +32,6 @@
 #include <float.h>
 #include <limits.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -54,17 +53,6 @@ int xknn__pair_cmp(const void *a, const void *b)
     if (x->d < y->d) return -1;
     if (x->d > y->d) return 1;
     return (x->id > y->id) - (x->id < y->id);
-}
-
-xknn_status xknn__cpu_fail(const xknn__job *job, xknn_status st, const char *fmt, ...)
-{
-    if (job->msg && job->msg_size) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(job->msg, job->msg_size, fmt, ap);
-        va_end(ap);
-    }
-    return st;
 }
 
 /* ----------------------------------------------------------------------------------- */
@@ -620,11 +608,14 @@ static xknn_status xknn__cpu_blas(const xknn__job *job)
 
     xknn__blas_threads_restore(blas_threads);
     free(nx);
-    if (status != XKNN_SUCCESS)
-        return xknn__cpu_fail(job, status,
-                              "cpu backend: out of memory for a %lld x %lld tile and %lld candidates per query",
-                              (long long)QB, (long long)RB, (long long)cap);
-    return XKNN_SUCCESS;
+    return status != XKNN_SUCCESS ? xknn__cpu_tile_oom(job, QB, RB, cap) : XKNN_SUCCESS;
+}
+
+xknn_status xknn__cpu_tile_oom(const xknn__job *job, int64_t qb, int64_t rb, int64_t cap)
+{
+    return xknn__cpu_fail(job, XKNN_ERROR_OUT_OF_MEMORY,
+                          "cpu backend: out of memory for a %lld x %lld tile and %lld candidates per query",
+                          (long long)qb, (long long)rb, (long long)cap);
 }
 #endif /* XKNN_HAVE_CBLAS */
 

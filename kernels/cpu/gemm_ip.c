@@ -30,7 +30,6 @@
 #include <float.h>
 #include <limits.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -40,6 +39,7 @@
 #endif
 
 #include "canonical.h"
+#include "cpu_internal.h"
 
 #ifdef XKNN_HAVE_CBLAS
 #include <cblas.h>
@@ -49,18 +49,6 @@ typedef struct {
     int64_t row;
     int exact;
 } xknn__gc;
-
-typedef struct {
-    double key;
-    int64_t id;
-} xknn__gk;
-
-static int xknn__gk_cmp(const void *pa, const void *pb)
-{
-    const xknn__gk *a = (const xknn__gk *)pa, *b = (const xknn__gk *)pb;
-    if (a->key != b->key) return a->key < b->key ? -1 : 1;
-    return (a->id > b->id) - (a->id < b->id);
-}
 
 /* Per-query state: candidates and the k smallest ku seen (max-heap). */
 typedef struct {
@@ -113,7 +101,7 @@ static float xknn__gemm_canon(const xknn__job *job, const float *q, int64_t row)
 
 /* Drop candidates with kl > tau; if still more than half full, make every candidate
  * exact and keep the best kk by (key, id). tmp: cap entries. */
-static void xknn__gq_shrink(const xknn__job *job, xknn__gq *s, int64_t kk, const float *q, xknn__gk *tmp,
+static void xknn__gq_shrink(const xknn__job *job, xknn__gq *s, int64_t kk, const float *q, xknn__keyed *tmp,
                             int force_exact)
 {
     const int ip = job->params.metric == XKNN_METRIC_IP;
@@ -132,7 +120,7 @@ static void xknn__gq_shrink(const xknn__job *job, xknn__gq *s, int64_t kk, const
         tmp[c].key = s->cand[c].kl;
         tmp[c].id = s->cand[c].row;
     }
-    qsort(tmp, (size_t)s->count, sizeof *tmp, xknn__gk_cmp);
+    qsort(tmp, (size_t)s->count, sizeof *tmp, xknn__keyed_cmp);
     if (s->count > kk) s->count = kk;
     for (c = 0; c < s->count; c++) {
         s->cand[c].kl = s->cand[c].ku = tmp[c].key;
@@ -140,24 +128,6 @@ static void xknn__gq_shrink(const xknn__job *job, xknn__gq *s, int64_t kk, const
         s->cand[c].exact = 1; /* (already counted in the top heap through its ku) */
     }
 }
-
-static xknn_status xknn__gemm_fail(const xknn__job *job, const char *fmt, ...)
-{
-    if (job->msg && job->msg_size) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(job->msg, job->msg_size, fmt, ap);
-        va_end(ap);
-    }
-    return XKNN_ERROR_OUT_OF_MEMORY;
-}
-
-#if defined(__GNUC__) || defined(__clang__)
-extern int openblas_get_parallel(void) __attribute__((weak));
-extern int openblas_get_num_threads(void) __attribute__((weak));
-extern void openblas_set_num_threads(int) __attribute__((weak));
-#define XKNN__GEMM_WEAK 1
-#endif
 
 xknn_status xknn__cpu_gemm_ip(const xknn__job *job)
 {
@@ -189,7 +159,9 @@ xknn_status xknn__cpu_gemm_ip(const xknn__job *job)
     nblocks = (nq + QB - 1) / QB;
 
     nrm = (double *)malloc((size_t)(n + nq) * sizeof(double));
-    if (!nrm) return xknn__gemm_fail(job, "cpu backend: out of memory for %lld norms", (long long)(n + nq));
+    if (!nrm)
+        return xknn__cpu_fail(job, XKNN_ERROR_OUT_OF_MEMORY, "cpu backend: out of memory for %lld norms",
+                              (long long)(n + nq));
 #pragma omp parallel for num_threads(nt) schedule(static, 256) reduction(max : mref)
     for (r = 0; r < n; r++) {
         double v;
@@ -209,13 +181,7 @@ xknn_status xknn__cpu_gemm_ip(const xknn__job *job)
         return (xknn_status)-1;
     }
 
-#ifdef XKNN__GEMM_WEAK
-    if (nt > 1 && openblas_get_parallel && openblas_get_num_threads && openblas_set_num_threads &&
-        openblas_get_parallel() == 1) {
-        blas_threads = openblas_get_num_threads();
-        openblas_set_num_threads(1);
-    }
-#endif
+    blas_threads = xknn__blas_threads_single(nt);
 
 #pragma omp parallel num_threads(nt)
     {
@@ -223,7 +189,7 @@ xknn_status xknn__cpu_gemm_ip(const xknn__job *job)
         xknn__gc *cands = (xknn__gc *)malloc((size_t)(QB * cap) * sizeof(xknn__gc));
         double *tops = (double *)malloc((size_t)(QB * kk) * sizeof(double));
         xknn__gq *qs = (xknn__gq *)malloc((size_t)QB * sizeof(xknn__gq));
-        xknn__gk *tmp = (xknn__gk *)malloc((size_t)cap * sizeof(xknn__gk));
+        xknn__keyed *tmp = (xknn__keyed *)malloc((size_t)cap * sizeof(xknn__keyed));
         int64_t b;
         if (!tile || !cands || !tops || !qs || !tmp) {
 #pragma omp critical(xknn_cpu_oom)
@@ -305,13 +271,8 @@ xknn_status xknn__cpu_gemm_ip(const xknn__job *job)
         free(cands);
         free(tile);
     }
-#ifdef XKNN__GEMM_WEAK
-    if (blas_threads > 0) openblas_set_num_threads(blas_threads);
-#endif
+    xknn__blas_threads_restore(blas_threads);
     free(nrm);
-    if (st != XKNN_SUCCESS)
-        return xknn__gemm_fail(job, "cpu backend: out of memory for a %lld x %lld tile and %lld candidates per query",
-                               (long long)QB, (long long)RB, (long long)cap);
-    return XKNN_SUCCESS;
+    return st != XKNN_SUCCESS ? xknn__cpu_tile_oom(job, QB, RB, cap) : XKNN_SUCCESS;
 }
 #endif /* XKNN_HAVE_CBLAS */

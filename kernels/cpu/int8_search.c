@@ -31,7 +31,6 @@
  */
 #include <limits.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -41,6 +40,7 @@
 #endif
 
 #include "canonical.h"
+#include "cpu_internal.h"
 
 #define XKNN__I8_MR 8   /* queries per kernel tile        */
 #define XKNN__I8_NR 32  /* references per kernel tile     */
@@ -141,6 +141,12 @@ static void xknn__i8_kernel_portable(const uint8_t *A, int64_t lda, const int8_t
 #define XKNN__I8_HAVE_VNNI 1
 #define XKNN__TARGET_VNNI __attribute__((target("avx512f,avx512bw,avx512vnni")))
 
+/* F(i, x0, x1) for each row i of the 8-row block with its two accumulators (columns
+ * 0-15 and 16-31). */
+#define XKNN__I8_ROWS(F)                                        \
+    F(0, c00, c01) F(1, c10, c11) F(2, c20, c21) F(3, c30, c31) \
+    F(4, c40, c41) F(5, c50, c51) F(6, c60, c61) F(7, c70, c71)
+
 XKNN__TARGET_VNNI static void xknn__i8_kernel_vnni(const uint8_t *A, int64_t lda, const int8_t *Bp, int64_t d4,
                                                    const uint32_t *qterm, const uint32_t *rterm, int shift,
                                                    const int32_t *worst, int32_t *E, uint32_t *mask)
@@ -163,14 +169,7 @@ XKNN__TARGET_VNNI static void xknn__i8_kernel_vnni(const uint8_t *A, int64_t lda
     av = _mm512_set1_epi32(w);                                   \
     x0 = _mm512_dpbusd_epi32(x0, av, b0);                        \
     x1 = _mm512_dpbusd_epi32(x1, av, b1);
-        XKNN__I8_ROW(0, c00, c01)
-        XKNN__I8_ROW(1, c10, c11)
-        XKNN__I8_ROW(2, c20, c21)
-        XKNN__I8_ROW(3, c30, c31)
-        XKNN__I8_ROW(4, c40, c41)
-        XKNN__I8_ROW(5, c50, c51)
-        XKNN__I8_ROW(6, c60, c61)
-        XKNN__I8_ROW(7, c70, c71)
+        XKNN__I8_ROWS(XKNN__I8_ROW)
 #undef XKNN__I8_ROW
     }
     {
@@ -189,17 +188,11 @@ XKNN__TARGET_VNNI static void xknn__i8_kernel_vnni(const uint8_t *A, int64_t lda
         _mm512_storeu_si512((void *)(E + (i) * 32), e0);                                          \
         _mm512_storeu_si512((void *)(E + (i) * 32 + 16), e1);                                     \
     }
-        XKNN__I8_EPI(0, c00, c01)
-        XKNN__I8_EPI(1, c10, c11)
-        XKNN__I8_EPI(2, c20, c21)
-        XKNN__I8_EPI(3, c30, c31)
-        XKNN__I8_EPI(4, c40, c41)
-        XKNN__I8_EPI(5, c50, c51)
-        XKNN__I8_EPI(6, c60, c61)
-        XKNN__I8_EPI(7, c70, c71)
+        XKNN__I8_ROWS(XKNN__I8_EPI)
 #undef XKNN__I8_EPI
     }
 }
+#undef XKNN__I8_ROWS
 
 static int xknn__i8_has_vnni(void)
 {
@@ -224,17 +217,6 @@ static float xknn__i8_key(xknn_metric m, int32_t e)
     if (m == XKNN_METRIC_EUCLIDEAN) return (float)sqrt((double)e);
     if (m == XKNN_METRIC_IP) return -(float)(-(int64_t)e); /* key = -value, value = (float)P, P = -E (P = 0: +0) */
     return (float)e;
-}
-
-static xknn_status xknn__i8_fail(const xknn__job *job, const char *fmt, ...)
-{
-    if (job->msg && job->msg_size) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(job->msg, job->msg_size, fmt, ap);
-        va_end(ap);
-    }
-    return XKNN_ERROR_OUT_OF_MEMORY;
 }
 
 /* Per-thread buffers: one chunk of queries and one packed panel of references. */
@@ -308,7 +290,8 @@ xknn_status xknn__cpu_int8(const xknn__job *job)
      * cr = 0 (u8) or -128 sum(y) (i8). */
     rterm = (uint32_t *)calloc((size_t)(npanels * XKNN__I8_NR), sizeof(uint32_t));
     if (!rterm)
-        return xknn__i8_fail(job, "cpu backend: out of memory for %lld reference norms", (long long)n);
+        return xknn__cpu_fail(job, XKNN_ERROR_OUT_OF_MEMORY, "cpu backend: out of memory for %lld reference norms",
+                              (long long)n);
 #pragma omp parallel for num_threads(nt) schedule(static, 1024)
     for (i = 0; i < n; i++) {
         const uint8_t *y = rbase + i * job->ldr;
@@ -424,7 +407,8 @@ xknn_status xknn__cpu_int8(const xknn__job *job)
     }
     free(rterm);
     if (st != XKNN_SUCCESS)
-        return xknn__i8_fail(job, "cpu backend: out of memory for the integer path (%lld queries x k=%lld per thread)",
-                             (long long)qc, (long long)kk);
+        return xknn__cpu_fail(job, XKNN_ERROR_OUT_OF_MEMORY,
+                              "cpu backend: out of memory for the integer path (%lld queries x k=%lld per thread)",
+                              (long long)qc, (long long)kk);
     return XKNN_SUCCESS;
 }

@@ -7,7 +7,6 @@
  *                           and the per-bit sum (G X) are sgemm products on 0/1 floats,
  *                           without it word-by-word loops over the packed bits. */
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,18 +18,8 @@
 #include <cblas.h>
 #endif
 
+#include "cpu_internal.h" /* xknn__cpu_fail */
 #include "xknn/impl/softknn_kernels.h"
-
-static xknn_status xknn__sk_fail(const xknn__sk_job *job, xknn_status st, const char *fmt, ...)
-{
-    if (job->msg && job->msg_size) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(job->msg, job->msg_size, fmt, ap);
-        va_end(ap);
-    }
-    return st;
-}
 
 static int xknn__sk_bit(const uint64_t *row, int64_t b) { return (int)((row[b >> 6] >> (b & 63)) & 1u); }
 
@@ -49,8 +38,8 @@ xknn_status xknn__softknn_ref_eval(const xknn__sk_job *job)
     double sums[3] = {0, 0, 0}, loss;
     if (!z || !f || !mean || !coef || !tbit) {
         free(tbit), free(coef), free(mean), free(f), free(z);
-        return xknn__sk_fail(job, XKNN_ERROR_OUT_OF_MEMORY, "soft-kNN reference: out of memory for %lld x %lld pairs",
-                             (long long)m, (long long)nr);
+        return xknn__cpu_fail(job, XKNN_ERROR_OUT_OF_MEMORY, "soft-kNN reference: out of memory for %lld x %lld pairs",
+                              (long long)m, (long long)nr);
     }
     for (p = 0; p < m; p++) {
         const uint64_t *u = job->u + p * job->ld;
@@ -144,8 +133,8 @@ xknn_status xknn__softknn_cpu_eval(const xknn__sk_job *job)
     (void)nt; /* unused without OpenMP */
     if (!wabs || !dist || !fval || !mean || !coef || !tbit || (want_grad && !gx) || !rowsum || !psums ||
         !blas_ok) {
-        st = xknn__sk_fail(job, XKNN_ERROR_OUT_OF_MEMORY, "soft-kNN cpu: out of memory for %lld x %lld pairs",
-                           (long long)m, (long long)nr);
+        st = xknn__cpu_fail(job, XKNN_ERROR_OUT_OF_MEMORY, "soft-kNN cpu: out of memory for %lld x %lld pairs",
+                            (long long)m, (long long)nr);
         goto done;
     }
     for (b = 0; b < d; b++) wabs[b] = (float)fabs(th[b]);

@@ -12,8 +12,10 @@
 #define XKNN_IMPL_BACKEND_H
 
 #include <math.h>
+#include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "../../xknn.h"
 #include "canonical_math.h"
@@ -21,6 +23,46 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+#if defined(__GNUC__) || defined(__clang__)
+#define XKNN__PRINTF(a, b) __attribute__((format(printf, a, b)))
+#else
+#define XKNN__PRINTF(a, b)
+#endif
+
+/* The one formatter of the library's error messages (host code, kernels/cpu, mpi/ and
+ * tools/): fmt printf-style into msg (size bytes, always terminated); nothing when msg
+ * is NULL or size is 0. Returns st. */
+static inline xknn_status xknn__vmsg(char *msg, size_t size, xknn_status st, const char *fmt, va_list ap)
+{
+    if (msg && size) vsnprintf(msg, size, fmt, ap);
+    return st;
+}
+
+/* xknn__vmsg with the arguments inline, for `return xknn__msgf(...)`. */
+static inline xknn_status xknn__msgf(char *msg, size_t size, xknn_status st, const char *fmt, ...) XKNN__PRINTF(4, 5);
+static inline xknn_status xknn__msgf(char *msg, size_t size, xknn_status st, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    xknn__vmsg(msg, size, st, fmt, ap);
+    va_end(ap);
+    return st;
+}
+
+/* Fills *err (nothing when err is NULL): its status and the printf-style message.
+ * Returns status, for `return xknn__fail(...)`. */
+static inline xknn_status xknn__fail(xknn_error *err, xknn_status status, const char *fmt, ...) XKNN__PRINTF(3, 4);
+static inline xknn_status xknn__fail(xknn_error *err, xknn_status status, const char *fmt, ...)
+{
+    va_list ap;
+    if (!err) return status;
+    err->status = status;
+    va_start(ap, fmt);
+    xknn__vmsg(err->message, sizeof err->message, status, fmt, ap);
+    va_end(ap);
+    return status;
+}
 
 typedef struct xknn__job {
     const float *ref;   /* n x d, row stride ldr, host memory  */
@@ -118,6 +160,20 @@ static inline void xknn__lists_pad(int64_t *ids, float *dist, int64_t count, int
 static inline int xknn__result_less(float da, int64_t ia, float db, int64_t ib)
 {
     return da < db || (da == db && ia < ib);
+}
+
+/* An id with its sort key (a distance, widened exactly to double where it is a float),
+ * and qsort's comparator of the order (key ascending, id ascending). */
+typedef struct xknn__keyed {
+    double key;
+    int64_t id;
+} xknn__keyed;
+
+static inline int xknn__keyed_cmp(const void *pa, const void *pb)
+{
+    const xknn__keyed *a = (const xknn__keyed *)pa, *b = (const xknn__keyed *)pb;
+    if (a->key != b->key) return a->key < b->key ? -1 : 1;
+    return (a->id > b->id) - (a->id < b->id);
 }
 
 #ifdef __cplusplus

@@ -296,46 +296,41 @@ static inline XKNN__HD float xknn__cm_finish(xknn_metric metric, double acc)
 #define XKNN__CM_LOAD_U8(row, t) ((double)((const uint8_t *)(row))[t])
 #define XKNN__CM_LOAD_I8(row, t) ((double)((const int8_t *)(row))[t])
 
+/* Inside xknn__cm_dist_<sfx>: acc folded over the d elements of rows a and b by step. */
+#define XKNN__CM_FOLD(step, LOAD) for (t = 0; t < d; t++) acc = step(acc, LOAD(a, t), LOAD(b, t))
+
 /* Defines xknn__cm_dist_<sfx>(spec, a, b, d): the canonical value (the reported one: the
  * inner product itself for ip) of two rows of d elements, every real-valued metric. */
-#define XKNN__CM_DEFINE_DIST(sfx, LOAD)                                                          \
-    static inline XKNN__HD float xknn__cm_dist_##sfx(const xknn__cm_spec *s, const void *a,       \
-                                                     const void *b, int64_t d)                   \
-    {                                                                                            \
-        double acc = 0.0, nx = 0.0, ny = 0.0;                                                    \
-        int64_t t;                                                                               \
-        switch (s->metric) {                                                                     \
-        case XKNN_METRIC_L2:                                                                     \
-        case XKNN_METRIC_EUCLIDEAN:                                                              \
-            for (t = 0; t < d; t++) acc = xknn__cm_step_l2(acc, LOAD(a, t), LOAD(b, t));         \
-            return xknn__cm_finish(s->metric, acc);                                        \
-        case XKNN_METRIC_L1:                                                                     \
-            for (t = 0; t < d; t++) acc = xknn__cm_step_l1(acc, LOAD(a, t), LOAD(b, t));         \
-            return xknn__cm_finish(s->metric, acc);                                        \
-        case XKNN_METRIC_MINKOWSKI: /* nx: the largest |x_t - y_t| */                          \
-            for (t = 0; t < d; t++) nx = xknn__cm_step_chebyshev(nx, LOAD(a, t), LOAD(b, t));    \
+#define XKNN__CM_DEFINE_DIST(sfx, LOAD)                                                                   \
+    static inline XKNN__HD float xknn__cm_dist_##sfx(const xknn__cm_spec *s, const void *a,               \
+                                                     const void *b, int64_t d)                            \
+    {                                                                                                     \
+        double acc = 0.0, nx = 0.0, ny = 0.0;                                                             \
+        int64_t t;                                                                                        \
+        switch (s->metric) {                                                                              \
+        case XKNN_METRIC_L2:                                                                              \
+        case XKNN_METRIC_EUCLIDEAN: XKNN__CM_FOLD(xknn__cm_step_l2, LOAD); break;                         \
+        case XKNN_METRIC_L1: XKNN__CM_FOLD(xknn__cm_step_l1, LOAD); break;                                \
+        case XKNN_METRIC_MINKOWSKI: /* nx: the largest |x_t - y_t| */                                     \
+            for (t = 0; t < d; t++) nx = xknn__cm_step_chebyshev(nx, LOAD(a, t), LOAD(b, t));             \
             for (t = 0; t < d; t++) acc = xknn__cm_step_minkowski(acc, LOAD(a, t), LOAD(b, t), s->p, nx); \
-            return (float)xknn__cm_minkowski(acc, s->p, nx);                                     \
-        case XKNN_METRIC_CHEBYSHEV:                                                              \
-            for (t = 0; t < d; t++) acc = xknn__cm_step_chebyshev(acc, LOAD(a, t), LOAD(b, t));  \
-            return xknn__cm_finish(s->metric, acc);                                        \
-        case XKNN_METRIC_IP:                                                                     \
-            for (t = 0; t < d; t++) acc = xknn__cm_step_ip(acc, LOAD(a, t), LOAD(b, t));         \
-            return xknn__cm_finish(s->metric, acc);                                        \
-        case XKNN_METRIC_COSINE:                                                                 \
-            for (t = 0; t < d; t++) {                                                            \
-                const double x = LOAD(a, t), y = LOAD(b, t);                                     \
-                acc = xknn__cm_step_ip(acc, x, y);                                               \
-                nx = xknn__cm_step_ip(nx, x, x);                                                 \
-                ny = xknn__cm_step_ip(ny, y, y);                                                 \
-            }                                                                                    \
-            return (float)xknn__cm_cosine(acc, nx, ny);                                          \
-        case XKNN_METRIC_HELLINGER:                                                              \
-            for (t = 0; t < d; t++) acc = xknn__cm_step_l2(acc, sqrt(LOAD(a, t)), sqrt(LOAD(b, t))); \
-            return xknn__cm_finish(s->metric, acc);                                        \
-        default:                                                                                 \
-            return NAN;                                                                          \
-        }                                                                                        \
+            return (float)xknn__cm_minkowski(acc, s->p, nx);                                              \
+        case XKNN_METRIC_CHEBYSHEV: XKNN__CM_FOLD(xknn__cm_step_chebyshev, LOAD); break;                  \
+        case XKNN_METRIC_IP: XKNN__CM_FOLD(xknn__cm_step_ip, LOAD); break;                                \
+        case XKNN_METRIC_COSINE:                                                                          \
+            for (t = 0; t < d; t++) {                                                                     \
+                const double x = LOAD(a, t), y = LOAD(b, t);                                              \
+                acc = xknn__cm_step_ip(acc, x, y);                                                        \
+                nx = xknn__cm_step_ip(nx, x, x);                                                          \
+                ny = xknn__cm_step_ip(ny, y, y);                                                          \
+            }                                                                                             \
+            return (float)xknn__cm_cosine(acc, nx, ny);                                                   \
+        case XKNN_METRIC_HELLINGER:                                                                       \
+            for (t = 0; t < d; t++) acc = xknn__cm_step_l2(acc, sqrt(LOAD(a, t)), sqrt(LOAD(b, t)));      \
+            break;                                                                                        \
+        default: return NAN;                                                                              \
+        }                                                                                                 \
+        return xknn__cm_finish(s->metric, acc);                                                           \
     }
 
 XKNN__CM_DEFINE_DIST(f32, XKNN__CM_LOAD_F32)
