@@ -966,6 +966,8 @@ static xknn_status knn__search_and_write(knn_run *r, xknn_error *err)
 {
     xknn_mpi_output out = XKNN_MPI_OUTPUT_INIT;
     xknn_mpi_stats stats;
+    xknn_mpi_index *index = NULL;
+    xknn_params ip = r->params;
     xknn_matrix refm = XKNN_MATRIX_TYPED(r->ref, r->rows, r->dsearch, r->dtype);
     xknn_matrix qm = XKNN_MATRIX_TYPED(r->query, r->nq, r->dsearch, r->dtype);
     xknn_status st;
@@ -979,11 +981,16 @@ static xknn_status knn__search_and_write(knn_run *r, xknn_error *err)
         out.progress_user = &r->prog;
     }
     r->t_start = knn__now();
-    if (r->o.query)
-        st = xknn_mpi_search(r->ctx, &r->params, r->rows > 0 ? &refm : NULL, r->row0, r->rank == 0 ? &qm : NULL, 0,
-                             r->o.k, &out, &stats, err);
-    else
-        st = xknn_mpi_self_join(r->ctx, &r->params, r->rows > 0 ? &refm : NULL, r->row0, r->o.k, &out, &stats, err);
+    memset(&stats, 0, sizeof stats);
+    /* the index borrows the slice read above (no copy); the readers refused NaN and Inf,
+     * so the search does not scan the rows again (hellinger's signs: knn__read) */
+    ip.values_checked = 1;
+    st = xknn_mpi_index_borrow(r->ctx, &ip, r->rows > 0 ? &refm : NULL, r->row0, &index, err);
+    if (st == XKNN_SUCCESS && r->o.query)
+        st = xknn_mpi_index_search(index, r->rank == 0 ? &qm : NULL, 0, r->o.k, &out, &stats, err);
+    else if (st == XKNN_SUCCESS)
+        st = xknn_mpi_index_self_join(index, r->o.k, &out, &stats, err);
+    xknn_mpi_index_destroy(index);
     knn_progress_stop(&r->prog);
     r->query_block = stats.query_block;
     r->blocks = stats.blocks;
