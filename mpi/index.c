@@ -31,6 +31,8 @@ struct xknn_mpi_index {
     int64_t ref_offset;
     xknn__slice_state held;
     int borrowed;         /* slice is the caller's ref (see the head of this file)    */
+    int lent_ref;         /* borrowed: the caller passed a ref (searched as given,
+                             rows <= 0 included, so the search's checks see it)      */
     int allocated;        /* 1: calloc'ed (destroy frees it); 0: on a caller's stack  */
 };
 
@@ -120,6 +122,7 @@ static void xknn__index_lend(xknn_mpi_index *x, xknn_mpi_context *ctx, const xkn
     x->p = params ? *params : xknn_params_default();
     if (x->p.metric == XKNN_METRIC_MINKOWSKI && x->p.p == 0.0) x->p.p = 2.0;
     if (ref) x->slice = *ref;
+    x->lent_ref = ref != NULL;
     x->ref_offset = ref_offset;
     x->borrowed = 1;
     x->held.checked = trust;
@@ -130,8 +133,9 @@ xknn_status xknn_mpi_index_search(xknn_mpi_index *index, const xknn_matrix *quer
 {
     xknn_status st;
     if (!index) return xknn__mpi_fail(err, XKNN_ERROR_INVALID_ARGUMENT, "xknn_mpi_index_search: index is NULL");
-    st = xknn__search_held(index->ctx, &index->p, index->slice.rows > 0 ? &index->slice : NULL, index->ref_offset,
-                           &index->held, query, query_root, k, out, stats, err);
+    st = xknn__search_held(index->ctx, &index->p,
+                           (index->borrowed ? index->lent_ref : index->slice.rows > 0) ? &index->slice : NULL,
+                           index->ref_offset, &index->held, query, query_root, k, out, stats, err);
     /* agreed: every rank's slice passed the search's checks */
     if (st == XKNN_SUCCESS) index->held.checked = 1;
     return st;
