@@ -291,7 +291,8 @@ extern "C" {
 enum {
     XKNN__IO_PREFIX = 16384,     /* header bytes the probe reads (largest npy header)  */
     XKNN__IO_CHUNK = 1 << 20,    /* bounce buffers of readers and writers               */
-    XKNN__IO_MAX_CALL = 1 << 30  /* bytes per pread/write/gzread call                   */
+    XKNN__IO_MAX_CALL = 1 << 30, /* bytes per pread/write/gzread call                   */
+    XKNN__IO_PAR_CALL = 1 << 26  /* bytes per pread of a threaded direct read           */
 };
 
 #define XKNN__IO_EXTENSIONS                                                                  \
@@ -1215,6 +1216,103 @@ static xknn_status xknn__io_copy_row(const char *path, const xknn_file_info *inf
     return XKNN_SUCCESS;
 }
 
+/* Index of the first NaN or Inf among n float32 values, or -1: a branch-free pass over
+ * blocks (vectorised), element by element only inside a bad block. */
+static int64_t xknn__io_first_nonfinite(const float *v, int64_t n)
+{
+    int64_t i0, i;
+    for (i0 = 0; i0 < n; i0 += 4096) {
+        const int64_t m = n - i0 < 4096 ? n - i0 : 4096;
+        uint32_t bad = 0, b;
+        for (i = 0; i < m; i++) {
+            memcpy(&b, v + i0 + i, 4);
+            bad |= (uint32_t)((b & 0x7f800000u) == 0x7f800000u);
+        }
+        if (!bad) continue;
+        for (i = 0; i < m; i++) {
+            memcpy(&b, v + i0 + i, 4);
+            if ((b & 0x7f800000u) == 0x7f800000u) return i0 + i;
+        }
+    }
+    return -1;
+}
+
+/* One thread's part of a direct read: rows [r0, r1) of the request. */
+typedef struct xknn__io_part {
+    xknn_status st;  /* a read failure (message in e), else SUCCESS          */
+    int64_t short_at; /* first request row the file did not hold; -1: none   */
+    int64_t bad;     /* first non-finite value (index into the request); -1 */
+    xknn_error e;
+} xknn__io_part;
+
+/* Rows [row0, row0 + nrows) of a plain file whose stored rows are the output's bytes
+ * (float32 or u8/i8 rows without a TEXMEX d), straight into out: up to `threads`
+ * threads, each its own contiguous range of whole rows, in preads of about
+ * XKNN__IO_PAR_CALL bytes; float32 values checked right after each pread, while in
+ * cache (check_f32). The outcome is the serial reader's whatever the thread count: a
+ * read failure or a short file first (the one earliest in the file), then the first
+ * NaN or Inf in row-major order. */
+static xknn_status xknn__io_read_direct(const char *path, xknn__src *src, const xknn_file_info *info, int64_t start,
+                                        int64_t row0, int64_t nrows, unsigned char *out, int check_f32,
+                                        xknn_error *err)
+{
+    const int64_t rb = info->row_bytes;
+    const int64_t call_rows = rb < (int64_t)XKNN__IO_PAR_CALL ? (int64_t)XKNN__IO_PAR_CALL / rb : 1;
+    const int64_t calls = (nrows + call_rows - 1) / call_rows;
+    const int budget = xknn_thread_budget();
+    const int threads = (int64_t)budget < calls ? budget : (int)calls;
+    const int64_t per = (nrows + threads - 1) / threads;
+    xknn__io_part parts_one, *parts = threads > 1 ? (xknn__io_part *)malloc((size_t)threads * sizeof *parts) : &parts_one;
+    int t;
+    if (!parts) return xknn__fail(err, XKNN_ERROR_OUT_OF_MEMORY, "%s: cannot allocate the read's %d parts", path, threads);
+#if defined(_OPENMP)
+#pragma omp parallel for schedule(static, 1) num_threads(threads) if (threads > 1)
+#endif
+    for (t = 0; t < threads; t++) {
+        xknn__io_part *pt = parts + t;
+        const int64_t r1 = (t + 1) * per < nrows ? (t + 1) * per : nrows;
+        int64_t r;
+        pt->st = XKNN_SUCCESS;
+        pt->short_at = -1;
+        pt->bad = -1;
+        for (r = t * per; r < r1; r += call_rows) {
+            const int64_t c = r1 - r < call_rows ? r1 - r : call_rows;
+            size_t got = 0;
+            pt->st = xknn__src_pread(src, start + r * rb, out + r * rb, (size_t)(c * rb), &got, &pt->e);
+            if (pt->st != XKNN_SUCCESS) break;
+            if ((int64_t)got < c * rb) {
+                pt->short_at = r + (int64_t)got / rb;
+                break;
+            }
+            if (check_f32 && pt->bad < 0) {
+                const int64_t i = xknn__io_first_nonfinite((const float *)(void *)(out + r * rb), c * info->cols);
+                if (i >= 0) pt->bad = r * info->cols + i;
+            }
+        }
+    }
+    {
+        xknn_status st = XKNN_SUCCESS;
+        for (t = 0; t < threads && st == XKNN_SUCCESS; t++) {
+            if (parts[t].st != XKNN_SUCCESS) {
+                st = parts[t].st;
+                if (err) *err = parts[t].e;
+            } else if (parts[t].short_at >= 0) {
+                st = xknn__io_short(path, row0 + parts[t].short_at, err);
+            }
+        }
+        for (t = 0; t < threads && st == XKNN_SUCCESS; t++) {
+            if (parts[t].bad >= 0) {
+                const int64_t i = parts[t].bad;
+                uint32_t b;
+                memcpy(&b, out + i * 4, 4);
+                st = xknn__io_bad_value(path, row0 + i / info->cols, i % info->cols, (b & 0x7fffffu) != 0, err);
+            }
+        }
+        if (parts != &parts_one) free(parts);
+        return st;
+    }
+}
+
 xknn_status xknn_file_read_rows(const char *path, const xknn_file_info *info, int64_t row0, int64_t nrows,
                                 float *out, xknn_error *err)
 {
@@ -1270,8 +1368,15 @@ xknn_status xknn_file_read_rows_as(const char *path, const xknn_file_info *info,
     out_row_bytes = as == XKNN_DTYPE_BIN ? (info->cols * 8 + 63) / 64 * 8
                     : as == XKNN_DTYPE_F32 ? info->cols * 4
                                            : info->cols * (int64_t)xknn_elem_size(info->elem);
-    if (as == XKNN_DTYPE_F32 && info->elem == XKNN_ELEM_F32 && gap == 0 && !info->big_endian && xknn__io_host_le()) {
-        /* float32 rows straight into out, then checked in place */
+    if (!info->compressed && gap == 0 &&
+        ((as == XKNN_DTYPE_F32 && info->elem == XKNN_ELEM_F32 && !info->big_endian && xknn__io_host_le()) ||
+         ((as == XKNN_DTYPE_U8 || as == XKNN_DTYPE_I8) && (int64_t)xknn_elem_size(info->elem) == 1))) {
+        /* the stored rows are the output's bytes: threads, no bounce buffer */
+        st = xknn__io_read_direct(path, &src, info, start, row0, nrows, outb, as == XKNN_DTYPE_F32, err);
+        if (st != XKNN_SUCCESS) goto done;
+    } else if (as == XKNN_DTYPE_F32 && info->elem == XKNN_ELEM_F32 && gap == 0 && !info->big_endian &&
+               xknn__io_host_le()) {
+        /* float32 rows straight into out, then checked in place (gzip: one stream) */
         const int64_t total = nrows * info->cols;
         int64_t i;
         if ((st = xknn__src_read_at(&src, start, out, (size_t)span, &got, skip, XKNN__IO_CHUNK, err)) !=
