@@ -1262,9 +1262,10 @@ static xknn_status xknn__io_read_direct(const char *path, xknn__src *src, const 
     const int budget = xknn_thread_budget();
     const int threads = (int64_t)budget < calls ? budget : (int)calls;
     const int64_t per = (nrows + threads - 1) / threads;
-    xknn__io_part parts_one, *parts = threads > 1 ? (xknn__io_part *)malloc((size_t)threads * sizeof *parts) : &parts_one;
+    xknn__io_part one, *parts = threads > 1 ? (xknn__io_part *)malloc((size_t)threads * sizeof *parts) : &one;
     int t;
-    if (!parts) return xknn__fail(err, XKNN_ERROR_OUT_OF_MEMORY, "%s: cannot allocate the read's %d parts", path, threads);
+    if (!parts)
+        return xknn__fail(err, XKNN_ERROR_OUT_OF_MEMORY, "%s: cannot allocate the read's %d parts", path, threads);
 #if defined(_OPENMP)
 #pragma omp parallel for schedule(static, 1) num_threads(threads) if (threads > 1)
 #endif
@@ -1308,7 +1309,7 @@ static xknn_status xknn__io_read_direct(const char *path, xknn__src *src, const 
                 st = xknn__io_bad_value(path, row0 + i / info->cols, i % info->cols, (b & 0x7fffffu) != 0, err);
             }
         }
-        if (parts != &parts_one) free(parts);
+        if (parts != &one) free(parts);
         return st;
     }
 }
