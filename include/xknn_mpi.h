@@ -236,7 +236,8 @@ XKNN_API xknn_status xknn_mpi_agree(xknn_mpi_context *ctx, xknn_status status, x
  *               the rows [0, n) (any order of ranks, any sizes).
  *   ref_offset  global id of this slice's row 0 (ignored for an empty slice).
  *   query       on query_root: nq x d host matrix; ignored elsewhere (pass NULL).
- *   query_root  the rank holding the queries (the same on every rank).
+ *   query_root  the rank holding the queries (the same on every rank);
+ *               XKNN_MPI_SELF_JOIN: the self-join (xknn_mpi_self_join; query ignored).
  *   k           1 <= k <= n (n - 1 with exclude_self overlapping), the same everywhere.
  *   out         where results go (host; see xknn_mpi_output). NULL: results are
  *               computed, merged and dropped (benchmarks of the search itself).
@@ -317,11 +318,27 @@ typedef struct xknn_mpi_index xknn_mpi_index;
 XKNN_API xknn_status xknn_mpi_index_create(xknn_mpi_context *ctx, const xknn_params *params,
                                            const xknn_matrix *ref, int64_t ref_offset, xknn_mpi_index **index,
                                            xknn_error *err);
+/* Collective. The index over the caller's slice instead of a copy (xknn_mpi_search is
+ * this, one search and destroy): ref's rows must stay allocated and unchanged until
+ * xknn_mpi_index_destroy. Nothing is copied or uploaded: each search keeps the slice on
+ * the GPU for its own duration where the device path applies. The first search checks
+ * the values, unless params->values_checked says the caller did (the xknn/io.h readers
+ * do: NaN and Inf; hellinger's signs are the caller's then): only the metric's checks
+ * (dtype pair, p, weights) run here, on the slice's first row. A search that succeeded
+ * has checked the slice; later ones skip the scan. xknn_mpi_index_update refuses
+ * (INVALID_ARGUMENT). Errors (agreed): OUT_OF_MEMORY, INVALID_ARGUMENT. */
+XKNN_API xknn_status xknn_mpi_index_borrow(xknn_mpi_context *ctx, const xknn_params *params,
+                                           const xknn_matrix *ref, int64_t ref_offset, xknn_mpi_index **index,
+                                           xknn_error *err);
 /* Collective. xknn_mpi_search against the index's slices (query, query_root, k, out,
- * stats and errors as there). */
+ * stats and errors as there; query_root XKNN_MPI_SELF_JOIN: the self-join, as
+ * xknn_mpi_index_self_join). */
 XKNN_API xknn_status xknn_mpi_index_search(xknn_mpi_index *index, const xknn_matrix *query, int query_root,
                                            int64_t k, const xknn_mpi_output *out, xknn_mpi_stats *stats,
                                            xknn_error *err);
+/* Collective. xknn_mpi_self_join of the index's rows (k, out, stats, errors as there). */
+XKNN_API xknn_status xknn_mpi_index_self_join(xknn_mpi_index *index, int64_t k, const xknn_mpi_output *out,
+                                              xknn_mpi_stats *stats, xknn_error *err);
 /* Collective. xknn_mpi_search_gather against the index's slices. */
 XKNN_API xknn_status xknn_mpi_index_search_gather(xknn_mpi_index *index, const xknn_matrix *query,
                                                   int query_root, int64_t k, int gather_root, int64_t *ids,

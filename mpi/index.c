@@ -1,13 +1,21 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * mpi/index.c -- the resident distributed index (xknn_mpi_index_*): each rank's slice is
- * copied once to where searches run and its values checked once, at create and update;
- * a search then moves only queries and candidate lists. The slice lives in host memory
- * owned by the index (the host path reads it; updates write it) and, where the device
- * path applies (xknn__resident_open: CUDA backend, l2/euclidean on float32, room on the
- * device), on the rank's GPU as well. Results are those of xknn_mpi_search on the same
- * rows: the same pipeline runs (mpi/search.c), only the slice's upload and scan are
- * skipped.
+ * mpi/index.c -- the distributed index (xknn_mpi_index_*) and the one-shot searches
+ * built on it (xknn_mpi_search, xknn_mpi_self_join, xknn_mpi_search_gather): one
+ * implementation of the distributed search, the pipeline of mpi/search.c
+ * (xknn__search_held), whatever the entry point.
+ *   created  (xknn_mpi_index_create): each rank's slice is copied once into host memory
+ *            the index owns (updates write it) and its values checked once; where the
+ *            device path applies (xknn__resident_open: CUDA backend, l2/euclidean on
+ *            float32, room on the device) it is kept on the rank's GPU as well. A search
+ *            then moves only queries and candidate lists.
+ *   borrowed (xknn_mpi_index_borrow, and the one-shot searches on the stack): the
+ *            caller's slice, not a copy; nothing happens before the first search, which
+ *            checks the values (unless the caller vouched for them with
+ *            params->values_checked) and keeps the slice on the GPU for its own
+ *            duration, exactly as the one-shot search always did. A search that
+ *            succeeded checked the slice: later ones skip the scan.
+ * Either way a search gives the same ids and distance bits.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,9 +27,13 @@ struct xknn_mpi_index {
     xknn_mpi_context *ctx;
     xknn_params p;        /* the caller's parameters (minkowski's p resolved)         */
     xknn_matrix slice;    /* this rank's rows, dense: data is rows below              */
-    unsigned char *rows;  /* host memory owned here                                   */
+    unsigned char *rows;  /* host memory owned here; NULL when borrowed               */
     int64_t ref_offset;
     xknn__slice_state held;
+    int borrowed;         /* slice is the caller's ref (see the head of this file)    */
+    int lent_ref;         /* borrowed: the caller passed a ref (searched as given,
+                             rows <= 0 included, so the search's checks see it)      */
+    int allocated;        /* 1: calloc'ed (destroy frees it); 0: on a caller's stack  */
 };
 
 /* This rank's dense host copy of ref (rows x d, ld = the row's elements). */
@@ -67,6 +79,7 @@ xknn_status xknn_mpi_index_create(xknn_mpi_context *ctx, const xknn_params *para
     if (!x) st = xknn__mpi_fail(&lerr, XKNN_ERROR_OUT_OF_MEMORY, "rank %d: out of memory", ctx->rank);
     if (x) {
         x->ctx = ctx;
+        x->allocated = 1;
         x->p = params ? *params : xknn_params_default();
         if (x->p.metric == XKNN_METRIC_MINKOWSKI && x->p.p == 0.0) x->p.p = 2.0;
         if (x->p.device < 0) x->p.device = ctx->device;
@@ -99,12 +112,74 @@ xknn_status xknn_mpi_index_create(xknn_mpi_context *ctx, const xknn_params *para
     return st;
 }
 
+/* Fills a borrowed index on the caller's memory (no allocation, no communication):
+ * trust = 1 takes the slice's values as checked. */
+static void xknn__index_lend(xknn_mpi_index *x, xknn_mpi_context *ctx, const xknn_params *params,
+                             const xknn_matrix *ref, int64_t ref_offset, int trust)
+{
+    memset(x, 0, sizeof *x);
+    x->ctx = ctx;
+    x->p = params ? *params : xknn_params_default();
+    if (x->p.metric == XKNN_METRIC_MINKOWSKI && x->p.p == 0.0) x->p.p = 2.0;
+    if (ref) x->slice = *ref;
+    x->lent_ref = ref != NULL;
+    x->ref_offset = ref_offset;
+    x->borrowed = 1;
+    x->held.checked = trust;
+}
+
 xknn_status xknn_mpi_index_search(xknn_mpi_index *index, const xknn_matrix *query, int query_root, int64_t k,
                                   const xknn_mpi_output *out, xknn_mpi_stats *stats, xknn_error *err)
 {
+    xknn_status st;
     if (!index) return xknn__mpi_fail(err, XKNN_ERROR_INVALID_ARGUMENT, "xknn_mpi_index_search: index is NULL");
-    return xknn__search_held(index->ctx, &index->p, index->slice.rows > 0 ? &index->slice : NULL, index->ref_offset,
-                             &index->held, query, query_root, k, out, stats, err);
+    st = xknn__search_held(index->ctx, &index->p,
+                           (index->borrowed ? index->lent_ref : index->slice.rows > 0) ? &index->slice : NULL,
+                           index->ref_offset, &index->held, query, query_root, k, out, stats, err);
+    /* agreed: every rank's slice passed the search's checks */
+    if (st == XKNN_SUCCESS) index->held.checked = 1;
+    return st;
+}
+
+xknn_status xknn_mpi_index_self_join(xknn_mpi_index *index, int64_t k, const xknn_mpi_output *out,
+                                     xknn_mpi_stats *stats, xknn_error *err)
+{
+    if (!index) return xknn__mpi_fail(err, XKNN_ERROR_INVALID_ARGUMENT, "xknn_mpi_index_self_join: index is NULL");
+    return xknn_mpi_index_search(index, NULL, XKNN_MPI_SELF_JOIN, k, out, stats, err);
+}
+
+xknn_status xknn_mpi_index_borrow(xknn_mpi_context *ctx, const xknn_params *params, const xknn_matrix *ref,
+                                  int64_t ref_offset, xknn_mpi_index **index, xknn_error *err)
+{
+    xknn_mpi_index *x;
+    xknn_status st = XKNN_SUCCESS;
+    xknn_error lerr;
+    if (!ctx || !index) return xknn__mpi_fail(err, XKNN_ERROR_INVALID_ARGUMENT, "xknn_mpi_index_borrow: NULL argument");
+    *index = NULL;
+    lerr.status = XKNN_SUCCESS;
+    lerr.message[0] = '\0';
+    x = (xknn_mpi_index *)malloc(sizeof *x);
+    if (!x) {
+        st = xknn__mpi_fail(&lerr, XKNN_ERROR_OUT_OF_MEMORY, "rank %d: out of memory", ctx->rank);
+    } else {
+        xknn__index_lend(x, ctx, params, ref, ref_offset, params && params->values_checked);
+        x->allocated = 1;
+        /* vouched-for values skip the scan, not the metric's checks (dtype pair, p,
+         * weights): those run here on the slice's first row, as a search would */
+        if (x->held.checked && ref && ref->rows > 0) {
+            xknn_matrix one = *ref;
+            one.rows = 1;
+            st = xknn__index_check(x, &one, ref_offset, &lerr);
+        }
+    }
+    st = xknn_mpi_agree(ctx, st, &lerr);
+    if (st != XKNN_SUCCESS) {
+        free(x);
+        x = NULL;
+    }
+    *index = x;
+    if (err) *err = lerr;
+    return st;
 }
 
 xknn_status xknn_mpi_index_search_gather(xknn_mpi_index *index, const xknn_matrix *query, int query_root, int64_t k,
@@ -128,7 +203,11 @@ xknn_status xknn_mpi_index_update(xknn_mpi_index *index, int64_t row0, const xkn
     lerr.status = XKNN_SUCCESS;
     lerr.message[0] = '\0';
     n = rows ? rows->rows : 0;
-    if (n < 0 || (n > 0 && (!rows->data || rows->cols != s->cols || rows->dtype != s->dtype)))
+    if (index->borrowed) /* the same on every rank: each refuses alone, the agreement is moot */
+        st = xknn__mpi_fail(&lerr, XKNN_ERROR_INVALID_ARGUMENT,
+                            "rank %d: xknn_mpi_index_update: a borrowed index's rows are the caller's: update them "
+                            "there and borrow again", index->ctx->rank);
+    else if (n < 0 || (n > 0 && (!rows->data || rows->cols != s->cols || rows->dtype != s->dtype)))
         st = xknn__mpi_fail(&lerr, XKNN_ERROR_INVALID_ARGUMENT, "rank %d: update rows must be %lld columns of %s",
                             index->ctx->rank, (long long)s->cols, xknn_dtype_name(s->dtype));
     else if (n > 0 && (row0 < 0 || row0 + n > s->rows))
@@ -157,6 +236,39 @@ xknn_status xknn_mpi_index_destroy(xknn_mpi_index *index)
     if (!index) return XKNN_SUCCESS;
     xknn__resident_close(index->held.resident);
     free(index->rows);
-    free(index);
+    if (index->allocated) free(index);
     return XKNN_SUCCESS;
+}
+
+/* ---- the one-shot searches: a borrowed index on the stack, one search --------------- */
+
+xknn_status xknn_mpi_search(xknn_mpi_context *ctx, const xknn_params *params, const xknn_matrix *ref,
+                            int64_t ref_offset, const xknn_matrix *query, int query_root, int64_t k,
+                            const xknn_mpi_output *out, xknn_mpi_stats *stats, xknn_error *err)
+{
+    xknn_mpi_index x;
+    xknn_status st;
+    xknn__index_lend(&x, ctx, params, ref, ref_offset, 0);
+    st = xknn_mpi_index_search(&x, query, query_root, k, out, stats, err);
+    xknn_mpi_index_destroy(&x);
+    return st;
+}
+
+xknn_status xknn_mpi_self_join(xknn_mpi_context *ctx, const xknn_params *params, const xknn_matrix *ref,
+                               int64_t ref_offset, int64_t k, const xknn_mpi_output *out, xknn_mpi_stats *stats,
+                               xknn_error *err)
+{
+    return xknn_mpi_search(ctx, params, ref, ref_offset, NULL, XKNN_MPI_SELF_JOIN, k, out, stats, err);
+}
+
+xknn_status xknn_mpi_search_gather(xknn_mpi_context *ctx, const xknn_params *params, const xknn_matrix *ref,
+                                   int64_t ref_offset, const xknn_matrix *query, int query_root, int64_t k,
+                                   int gather_root, int64_t *ids, float *dist, xknn_error *err)
+{
+    xknn_mpi_output out = XKNN_MPI_OUTPUT_INIT;
+    out.gather_root = gather_root;
+    out.ids = ids;
+    out.dist = dist;
+    return xknn_mpi_search(ctx, params, ref, ref_offset, query_root == XKNN_MPI_SELF_JOIN ? NULL : query, query_root,
+                           k, &out, NULL, err);
 }

@@ -895,36 +895,15 @@ static xknn_status xknn__run(xknn_mpi_context *ctx, const xknn_params *params, c
     return S->st;
 }
 
-xknn_status xknn_mpi_search(xknn_mpi_context *ctx, const xknn_params *params, const xknn_matrix *ref,
-                            int64_t ref_offset, const xknn_matrix *query, int query_root, int64_t k,
-                            const xknn_mpi_output *out, xknn_mpi_stats *stats, xknn_error *err)
-{
-    return xknn__run(ctx, params, ref, ref_offset, NULL, query, query_root, 0, k, out, stats, err);
-}
-
+/* The one distributed search: every entry point (mpi/index.c) comes here with the state
+ * of the slice it holds. query_root XKNN_MPI_SELF_JOIN selects the self-join (query
+ * ignored), as in xknn_mpi_search_gather. */
 xknn_status xknn__search_held(xknn_mpi_context *ctx, const xknn_params *params, const xknn_matrix *ref,
                               int64_t ref_offset, const xknn__slice_state *held, const xknn_matrix *query,
                               int query_root, int64_t k, const xknn_mpi_output *out, xknn_mpi_stats *stats,
                               xknn_error *err)
 {
+    if (query_root == XKNN_MPI_SELF_JOIN)
+        return xknn__run(ctx, params, ref, ref_offset, held, NULL, -1, 1, k, out, stats, err);
     return xknn__run(ctx, params, ref, ref_offset, held, query, query_root, 0, k, out, stats, err);
-}
-
-xknn_status xknn_mpi_self_join(xknn_mpi_context *ctx, const xknn_params *params, const xknn_matrix *ref,
-                               int64_t ref_offset, int64_t k, const xknn_mpi_output *out, xknn_mpi_stats *stats,
-                               xknn_error *err)
-{
-    return xknn__run(ctx, params, ref, ref_offset, NULL, NULL, -1, 1, k, out, stats, err);
-}
-
-xknn_status xknn_mpi_search_gather(xknn_mpi_context *ctx, const xknn_params *params, const xknn_matrix *ref,
-                                   int64_t ref_offset, const xknn_matrix *query, int query_root, int64_t k,
-                                   int gather_root, int64_t *ids, float *dist, xknn_error *err)
-{
-    xknn_mpi_output out = XKNN_MPI_OUTPUT_INIT;
-    out.gather_root = gather_root;
-    out.ids = ids;
-    out.dist = dist;
-    if (query_root == XKNN_MPI_SELF_JOIN) return xknn__run(ctx, params, ref, ref_offset, NULL, NULL, -1, 1, k, &out, NULL, err);
-    return xknn__run(ctx, params, ref, ref_offset, NULL, query, query_root, 0, k, &out, NULL, err);
 }

@@ -575,6 +575,10 @@ typedef struct knn_run {
                                1 if its backend takes the symmetric self-join (NULL
                                when not gathered)                                  */
     double *rank_busy;      /* rank 0, --json: per rank, busy (search) seconds     */
+    double t_read_mine;     /* this rank's knn__read seconds (t_read: the maximum) */
+    int64_t read_bytes;     /* bytes of rows this rank read (its slice; rank 0 also
+                               the queries), as stored in the files                */
+    double *rank_read;      /* rank 0, --json: per rank, read seconds and bytes    */
 #ifdef XKNN_HAVE_MPI
     MPI_Comm comm; /* the command's own duplicate of MPI_COMM_WORLD                  */
     xknn_mpi_context *ctx;
@@ -863,7 +867,8 @@ static xknn_status knn__read(knn_run *r, xknn_error *err)
         if (st == XKNN_SUCCESS && r->o.query && r->rank == 0) st = xknn_check_input(&r->params, r->o.query, &m, 0, err);
     }
     if (st != XKNN_SUCCESS) knn__prefix_rank(err, r->rank, r->size);
-    r->t_read = knn__now() - t0;
+    r->t_read = r->t_read_mine = knn__now() - t0;
+    r->read_bytes = r->rows * r->rinfo.row_bytes + (r->o.query && r->rank == 0 ? r->nq * r->qinfo.row_bytes : 0);
     return knn__agree(r, st, err);
 }
 
@@ -941,8 +946,10 @@ static int knn__progress_begin(knn_run *r)
 static xknn_status knn__gather_ranks(knn_run *r, const xknn_mpi_stats *stats, xknn_error *err)
 {
     int64_t mine[2];
-    double busy = stats->local.search;
+    double busy = stats->local.search, rd[2];
     int have = 1, rc;
+    rd[0] = r->t_read_mine;
+    rd[1] = (double)r->read_bytes;
     mine[0] = stats->distance_evals;
     /* the symmetric ring (pair kernel), or one rank's own symmetric self-join (GPU) */
     mine[1] = !r->o.query && (xknn_search_pair_why_not(&r->params, r->dtype, r->dsearch) == NULL ||
@@ -950,11 +957,13 @@ static xknn_status knn__gather_ranks(knn_run *r, const xknn_mpi_stats *stats, xk
     if (r->rank == 0) {
         r->rank_work = (int64_t *)malloc((size_t)r->size * 2 * sizeof(int64_t));
         r->rank_busy = (double *)malloc((size_t)r->size * sizeof(double));
-        have = r->rank_work && r->rank_busy;
+        r->rank_read = (double *)malloc((size_t)r->size * 2 * sizeof(double));
+        have = r->rank_work && r->rank_busy && r->rank_read;
     }
     rc = MPI_Bcast(&have, 1, MPI_INT, 0, r->comm);
     if (rc == MPI_SUCCESS && have) rc = MPI_Gather(mine, 2, MPI_INT64_T, r->rank_work, 2, MPI_INT64_T, 0, r->comm);
     if (rc == MPI_SUCCESS && have) rc = MPI_Gather(&busy, 1, MPI_DOUBLE, r->rank_busy, 1, MPI_DOUBLE, 0, r->comm);
+    if (rc == MPI_SUCCESS && have) rc = MPI_Gather(rd, 2, MPI_DOUBLE, r->rank_read, 2, MPI_DOUBLE, 0, r->comm);
     if (rc != MPI_SUCCESS) return knn__mpi_error(r, err, rc, "MPI_Gather (per-rank work)");
     if (!have)
         return knn__fail(err, XKNN_ERROR_OUT_OF_MEMORY, "rank 0: out of memory for the per-rank statistics of %d ranks",
@@ -966,6 +975,8 @@ static xknn_status knn__search_and_write(knn_run *r, xknn_error *err)
 {
     xknn_mpi_output out = XKNN_MPI_OUTPUT_INIT;
     xknn_mpi_stats stats;
+    xknn_mpi_index *index = NULL;
+    xknn_params ip = r->params;
     xknn_matrix refm = XKNN_MATRIX_TYPED(r->ref, r->rows, r->dsearch, r->dtype);
     xknn_matrix qm = XKNN_MATRIX_TYPED(r->query, r->nq, r->dsearch, r->dtype);
     xknn_status st;
@@ -979,11 +990,16 @@ static xknn_status knn__search_and_write(knn_run *r, xknn_error *err)
         out.progress_user = &r->prog;
     }
     r->t_start = knn__now();
-    if (r->o.query)
-        st = xknn_mpi_search(r->ctx, &r->params, r->rows > 0 ? &refm : NULL, r->row0, r->rank == 0 ? &qm : NULL, 0,
-                             r->o.k, &out, &stats, err);
-    else
-        st = xknn_mpi_self_join(r->ctx, &r->params, r->rows > 0 ? &refm : NULL, r->row0, r->o.k, &out, &stats, err);
+    memset(&stats, 0, sizeof stats);
+    /* the index borrows the slice read above (no copy); the readers refused NaN and Inf,
+     * so the search does not scan the rows again (hellinger's signs: knn__read) */
+    ip.values_checked = 1;
+    st = xknn_mpi_index_borrow(r->ctx, &ip, r->rows > 0 ? &refm : NULL, r->row0, &index, err);
+    if (st == XKNN_SUCCESS && r->o.query)
+        st = xknn_mpi_index_search(index, r->rank == 0 ? &qm : NULL, 0, r->o.k, &out, &stats, err);
+    else if (st == XKNN_SUCCESS)
+        st = xknn_mpi_index_self_join(index, r->o.k, &out, &stats, err);
+    xknn_mpi_index_destroy(index);
     knn_progress_stop(&r->prog);
     r->query_block = stats.query_block;
     r->blocks = stats.blocks;
@@ -1129,6 +1145,13 @@ static xknn_status knn__write_json(knn_run *r, double qps, xknn_error *err)
             "  \"time_s\": {\"read\": %.6f, \"broadcast\": %.6f, \"search\": %.6f, \"reduce\": %.6f, "
             "\"write\": %.6f, \"query_phase\": %.6f, \"total\": %.6f},\n",
             r->t_read, r->t_bcast, r->t_search, r->t_reduce, r->t_write, r->t_query, r->t_total);
+    {
+        /* the rows read by all ranks over the slowest rank's read phase */
+        const double bytes = (double)r->n * (double)r->rinfo.row_bytes +
+                             (r->o.query ? (double)r->nq * (double)r->qinfo.row_bytes : 0.0);
+        fprintf(f, "  \"read\": {\"bytes\": %.0f, \"s\": %.6f, \"GB_per_s\": %.3f},\n", bytes, r->t_read,
+                r->t_read > 0 ? bytes / r->t_read / 1e9 : 0.0);
+    }
     if (r->rank_work) {
         /* every rank's share of the distance work and its busy seconds (the balance) */
         int i, sym = !r->o.query;
@@ -1136,9 +1159,14 @@ static xknn_status knn__write_json(knn_run *r, double qps, xknn_error *err)
             if (!r->rank_work[2 * i + 1]) sym = 0;
         if (!r->o.query) fprintf(f, "  \"self_join_path\": \"%s\",\n", sym ? "symmetric" : "plain");
         fprintf(f, "  \"per_rank\": [");
-        for (i = 0; i < r->size; i++)
-            fprintf(f, "%s\n    {\"rank\": %d, \"distance_evals\": %lld, \"busy_s\": %.6f}", i ? "," : "", i,
+        for (i = 0; i < r->size; i++) {
+            const double rs = r->rank_read ? r->rank_read[2 * i] : 0.0;
+            const double rbytes = r->rank_read ? r->rank_read[2 * i + 1] : 0.0;
+            fprintf(f, "%s\n    {\"rank\": %d, \"distance_evals\": %lld, \"busy_s\": %.6f", i ? "," : "", i,
                     (long long)r->rank_work[2 * i], r->rank_busy[i]);
+            fprintf(f, ", \"read_s\": %.6f, \"read_bytes\": %.0f, \"read_GB_per_s\": %.3f}", rs, rbytes,
+                    rs > 0 ? rbytes / rs / 1e9 : 0.0);
+        }
         fprintf(f, "\n  ],\n");
     }
     fprintf(f, "  \"queries_per_s\": %.3f\n}\n", qps);
@@ -1439,6 +1467,7 @@ finalize:
     free(r->wbuf);
     knn_npz_free(&r->npz);
     free(r->rank_busy);
+    free(r->rank_read);
     free(r->rank_work);
     free(r->ref);
     free(r->query);
