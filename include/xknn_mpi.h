@@ -213,6 +213,13 @@ XKNN_API int xknn_mpi_local_size(const xknn_mpi_context *ctx);
 XKNN_API int xknn_mpi_device(const xknn_mpi_context *ctx);
 XKNN_API xknn_mpi_transfer xknn_mpi_transfer_mode(const xknn_mpi_context *ctx);
 
+/* Not collective. The context's communicator (its duplicate of the one given to
+ * xknn_mpi_create; MPI errors return), MPI_COMM_NULL for NULL. A caller may run its own
+ * collectives on it between the library's calls, from the thread that makes them, so
+ * that one communicator orders everything; it stays the context's (xknn_mpi_destroy
+ * frees it). */
+XKNN_API MPI_Comm xknn_mpi_comm(const xknn_mpi_context *ctx);
+
 /*
  * Collective. Agrees on an outcome: every rank passes its own status (and, on failure,
  * its message in *err); every rank returns the same status, and *err (host, may be

@@ -272,6 +272,7 @@ int xknn_mpi_size(const xknn_mpi_context *ctx) { return ctx ? ctx->size : 0; }
 int xknn_mpi_local_rank(const xknn_mpi_context *ctx) { return ctx ? ctx->local_rank : -1; }
 int xknn_mpi_local_size(const xknn_mpi_context *ctx) { return ctx ? ctx->local_size : 0; }
 int xknn_mpi_device(const xknn_mpi_context *ctx) { return ctx ? ctx->device : -1; }
+MPI_Comm xknn_mpi_comm(const xknn_mpi_context *ctx) { return ctx ? ctx->comm : MPI_COMM_NULL; }
 xknn_mpi_transfer xknn_mpi_transfer_mode(const xknn_mpi_context *ctx)
 {
     return ctx ? ctx->transfer : XKNN_MPI_TRANSFER_COUNT;

@@ -580,7 +580,7 @@ typedef struct knn_run {
                                the queries), as stored in the files                */
     double *rank_read;      /* rank 0, --json: per rank, read seconds and bytes    */
 #ifdef XKNN_HAVE_MPI
-    MPI_Comm comm; /* the command's own duplicate of MPI_COMM_WORLD                  */
+    MPI_Comm comm; /* the library context's communicator (xknn_mpi_comm)           */
     xknn_mpi_context *ctx;
     xknn_cuda_context *cuctx; /* the rank's CUDA context, made while the input is read */
 #endif
@@ -1313,18 +1313,12 @@ int main(int argc, char **argv)
 #ifdef XKNN_HAVE_MPI
     {
         xknn_mpi_config cfg = XKNN_MPI_CONFIG_INIT;
-        int rc = MPI_Comm_dup(MPI_COMM_WORLD, &r->comm);
-        if (rc == MPI_SUCCESS) rc = MPI_Comm_set_errhandler(r->comm, MPI_ERRORS_RETURN);
-        if (rc != MPI_SUCCESS) {
-            /* Nothing to agree with: MPI itself is broken. */
-            knn__mpi_error(r, &err, rc, "MPI_Comm_dup");
-            fprintf(stderr, "knn_mpi: %s\n", err.message);
-            code = EXIT_INTERNAL;
-            goto finalize;
-        }
         cfg.query_block = r->o.query_block;
         cfg.verbose = r->o.verbose;
-        st = xknn_mpi_create(r->comm, &cfg, &r->ctx, &err);
+        st = xknn_mpi_create(MPI_COMM_WORLD, &cfg, &r->ctx, &err);
+        /* the library's communicator carries the command's collectives too: one order for
+         * all of them (the report's, after a failed create, go on MPI_COMM_WORLD) */
+        r->comm = r->ctx ? xknn_mpi_comm(r->ctx) : MPI_COMM_WORLD;
         if (st != XKNN_SUCCESS) goto report;
         knn_outs_attach(&r->outs, r->ctx, r->comm);
         /* Ranks that share a node share its cores: without --threads or OMP_NUM_THREADS,
@@ -1461,7 +1455,6 @@ finalize:
 #ifdef XKNN_HAVE_MPI
     xknn_cuda_context_destroy(r->cuctx);
     if (r->ctx) xknn_mpi_destroy(r->ctx);
-    if (r->comm != MPI_COMM_NULL) MPI_Comm_free(&r->comm);
     MPI_Finalize();
 #endif
     free(r->wbuf);
