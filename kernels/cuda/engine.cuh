@@ -73,6 +73,9 @@ struct xknn_cuda_context {
     /* xknn_cuda_copy_lists_start's copies, run by a thread of the context's own (made by
      * the first start) */
     struct xknn_cuda_copier *copier;
+    /* sync_stream's event (blocking sync), one waiter at a time (sync_lock) */
+    cudaEvent_t sync_ev;
+    pthread_mutex_t sync_lock;
 };
 
 /* One kept block of host rows: rows x row_bytes packed on the device, uploaded a chunk of
@@ -87,9 +90,19 @@ struct xknn_cuda_kept {
                             * (the context's, after the calls that read it); else NULL */
 };
 
+/* The thread policy of host steps (include/xknn.h): params.num_threads or the budget,
+ * at most one thread per 8 MiB the step touches */
+extern "C" int xknn__step_threads(int nt, int64_t bytes);
+
 namespace xknn_cuda {
 
 typedef xknn_cuda_context::xknn_cuda_mirror ListMirror;
+
+/* Events the host waits on: a blocking sync puts the waiting thread to sleep instead of
+ * spinning a core the machine may need (the device's own flags, cudaDeviceScheduleSpin
+ * or not, stay the embedding application's). */
+static const unsigned kHostWaitEvent = cudaEventBlockingSync | cudaEventDisableTiming;
+cudaError_t sync_stream(xknn_cuda_context *ctx, cudaStream_t s);
 
 /* ---- small helpers ------------------------------------------------------------------ */
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -213,7 +226,7 @@ struct HostBuffers {
             /* the pool keeps what earlier calls freed (budget_of counts it as free): give
              * the unused part back and try once more */
             (void)cudaGetLastError();
-            if (cudaStreamSynchronize(s) == cudaSuccess && cudaMemPoolTrimTo(pool, 0) == cudaSuccess)
+            if (sync_stream(NULL, s) == cudaSuccess && cudaMemPoolTrimTo(pool, 0) == cudaSuccess)
                 e = cudaMallocFromPoolAsync(p, bytes, pool, s);
         }
         return e;

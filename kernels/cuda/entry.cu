@@ -166,7 +166,7 @@ xknn_status host_search(const xknn__job *job, Err er)
     if (!resident) {
         XKNN__CUDA_CHECK(cudaStreamCreateWithFlags(&sx, cudaStreamNonBlocking));
         for (int b = 0; b < 2; ++b) {
-            XKNN__CUDA_CHECK(cudaEventCreateWithFlags(&h2d_done[b], cudaEventDisableTiming));
+            XKNN__CUDA_CHECK(cudaEventCreateWithFlags(&h2d_done[b], kHostWaitEvent));
             XKNN__CUDA_CHECK(cudaEventCreateWithFlags(&use_done[b], cudaEventDisableTiming));
             XKNN__CUDA_CHECK(cudaHostAlloc((void **)&hb.pinned[b], (size_t)chunk * row_bytes, cudaHostAllocDefault));
         }
@@ -210,7 +210,7 @@ xknn_status host_search(const xknn__job *job, Err er)
                 const int b = (int)(c & 1);
                 const int64_t rows = min64(chunk, n - r0);
                 /* the previous copy out of pinned[b] is complete: refill it on the host
-                 * (OpenMP threads, as the staging ring: one core's copy bounds this loop) */
+                 * (on the step policy's threads: a chunk may be large) */
                 XKNN__CUDA_CHECK(cudaEventSynchronize(h2d_done[b]));
                 host_rows_copy((char *)hb.pinned[b], (const char *)(job->ref + r0 * job->ldr), rows, row_bytes,
                                (size_t)job->ldr * sizeof(float), prm->num_threads);
@@ -229,7 +229,7 @@ xknn_status host_search(const xknn__job *job, Err er)
                               hb.dDist, (size_t)(qs * k), prm->num_threads, sc, &piece, er));
     }
     XKNN__CUDA_CHECK(cudaMemcpyAsync(stats, run.stats, sizeof stats, cudaMemcpyDeviceToHost, sc));
-    XKNN__CUDA_CHECK(cudaStreamSynchronize(sc));
+    XKNN__CUDA_CHECK(sync_stream(ctx, sc));
     if (prm->verbose)
         fprintf(stderr,
                 "xknn: cuda: %llu candidates appended, %llu bound compactions, %llu exact compactions, %llu "
@@ -238,16 +238,16 @@ xknn_status host_search(const xknn__job *job, Err er)
     if (stats[kStatUnresolved]) st = unresolved_error(stats, er);
 
 cleanup:
-    if (sc) (void)cudaStreamSynchronize(sc);
-    if (sx) (void)cudaStreamSynchronize(sx);
+    if (sc) (void)sync_stream(ctx, sc);
+    if (sx) (void)sync_stream(ctx, sx);
     for (int b = 1; b >= 0; --b) {
         if (use_done[b]) cudaEventDestroy(use_done[b]);
         if (h2d_done[b]) cudaEventDestroy(h2d_done[b]);
     }
     if (sx) cudaStreamDestroy(sx);
-    if (ctx && ctx->copy_stream) (void)cudaStreamSynchronize(ctx->copy_stream);
+    if (ctx && ctx->copy_stream) (void)sync_stream(ctx, ctx->copy_stream);
     hb.release(); /* sc is the context's stream: not destroyed */
-    if (sc) (void)cudaStreamSynchronize(sc);
+    if (sc) (void)sync_stream(ctx, sc);
     if (own_ctx) {
         /* a temporary context's cuBLAS handle must not keep pointing at freed memory */
         xknn_cuda_context_destroy(own_ctx);

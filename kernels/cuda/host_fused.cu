@@ -83,7 +83,7 @@ xknn_status host_fused(const xknn__job *job, xknn_cuda_context *ctx, const Plan 
             if (!self_res) {
                 if (staged) {
                     /* the previous block's kernels read dQ until they finish */
-                    XKNN__CUDA_CHECK(cudaStreamSynchronize(s));
+                    XKNN__CUDA_CHECK(sync_stream(ctx, s));
                     XKNN__TRY(stage_rows(ctx, dQ, job->query + q0 * job->ldq, qs, d, job->ldq, threads, &piece, er));
                     XKNN__CUDA_CHECK(cudaStreamWaitEvent(s, ctx->stage_done[(piece - 1) & 1], 0));
                 } else {
@@ -100,20 +100,20 @@ xknn_status host_fused(const xknn__job *job, xknn_cuda_context *ctx, const Plan 
     }
     if (prm->verbose) {
         XKNN__CUDA_CHECK(cudaMemcpyAsync(stats, mem + o_ws + plan.off_stats, sizeof stats, cudaMemcpyDeviceToHost, s));
-        XKNN__CUDA_CHECK(cudaStreamSynchronize(s));
+        XKNN__CUDA_CHECK(sync_stream(ctx, s));
         fprintf(stderr, "xknn: cuda: fused path: %llu candidates re-ranked, %llu queries re-run exactly\n",
                 stats[kStatAppended], stats[kStatReruns]);
     }
-    XKNN__CUDA_CHECK(cudaStreamSynchronize(s));
+    XKNN__CUDA_CHECK(sync_stream(ctx, s));
 cleanup:
-    if (staged && ctx->copy_stream) (void)cudaStreamSynchronize(ctx->copy_stream);
+    if (staged && ctx->copy_stream) (void)sync_stream(ctx, ctx->copy_stream);
     if (mem) {
         if (ctx->pool)
             (void)cudaFreeAsync(mem, s);
         else
             (void)cudaFree(mem);
     }
-    (void)cudaStreamSynchronize(s);
+    (void)sync_stream(ctx, s);
     return st;
 }
 
