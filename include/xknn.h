@@ -1090,9 +1090,17 @@ xknn_status xknn_search(const xknn_params *params, const xknn_matrix *ref, const
                               : "k=%lld is larger than the number of references n=%lld",
                           (long long)k, (long long)avail);
 
-    if (!p.values_checked && (st = xknn__check_values(&p, "reference", ref, 0, err)) != XKNN_SUCCESS) return st;
-    if (!p.values_checked && query && (st = xknn__check_values(&p, "query", query, 0, err)) != XKNN_SUCCESS)
-        return st;
+    /* The values. f32 rows without hellinger's sign check that go to the CUDA backend are
+     * its to check (kernels/cuda/finite.cu: on the device after the upload, with this
+     * scan's message), so values_checked stays 0; any other scan runs here, on the step
+     * policy's threads, and marks the job checked. */
+    if (!p.values_checked &&
+        !(ref->dtype == XKNN_DTYPE_F32 && p.metric != XKNN_METRIC_HELLINGER && xknn__takes_cuda(&p) &&
+          xknn__cuda_built() && xknn__cuda_device_count() > 0)) {
+        if ((st = xknn__check_values(&p, "reference", ref, 0, err)) != XKNN_SUCCESS) return st;
+        if (query && (st = xknn__check_values(&p, "query", query, 0, err)) != XKNN_SUCCESS) return st;
+        p.values_checked = 1;
+    }
 
     memset(&job, 0, sizeof job);
     job.dtype = ref->dtype;

@@ -198,6 +198,8 @@ void xknn_cuda_context_destroy(xknn_cuda_context *ctx)
             if (ctx->stage[b]) cudaFreeHost(ctx->stage[b]);
         }
         if (ctx->copy_stream) cudaStreamDestroy(ctx->copy_stream);
+        if (ctx->finite_dev) cudaFree(ctx->finite_dev);
+        if (ctx->finite_host) cudaFreeHost(ctx->finite_host);
         if (ctx->blas) cublasDestroy(ctx->blas);
         if (ctx->pool) cudaMemPoolDestroy(ctx->pool);
         if (ctx->sync_ev) cudaEventDestroy(ctx->sync_ev);

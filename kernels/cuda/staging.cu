@@ -34,6 +34,9 @@ cudaError_t stage_make(xknn_cuda_context *ctx)
         if (!ctx->stage_done[b]) e = cudaEventCreateWithFlags(&ctx->stage_done[b], kHostWaitEvent);
         if (e == cudaSuccess && !ctx->stage[b]) e = cudaHostAlloc((void **)&ctx->stage[b], kStagePiece, cudaHostAllocDefault);
     }
+    const size_t fb = (2 + kStatCount) * sizeof(unsigned long long);
+    if (e == cudaSuccess && !ctx->finite_dev) e = cudaMalloc((void **)&ctx->finite_dev, 2 * sizeof(unsigned long long));
+    if (e == cudaSuccess && !ctx->finite_host) e = cudaHostAlloc((void **)&ctx->finite_host, fb, cudaHostAllocDefault);
     return e;
 }
 
