@@ -314,9 +314,11 @@ XKNN_API xknn_status xknn_check_input(const xknn_params *params, const char *wha
                                       int64_t row_offset, xknn_error *err);
 
 /* Not collective. The CPU threads a call uses when params.num_threads is 0: OpenMP's
- * default (the CPUs of the affinity mask, or OMP_NUM_THREADS) capped by the CPU quota of
- * the process's cgroup (cpu.max, or cpu.cfs_quota_us / cpu.cfs_period_us), rounded up; at
- * least 1. The quota is read once per process. */
+ * default (the CPUs of the affinity mask, or OMP_NUM_THREADS) capped by the CPUs of the
+ * affinity mask now and by the CPU quota of the process's cgroup (cpu.max, or
+ * cpu.cfs_quota_us / cpu.cfs_period_us), rounded up; at least 1. The quota is read once
+ * per process. Host steps that only move or check a few MiB take fewer (one thread per
+ * 8 MiB). */
 XKNN_API int xknn_thread_budget(void);
 
 /* 1 if the backend is compiled into this library (0 for an unknown value). */
