@@ -232,12 +232,12 @@ xknn_status mirror_begin(xknn_cuda_context *ctx, int i, const xknn__sym_side *s,
     if ((env && *env == '0') || s->rows <= 0 || !s->ids || !s->dist || bytes > *budget / 8) return st;
     if (!pad) {
         /* lists that are padding only (each row's first id -1, its last distance the
-         * padding's, no bound) are made on the device rather than uploaded */
+         * padding's, no bound) are made on the device rather than uploaded (the scan
+         * reads two cache lines a row) */
         const float pv = ip ? -INFINITY : INFINITY;
         int64_t other = 0;
 #ifdef _OPENMP
-#pragma omp parallel for schedule(static) reduction(+ : other) \
-    num_threads(xknn__step_threads(threads, s->rows * (int64_t)(sizeof *s->ids + sizeof *s->dist)))
+#pragma omp parallel for schedule(static) reduction(+ : other) num_threads(xknn__step_threads(threads, s->rows * 128))
 #endif
         for (int64_t r = 0; r < s->rows; ++r) other += !(s->ids[r * k] < 0 && s->dist[r * k + k - 1] == pv);
         pad = other == 0;
