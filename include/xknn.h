@@ -314,9 +314,11 @@ XKNN_API xknn_status xknn_check_input(const xknn_params *params, const char *wha
                                       int64_t row_offset, xknn_error *err);
 
 /* Not collective. The CPU threads a call uses when params.num_threads is 0: OpenMP's
- * default (the CPUs of the affinity mask, or OMP_NUM_THREADS) capped by the CPU quota of
- * the process's cgroup (cpu.max, or cpu.cfs_quota_us / cpu.cfs_period_us), rounded up; at
- * least 1. The quota is read once per process. */
+ * default (the CPUs of the affinity mask, or OMP_NUM_THREADS) capped by the CPUs of the
+ * affinity mask now and by the CPU quota of the process's cgroup (cpu.max, or
+ * cpu.cfs_quota_us / cpu.cfs_period_us), rounded up; at least 1. The quota is read once
+ * per process. Host steps that only move or check a few MiB take fewer (one thread per
+ * 8 MiB). */
 XKNN_API int xknn_thread_budget(void);
 
 /* 1 if the backend is compiled into this library (0 for an unknown value). */
@@ -614,25 +616,40 @@ int xknn_thread_budget(void)
     static volatile int cgroup = -1;
     int n = 1;
 #if defined(_OPENMP)
+    /* OpenMP's default follows the affinity mask it saw at start, but OMP_NUM_THREADS may
+     * exceed the mask and the mask may shrink later (taskset -p, sched_setaffinity):
+     * omp_get_num_procs() is the mask now under libgomp (the start's under libomp). A
+     * minimum, so the mask is never counted twice. */
+    const int procs = omp_get_num_procs();
     n = omp_get_max_threads();
+    if (procs > 0 && procs < n) n = procs;
 #endif
     if (cgroup < 0) cgroup = xknn__cgroup_cpus();
     if (cgroup > 0 && cgroup < n) n = cgroup;
     return n > 0 ? n : 1;
 }
 
-/* Threads for a pass over bytes: nt when given, else a thread per 16 MiB up to the
- * budget (the result check, whose few MB would wait for every core to be scheduled). */
-#if defined(_OPENMP)
-static int xknn__scan_threads(int nt, int64_t bytes)
+/* The thread policy of the host steps around a search (input scans, staging copies,
+ * result copy-out and checks): nt when given, else the budget, and at most one thread
+ * per XKNN__STEP_BYTES of memory the step touches, so a step of a few MiB runs on the
+ * calling thread alone. A team ends when its slowest member does: on an idle machine a
+ * fork and join costs microseconds, but on a busy one any member may wait a scheduler
+ * slice (milliseconds) for its core. One core reads or copies 8 MiB in about the time of
+ * a small search, so only steps that give each thread that much work take more. Big
+ * inputs (the CPU backend's scans of large matrices) still get the whole budget. */
+#define XKNN__STEP_BYTES ((int64_t)8 << 20)
+int xknn__step_threads(int nt, int64_t bytes); /* (also called by the CUDA backend) */
+int xknn__step_threads(int nt, int64_t bytes)
 {
-    const int64_t want = 1 + bytes / ((int64_t)16 << 20);
-    const int budget = xknn_thread_budget();
-    if (nt > 0) return nt;
-    return want < budget ? (int)want : budget;
+    const int64_t want = 1 + (bytes > 0 ? bytes : 0) / XKNN__STEP_BYTES;
+    const int cap = nt > 0 ? nt : xknn_thread_budget();
+    return want < cap ? (int)want : cap;
 }
-/* The input scans: params.num_threads, or the budget */
-#define XKNN__SCAN_THREADS(nt, m) ((void)(m), (nt) > 0 ? (nt) : xknn_thread_budget())
+
+#if defined(_OPENMP)
+/* The input scans: the step policy on the matrix's bytes */
+#define XKNN__SCAN_THREADS(nt, m) \
+    xknn__step_threads((nt), (m)->rows * xknn_row_bytes((m)->dtype, (m)->cols))
 #endif
 
 /* Checks a float matrix for NaN/Inf; reports the first offending row and column.
@@ -986,7 +1003,8 @@ xknn_status xknn_check_result(xknn_metric metric, int64_t query_row0, int64_t nq
      * few MB stay on this thread (a parallel region of one thread still resizes the
      * caller's OpenMP team) */
 #if defined(_OPENMP)
-    const int nt = xknn__scan_threads(0, m * 4);
+    /* (the ids are read only beside a distance that is not finite) */
+    const int nt = xknn__step_threads(0, m * (int64_t)sizeof *dist);
     if (nt > 1) {
 #pragma omp parallel for schedule(static) reduction(min : first) num_threads(nt)
         for (i = 0; i < m; i++)
@@ -1060,9 +1078,17 @@ xknn_status xknn_search(const xknn_params *params, const xknn_matrix *ref, const
                               : "k=%lld is larger than the number of references n=%lld",
                           (long long)k, (long long)avail);
 
-    if (!p.values_checked && (st = xknn__check_values(&p, "reference", ref, 0, err)) != XKNN_SUCCESS) return st;
-    if (!p.values_checked && query && (st = xknn__check_values(&p, "query", query, 0, err)) != XKNN_SUCCESS)
-        return st;
+    /* The values. f32 rows without hellinger's sign check that go to the CUDA backend are
+     * its to check (kernels/cuda/finite.cu: on the device after the upload, with this
+     * scan's message), so values_checked stays 0; any other scan runs here, on the step
+     * policy's threads, and marks the job checked. */
+    if (!p.values_checked &&
+        !(ref->dtype == XKNN_DTYPE_F32 && p.metric != XKNN_METRIC_HELLINGER && xknn__takes_cuda(&p) &&
+          xknn__cuda_built() && xknn__cuda_device_count() > 0)) {
+        if ((st = xknn__check_values(&p, "reference", ref, 0, err)) != XKNN_SUCCESS) return st;
+        if (query && (st = xknn__check_values(&p, "query", query, 0, err)) != XKNN_SUCCESS) return st;
+        p.values_checked = 1;
+    }
 
     memset(&job, 0, sizeof job);
     job.dtype = ref->dtype;

@@ -9,6 +9,29 @@
 
 namespace xknn_cuda {
 
+/* Returns once the work enqueued on s is done, the thread asleep meanwhile (a blocking-
+ * sync event, not cudaStreamSynchronize, which spins unless the device was made with
+ * cudaDeviceScheduleBlockingSync). The context's event serves one waiter at a time;
+ * another thread (or no context) records an event of its own. Errors as
+ * cudaStreamSynchronize's: the record's, or those of the work waited for. */
+cudaError_t sync_stream(xknn_cuda_context *ctx, cudaStream_t s)
+{
+    cudaEvent_t ev = NULL;
+    const bool mine = ctx && ctx->sync_ev && pthread_mutex_trylock(&ctx->sync_lock) == 0;
+    cudaError_t e = cudaSuccess;
+    if (mine)
+        ev = ctx->sync_ev;
+    else
+        e = cudaEventCreateWithFlags(&ev, kHostWaitEvent);
+    if (e == cudaSuccess) e = cudaEventRecord(ev, s);
+    if (e == cudaSuccess) e = cudaEventSynchronize(ev);
+    if (mine)
+        pthread_mutex_unlock(&ctx->sync_lock);
+    else if (ev)
+        cudaEventDestroy(ev);
+    return e;
+}
+
 /* After a round of allocations: 1 when they all succeeded; 0 when one ran out of memory
  * (everything released, the caller plans again with a smaller budget); -1 on any other
  * device error (*st set). */
@@ -114,6 +137,7 @@ xknn_status xknn_cuda_context_create(int device, xknn_cuda_context **out, xknn_e
     }
     c->device = device;
     pthread_mutex_init(&c->kept_lock, NULL);
+    pthread_mutex_init(&c->sync_lock, NULL);
     XKNN__CUDA_CHECK(scope.enter(device));
     XKNN__CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
     XKNN__CUDA_CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, device));
@@ -126,6 +150,7 @@ xknn_status xknn_cuda_context_create(int device, xknn_cuda_context **out, xknn_e
     c->global_mem = prop.totalGlobalMem;
     snprintf(c->name, sizeof c->name, "%s", prop.name);
     XKNN__CUDA_CHECK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
+    XKNN__CUDA_CHECK(cudaEventCreateWithFlags(&c->sync_ev, kHostWaitEvent));
     /* a pool of its own that keeps freed memory (release threshold: all), so repeated host
      * calls on one context do not pay cudaMalloc; without pool support, plain cudaMalloc */
     XKNN__CUDA_CHECK(cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, device));
@@ -145,7 +170,9 @@ xknn_status xknn_cuda_context_create(int device, xknn_cuda_context **out, xknn_e
 cleanup:
     if (c) {
         if (c->pool) cudaMemPoolDestroy(c->pool);
+        if (c->sync_ev) cudaEventDestroy(c->sync_ev);
         if (c->stream) cudaStreamDestroy(c->stream);
+        pthread_mutex_destroy(&c->sync_lock);
         pthread_mutex_destroy(&c->kept_lock);
         free(c);
     }
@@ -171,10 +198,14 @@ void xknn_cuda_context_destroy(xknn_cuda_context *ctx)
             if (ctx->stage[b]) cudaFreeHost(ctx->stage[b]);
         }
         if (ctx->copy_stream) cudaStreamDestroy(ctx->copy_stream);
+        if (ctx->finite_dev) cudaFree(ctx->finite_dev);
+        if (ctx->finite_host) cudaFreeHost(ctx->finite_host);
         if (ctx->blas) cublasDestroy(ctx->blas);
         if (ctx->pool) cudaMemPoolDestroy(ctx->pool);
+        if (ctx->sync_ev) cudaEventDestroy(ctx->sync_ev);
         if (ctx->stream) cudaStreamDestroy(ctx->stream);
     }
+    pthread_mutex_destroy(&ctx->sync_lock);
     pthread_mutex_destroy(&ctx->kept_lock);
     free(ctx);
 }

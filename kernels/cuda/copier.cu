@@ -80,7 +80,7 @@ static cudaError_t copier_run(xknn_cuda_copier *c, const CopyJob &j, cudaEvent_t
             }
         }
     }
-    if (e == cudaSuccess) e = cudaStreamSynchronize(c->s);
+    if (e == cudaSuccess) e = sync_stream(NULL, c->s);
     return e;
 }
 
@@ -153,7 +153,7 @@ xknn_cuda_copier *copier_of(xknn_cuda_context *ctx, cudaError_t *e)
             for (int i = 0; i < kJobs && *e == cudaSuccess; ++i)
                 *e = cudaEventCreateWithFlags(&c->after[i], cudaEventDisableTiming);
             for (int b = 0; b < 2 && *e == cudaSuccess; ++b) {
-                *e = cudaEventCreateWithFlags(&c->filled[b], cudaEventDisableTiming);
+                *e = cudaEventCreateWithFlags(&c->filled[b], kHostWaitEvent);
                 if (*e == cudaSuccess) *e = cudaHostAlloc((void **)&c->buf[b], kCopierBuf, cudaHostAllocDefault);
             }
             if (*e == cudaSuccess) {

@@ -3,7 +3,8 @@
  * kernels/cuda/engine.cuh -- what the host files of the CUDA backend share: the context,
  * the plan, the device-level run, the host path's device buffers, and one declaration of
  * every host function another file calls, grouped by the file that defines it. Not
- * included by kernel files; nothing here is public.
+ * included by kernel files (finite.cu, host code with one small kernel of its own,
+ * excepted); nothing here is public.
  */
 #ifndef XKNN_CUDA_ENGINE_CUH
 #define XKNN_CUDA_ENGINE_CUH
@@ -73,6 +74,12 @@ struct xknn_cuda_context {
     /* xknn_cuda_copy_lists_start's copies, run by a thread of the context's own (made by
      * the first start) */
     struct xknn_cuda_copier *copier;
+    /* finite.cu's two check words (references, queries) on the device; pinned host
+     * words: their copy, then a search's kStatCount counters. Made with the staging ring */
+    unsigned long long *finite_dev, *finite_host;
+    /* sync_stream's event (blocking sync), one waiter at a time (sync_lock) */
+    cudaEvent_t sync_ev;
+    pthread_mutex_t sync_lock;
 };
 
 /* One kept block of host rows: rows x row_bytes packed on the device, uploaded a chunk of
@@ -87,9 +94,19 @@ struct xknn_cuda_kept {
                             * (the context's, after the calls that read it); else NULL */
 };
 
+/* The thread policy of host steps (include/xknn.h): params.num_threads or the budget,
+ * at most one thread per 8 MiB the step touches */
+extern "C" int xknn__step_threads(int nt, int64_t bytes);
+
 namespace xknn_cuda {
 
 typedef xknn_cuda_context::xknn_cuda_mirror ListMirror;
+
+/* Events the host waits on: a blocking sync puts the waiting thread to sleep instead of
+ * spinning a core the machine may need (the device's own flags, cudaDeviceScheduleSpin
+ * or not, stay the embedding application's). */
+static const unsigned kHostWaitEvent = cudaEventBlockingSync | cudaEventDisableTiming;
+cudaError_t sync_stream(xknn_cuda_context *ctx, cudaStream_t s);
 
 /* ---- small helpers ------------------------------------------------------------------ */
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -213,7 +230,7 @@ struct HostBuffers {
             /* the pool keeps what earlier calls freed (budget_of counts it as free): give
              * the unused part back and try once more */
             (void)cudaGetLastError();
-            if (cudaStreamSynchronize(s) == cudaSuccess && cudaMemPoolTrimTo(pool, 0) == cudaSuccess)
+            if (sync_stream(NULL, s) == cudaSuccess && cudaMemPoolTrimTo(pool, 0) == cudaSuccess)
                 e = cudaMallocFromPoolAsync(p, bytes, pool, s);
         }
         return e;
@@ -338,6 +355,16 @@ xknn_status mirror_end(xknn_cuda_context *ctx, int i, int download, int threads,
 xknn_status results_out(xknn_cuda_context *ctx, int staged, int64_t *ids_host, const int64_t *ids_dev,
                         float *dist_host, const float *dist_dev, size_t count, int threads, cudaStream_t s,
                         int *piece, Err er, size_t grain = 0);
+
+/* ---- finite.cu: NaN/Inf of f32 host rows, on the device after their upload (staged
+ * resident paths) or on the host (the others); finite_pending: the job leaves it to us */
+int finite_pending(const xknn__job *job);
+xknn_status finite_host_scan(const xknn__job *job, Err er);
+cudaError_t finite_begin(xknn_cuda_context *ctx, cudaStream_t s);
+cudaError_t finite_check(xknn_cuda_context *ctx, int which, const float *dev, int64_t rows, int64_t d, int64_t row0,
+                         cudaStream_t s);
+cudaError_t finite_fetch(xknn_cuda_context *ctx, cudaStream_t s);
+xknn_status finite_end(const xknn_cuda_context *ctx, const xknn__job *job, Err er);
 
 /* ---- host_fused.cu, host_generic.cu, host_imma.cu: the host-array drivers of each path */
 xknn_status host_fused(const xknn__job *job, xknn_cuda_context *ctx, const Plan &plan, int self_res, int staged,

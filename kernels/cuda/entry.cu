@@ -40,9 +40,25 @@ xknn_status check_sizes(Err er, const xknn_params *prm, int64_t n, int64_t nq, i
     return XKNN_SUCCESS;
 }
 
+/* The host scan of the f32 values xknn_search left to the backend (finite_pending), for
+ * a path that does not check them on the device: *job becomes *copy, marked checked. */
+static xknn_status scan_on_host(const xknn__job **job, xknn__job *copy, Err er)
+{
+    if (!finite_pending(*job)) return XKNN_SUCCESS;
+    const xknn_status st = finite_host_scan(*job, er);
+    *copy = **job;
+    copy->params.values_checked = 1;
+    *job = copy;
+    return st;
+}
+
 xknn_status host_search(const xknn__job *job, Err er)
 {
-    if (generic_job(job)) return host_generic(job, er);
+    xknn__job scanned;
+    if (generic_job(job)) {
+        const xknn_status cs = scan_on_host(&job, &scanned, er);
+        return cs != XKNN_SUCCESS ? cs : host_generic(job, er);
+    }
     const xknn_params *prm = &job->params;
     const int64_t n = job->n, nq = job->nq, d = job->d, k = job->k;
     const int self_res = job->query == job->ref && job->ldq == job->ldr && nq == n;
@@ -58,17 +74,20 @@ xknn_status host_search(const xknn__job *job, Err er)
     Plan plan;
     Run run;
     size_t budget = 0, min_needed = 0;
-    int resident = 0, have_plan = 0;
+    int resident = 0, have_plan = 0, dev_check = 0;
     int64_t chunk = 0;
     int piece = 0;
     unsigned long long stats[kStatCount];
 
     memset(&plan, 0, sizeof plan);
     XKNN__TRY(host_begin(job, scope, &ctx, &own_ctx, &budget, er));
+    /* (a temporary context has no staging ring: its copies are plain, its scan the host's) */
+    if (own_ctx) XKNN__TRY(scan_on_host(&job, &scanned, er));
 
     /* The symmetric self-join where it applies (else the plain search, -v says why). */
     if (job->symmetric) {
         int done = 0, big = 0;
+        XKNN__TRY(scan_on_host(&job, &scanned, er));
         st = host_sym(job, ctx, own_ctx == NULL, budget, &done, &big, er, nullptr, nullptr);
         if (st == XKNN_SUCCESS && !done && big) {
             st = host_sym_blocked(job, ctx, own_ctx == NULL, budget, er);
@@ -83,6 +102,7 @@ xknn_status host_search(const xknn__job *job, Err er)
         const size_t ref_bytes = (size_t)n * row_bytes;
         if (!(budget > ref_bytes && plan_fit(ctx, prm, n, nq, d, k, n, budget - ref_bytes,
                                              per_q_out + (self_res ? 0 : row_bytes), 0, &plan, &min_needed))) {
+            XKNN__TRY(scan_on_host(&job, &scanned, er));
             xknn__job on_ctx = *job;
             on_ctx.params.cuda_context = ctx;
             if (prm->verbose)
@@ -166,16 +186,21 @@ xknn_status host_search(const xknn__job *job, Err er)
     if (!resident) {
         XKNN__CUDA_CHECK(cudaStreamCreateWithFlags(&sx, cudaStreamNonBlocking));
         for (int b = 0; b < 2; ++b) {
-            XKNN__CUDA_CHECK(cudaEventCreateWithFlags(&h2d_done[b], cudaEventDisableTiming));
+            XKNN__CUDA_CHECK(cudaEventCreateWithFlags(&h2d_done[b], kHostWaitEvent));
             XKNN__CUDA_CHECK(cudaEventCreateWithFlags(&use_done[b], cudaEventDisableTiming));
             XKNN__CUDA_CHECK(cudaHostAlloc((void **)&hb.pinned[b], (size_t)chunk * row_bytes, cudaHostAllocDefault));
         }
     }
+    /* the values: on the device as they arrive (resident references, staged), else here */
+    if (!resident) XKNN__TRY(scan_on_host(&job, &scanned, er));
+    dev_check = finite_pending(job);
     run = run_bind(ctx, &plan, hb.dWs, sc);
     XKNN__TRY(run_start(run, er));
+    if (dev_check) XKNN__CUDA_CHECK(finite_begin(ctx, sc));
     if (resident && own_ctx == NULL) {
         XKNN__TRY(stage_rows(ctx, hb.dR, job->ref, n, d, job->ldr, prm->num_threads, &piece, er));
         XKNN__CUDA_CHECK(cudaStreamWaitEvent(sc, ctx->stage_done[(piece - 1) & 1], 0));
+        if (dev_check) XKNN__CUDA_CHECK(finite_check(ctx, 0, hb.dR, n, d, 0, sc));
     } else if (resident) {
         XKNN__CUDA_CHECK(cudaMemcpy2DAsync(hb.dR, row_bytes, job->ref, (size_t)job->ldr * sizeof(float), row_bytes,
                                            (size_t)n, cudaMemcpyHostToDevice, sc));
@@ -192,6 +217,7 @@ xknn_status host_search(const xknn__job *job, Err er)
         } else if (resident && own_ctx == NULL) {
             XKNN__TRY(stage_rows(ctx, hb.dQ, job->query + q0 * job->ldq, qs, d, job->ldq, prm->num_threads, &piece, er));
             XKNN__CUDA_CHECK(cudaStreamWaitEvent(sc, ctx->stage_done[(piece - 1) & 1], 0));
+            if (dev_check) XKNN__CUDA_CHECK(finite_check(ctx, 1, hb.dQ, qs, d, q0, sc));
             Q = hb.dQ;
             ldq = d;
         } else {
@@ -210,7 +236,7 @@ xknn_status host_search(const xknn__job *job, Err er)
                 const int b = (int)(c & 1);
                 const int64_t rows = min64(chunk, n - r0);
                 /* the previous copy out of pinned[b] is complete: refill it on the host
-                 * (OpenMP threads, as the staging ring: one core's copy bounds this loop) */
+                 * (on the step policy's threads: a chunk may be large) */
                 XKNN__CUDA_CHECK(cudaEventSynchronize(h2d_done[b]));
                 host_rows_copy((char *)hb.pinned[b], (const char *)(job->ref + r0 * job->ldr), rows, row_bytes,
                                (size_t)job->ldr * sizeof(float), prm->num_threads);
@@ -228,8 +254,15 @@ xknn_status host_search(const xknn__job *job, Err er)
         XKNN__TRY(results_out(ctx, own_ctx == NULL, job->ids + q0 * k, hb.dIds, job->dist ? job->dist + q0 * k : NULL,
                               hb.dDist, (size_t)(qs * k), prm->num_threads, sc, &piece, er));
     }
-    XKNN__CUDA_CHECK(cudaMemcpyAsync(stats, run.stats, sizeof stats, cudaMemcpyDeviceToHost, sc));
-    XKNN__CUDA_CHECK(cudaStreamSynchronize(sc));
+    /* the counters through pinned memory where there is some (a copy into pageable memory
+     * waits for the stream inside the driver, spinning) */
+    XKNN__CUDA_CHECK(cudaMemcpyAsync(own_ctx ? stats : ctx->finite_host + 2, run.stats, sizeof stats,
+                                     cudaMemcpyDeviceToHost, sc));
+    if (dev_check) XKNN__CUDA_CHECK(finite_fetch(ctx, sc));
+    XKNN__CUDA_CHECK(sync_stream(ctx, sc));
+    if (!own_ctx) memcpy(stats, ctx->finite_host + 2, sizeof stats);
+    /* (a NaN's search ran on it: its message, not what the search made of it) */
+    if (dev_check) XKNN__TRY(finite_end(ctx, job, er));
     if (prm->verbose)
         fprintf(stderr,
                 "xknn: cuda: %llu candidates appended, %llu bound compactions, %llu exact compactions, %llu "
@@ -238,16 +271,16 @@ xknn_status host_search(const xknn__job *job, Err er)
     if (stats[kStatUnresolved]) st = unresolved_error(stats, er);
 
 cleanup:
-    if (sc) (void)cudaStreamSynchronize(sc);
-    if (sx) (void)cudaStreamSynchronize(sx);
+    if (sc) (void)sync_stream(ctx, sc);
+    if (sx) (void)sync_stream(ctx, sx);
     for (int b = 1; b >= 0; --b) {
         if (use_done[b]) cudaEventDestroy(use_done[b]);
         if (h2d_done[b]) cudaEventDestroy(h2d_done[b]);
     }
     if (sx) cudaStreamDestroy(sx);
-    if (ctx && ctx->copy_stream) (void)cudaStreamSynchronize(ctx->copy_stream);
+    if (ctx && ctx->copy_stream) (void)sync_stream(ctx, ctx->copy_stream);
     hb.release(); /* sc is the context's stream: not destroyed */
-    if (sc) (void)cudaStreamSynchronize(sc);
+    if (sc) (void)sync_stream(ctx, sc);
     if (own_ctx) {
         /* a temporary context's cuBLAS handle must not keep pointing at freed memory */
         xknn_cuda_context_destroy(own_ctx);
@@ -275,6 +308,8 @@ xknn_status host_search_sliced(const xknn__job *job, int64_t slice, Err er)
                    (long long)nq, (long long)k);
         goto cleanup;
     }
+    /* (the slices' rows are scanned here, at their global row numbers) */
+    if (finite_pending(job)) XKNN__TRY(finite_host_scan(job, er));
     for (size_t i = 0; i < nk; ++i) {
         job->ids[i] = -1;
         cd[i] = ip ? -INFINITY : INFINITY;
@@ -286,6 +321,7 @@ xknn_status host_search_sliced(const xknn__job *job, int64_t slice, Err er)
         sub.n = min64(slice, job->n - r0);
         sub.params.ref_id_offset += r0;
         sub.params.pad_missing = 1;
+        sub.params.values_checked = 1;
         sub.ids = tid;
         sub.dist = td;
         XKNN__TRY(host_search(&sub, er));

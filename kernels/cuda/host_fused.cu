@@ -35,6 +35,9 @@ xknn_status host_fused(const xknn__job *job, xknn_cuda_context *ctx, const Plan 
     unsigned long long stats[kStatCount];
     cudaError_t e;
     int piece = 0;
+    /* the values xknn_search left to the backend, checked here as they arrive (a
+     * temporary context's call, not staged, had them scanned on the host) */
+    const int dev_check = staged && finite_pending(job);
 
     *alloc_failed = 0;
     {
@@ -55,6 +58,7 @@ xknn_status host_fused(const xknn__job *job, xknn_cuda_context *ctx, const Plan 
     dDist = job->dist ? (float *)(mem + o_dist) : NULL;
     if (prm->verbose) print_plan(ctx, plan, staged ? "resident references, staged copies" : "resident references", budget, 0);
     XKNN__CUDA_CHECK(cudaMemsetAsync(mem + o_ws + plan.off_stats, 0, sizeof(unsigned long long) * kStatCount, s));
+    if (dev_check) XKNN__CUDA_CHECK(finite_begin(ctx, s));
     if (!staged)
         XKNN__CUDA_CHECK(cudaMemcpy2DAsync(dR, row_bytes, job->ref, (size_t)job->ldr * sizeof(float), row_bytes,
                                            (size_t)n, cudaMemcpyHostToDevice, s));
@@ -78,14 +82,17 @@ xknn_status host_fused(const xknn__job *job, xknn_cuda_context *ctx, const Plan 
                                      &piece, er));
                 XKNN__CUDA_CHECK(cudaStreamWaitEvent(s, ctx->stage_done[(piece - 1) & 1], 0));
                 XKNN__CUDA_CHECK(launch_fused_slices(fp, plan.KP, (int)z0, (int)nz, s));
+                if (dev_check && z0 == 0 && !self_res) XKNN__CUDA_CHECK(finite_check(ctx, 1, dQ, qs, d, 0, s));
+                if (dev_check) XKNN__CUDA_CHECK(finite_check(ctx, 0, dR + r0 * d, r1 - r0, d, r0, s));
             }
         } else {
             if (!self_res) {
                 if (staged) {
                     /* the previous block's kernels read dQ until they finish */
-                    XKNN__CUDA_CHECK(cudaStreamSynchronize(s));
+                    XKNN__CUDA_CHECK(sync_stream(ctx, s));
                     XKNN__TRY(stage_rows(ctx, dQ, job->query + q0 * job->ldq, qs, d, job->ldq, threads, &piece, er));
                     XKNN__CUDA_CHECK(cudaStreamWaitEvent(s, ctx->stage_done[(piece - 1) & 1], 0));
+                    if (dev_check) XKNN__CUDA_CHECK(finite_check(ctx, 1, dQ, qs, d, q0, s));
                 } else {
                     XKNN__CUDA_CHECK(cudaMemcpy2DAsync(dQ, row_bytes, job->query + q0 * job->ldq,
                                                        (size_t)job->ldq * sizeof(float), row_bytes, (size_t)qs,
@@ -100,20 +107,22 @@ xknn_status host_fused(const xknn__job *job, xknn_cuda_context *ctx, const Plan 
     }
     if (prm->verbose) {
         XKNN__CUDA_CHECK(cudaMemcpyAsync(stats, mem + o_ws + plan.off_stats, sizeof stats, cudaMemcpyDeviceToHost, s));
-        XKNN__CUDA_CHECK(cudaStreamSynchronize(s));
+        XKNN__CUDA_CHECK(sync_stream(ctx, s));
         fprintf(stderr, "xknn: cuda: fused path: %llu candidates re-ranked, %llu queries re-run exactly\n",
                 stats[kStatAppended], stats[kStatReruns]);
     }
-    XKNN__CUDA_CHECK(cudaStreamSynchronize(s));
+    if (dev_check) XKNN__CUDA_CHECK(finite_fetch(ctx, s));
+    XKNN__CUDA_CHECK(sync_stream(ctx, s));
+    if (dev_check) XKNN__TRY(finite_end(ctx, job, er));
 cleanup:
-    if (staged && ctx->copy_stream) (void)cudaStreamSynchronize(ctx->copy_stream);
+    if (staged && ctx->copy_stream) (void)sync_stream(ctx, ctx->copy_stream);
     if (mem) {
         if (ctx->pool)
             (void)cudaFreeAsync(mem, s);
         else
             (void)cudaFree(mem);
     }
-    (void)cudaStreamSynchronize(s);
+    (void)sync_stream(ctx, s);
     return st;
 }
 

@@ -101,7 +101,7 @@ xknn_status xknn_cuda_keep_rows(xknn_cuda_context *ctx, const xknn_matrix *rows,
             e = keep_stream_of(ctx, &ks);
             if (e == cudaSuccess)
                 e = cudaMallocFromPoolAsync((void **)&kp->dev, (size_t)kp->rows * row_bytes, ctx->pool, ks);
-            if (e == cudaSuccess) e = cudaStreamSynchronize(ks);
+            if (e == cudaSuccess) e = sync_stream(ctx, ks);
             if (e == cudaSuccess) {
                 kp->freed_on = ctx->stream;
             } else {
@@ -130,7 +130,7 @@ xknn_status xknn_cuda_keep_rows(xknn_cuda_context *ctx, const xknn_matrix *rows,
             e = cudaMemcpy2DAsync(kp->dev + r0 * (int64_t)row_bytes, row_bytes, kp->host + r0 * (int64_t)ld_bytes,
                                   ld_bytes, row_bytes, (size_t)min64(kp->chunk, kp->rows - r0), cudaMemcpyHostToDevice,
                                   ks);
-        if (e == cudaSuccess) e = cudaStreamSynchronize(ks);
+        if (e == cudaSuccess) e = sync_stream(ctx, ks);
         XKNN__CUDA_CHECK(e);
         memset(kp->valid, 1, (size_t)ceil_div(kp->rows, kp->chunk));
     }
@@ -218,7 +218,7 @@ xknn_status xknn_cuda_keep_lists(xknn_cuda_context *ctx, xknn_metric metric, int
         XKNN__CUDA_CHECK(cudaStreamWaitEvent(ctx->stream, ctx->stage_done[(piece - 1) & 1], 0));
     }
     /* (the caller may change its arrays and bounds once this returns) */
-    XKNN__CUDA_CHECK(cudaStreamSynchronize(ctx->stream));
+    XKNN__CUDA_CHECK(sync_stream(ctx, ctx->stream));
     {
         /* a free slot, and no overlap with a set kept already (a row's lists live in one
          * place) */
@@ -246,7 +246,7 @@ xknn_status xknn_cuda_keep_lists(xknn_cuda_context *ctx, xknn_metric metric, int
     m.ids = NULL;
     m.dist = NULL;
 cleanup:
-    if (m.ids || m.dist) (void)cudaStreamSynchronize(ctx->stream);
+    if (m.ids || m.dist) (void)sync_stream(ctx, ctx->stream);
     if (m.ids) cudaFree(m.ids);
     if (m.dist) cudaFree(m.dist);
     return finish_err(err, st);
@@ -273,7 +273,7 @@ xknn_status xknn_cuda_fetch_lists(xknn_cuda_context *ctx, int64_t *ids, int down
                               ctx->stream, &piece, er, kStagePiece));
     }
 cleanup:
-    (void)cudaStreamSynchronize(ctx->stream);
+    (void)sync_stream(ctx, ctx->stream);
     cudaFree(m.ids);
     cudaFree(m.dist);
     return finish_err(err, st);
@@ -297,7 +297,7 @@ xknn_status xknn_cuda_copy_lists(xknn_cuda_context *ctx, const int64_t *ids, int
                           m.dist + row0 * m.k, (size_t)(rows * m.k), ctx->threads, ctx->stream, &piece, er,
                           kStagePiece));
 cleanup:
-    (void)cudaStreamSynchronize(ctx->stream);
+    (void)sync_stream(ctx, ctx->stream);
     return finish_err(err, st);
 }
 
@@ -343,10 +343,10 @@ xknn_status xknn_cuda_lists_kth(xknn_cuda_context *ctx, const int64_t *ids, floa
     XKNN__CUDA_CHECK(cudaMalloc((void **)&dk, (size_t)m.rows * sizeof(float)));
     XKNN__CUDA_CHECK(launch_lists_last(m.ids, m.dist, m.rows, m.k, dk, ctx->sms, ctx->stream));
     XKNN__CUDA_CHECK(cudaMemcpyAsync(kth, dk, (size_t)m.rows * sizeof(float), cudaMemcpyDeviceToHost, ctx->stream));
-    XKNN__CUDA_CHECK(cudaStreamSynchronize(ctx->stream));
+    XKNN__CUDA_CHECK(sync_stream(ctx, ctx->stream));
 cleanup:
     if (dk) {
-        (void)cudaStreamSynchronize(ctx->stream);
+        (void)sync_stream(ctx, ctx->stream);
         cudaFree(dk);
     }
     return finish_err(err, st);

@@ -12,9 +12,9 @@ namespace xknn_cuda {
 
 /* ---- pinned staging ------------------------------------------------------------------
  * Pieces of stage_piece() bytes alternate between two pinned buffers of kStagePiece
- * bytes; the host copies a piece in (OpenMP threads: host memory bandwidth, not one core,
- * is the limit), the copy stream moves it to the device, and the buffer is reused once
- * its copy has completed (its event). */
+ * bytes; the host copies a piece in (on the threads the step policy gives: a piece is
+ * small, so the calling thread), the copy stream moves it to the device, and the buffer
+ * is reused once its copy has completed (its event, a blocking one: the host sleeps). */
 /* Bytes per piece: kStageGrain, or XKNN_CUDA_STAGE_KIB (a diagnostic for measuring the
  * pipeline's grain; 64 KiB to kStagePiece) */
 size_t stage_piece(void)
@@ -31,26 +31,35 @@ cudaError_t stage_make(xknn_cuda_context *ctx)
     cudaError_t e = cudaSuccess;
     if (!ctx->copy_stream) e = cudaStreamCreateWithFlags(&ctx->copy_stream, cudaStreamNonBlocking);
     for (int b = 0; b < 2 && e == cudaSuccess; ++b) {
-        if (!ctx->stage_done[b]) e = cudaEventCreateWithFlags(&ctx->stage_done[b], cudaEventDisableTiming);
+        if (!ctx->stage_done[b]) e = cudaEventCreateWithFlags(&ctx->stage_done[b], kHostWaitEvent);
         if (e == cudaSuccess && !ctx->stage[b]) e = cudaHostAlloc((void **)&ctx->stage[b], kStagePiece, cudaHostAllocDefault);
     }
+    const size_t fb = (2 + kStatCount) * sizeof(unsigned long long);
+    if (e == cudaSuccess && !ctx->finite_dev) e = cudaMalloc((void **)&ctx->finite_dev, 2 * sizeof(unsigned long long));
+    if (e == cudaSuccess && !ctx->finite_host) e = cudaHostAlloc((void **)&ctx->finite_host, fb, cudaHostAllocDefault);
     return e;
 }
 
-/* rows x row_bytes from host rows of stride ld_bytes into pinned memory, in parallel */
+/* rows x row_bytes from host rows of stride ld_bytes into pinned memory, on the threads
+ * of the step policy (xknn__step_threads: one below 8 MiB, no OpenMP team at all) */
 void host_rows_copy(char *dst, const char *src, int64_t rows, size_t row_bytes, size_t ld_bytes, int threads)
 {
     const int64_t total = rows * (int64_t)row_bytes;
-#ifdef _OPENMP
-    if (threads <= 0) threads = omp_get_max_threads();
-#endif
+    threads = xknn__step_threads(threads, total);
+    if (threads <= 1) {
+        if (ld_bytes == row_bytes)
+            memcpy(dst, src, (size_t)total);
+        else
+            for (int64_t i = 0; i < rows; ++i)
+                memcpy(dst + i * (int64_t)row_bytes, src + i * (int64_t)ld_bytes, row_bytes);
+        return;
+    }
     if (ld_bytes == row_bytes) {
-        /* one part per thread, at least 32 KiB each */
-        int64_t part = (total + (threads > 0 ? threads : 1) - 1) / (threads > 0 ? threads : 1);
-        part = part < (32 << 10) ? 32 << 10 : (part + 4095) / 4096 * 4096;
+        /* one part per thread, whole pages */
+        const int64_t part = ((total + threads - 1) / threads + 4095) / 4096 * 4096;
         const int64_t np = (total + part - 1) / part;
 #ifdef _OPENMP
-#pragma omp parallel for schedule(static) num_threads(threads) if (np > 1)
+#pragma omp parallel for schedule(static) num_threads(threads)
 #endif
         for (int64_t i = 0; i < np; ++i) {
             const int64_t o = i * part, len = total - o < part ? total - o : part;
@@ -58,11 +67,10 @@ void host_rows_copy(char *dst, const char *src, int64_t rows, size_t row_bytes, 
         }
     } else {
 #ifdef _OPENMP
-#pragma omp parallel for schedule(static) num_threads(threads) if (total > (256 << 10))
+#pragma omp parallel for schedule(static) num_threads(threads)
 #endif
         for (int64_t i = 0; i < rows; ++i) memcpy(dst + i * (int64_t)row_bytes, src + i * (int64_t)ld_bytes, row_bytes);
     }
-    (void)threads;
 }
 
 /* Host rows [0, rows) of row_bytes each, stride ld_bytes -> packed device rows, through
@@ -224,11 +232,12 @@ xknn_status mirror_begin(xknn_cuda_context *ctx, int i, const xknn__sym_side *s,
     if ((env && *env == '0') || s->rows <= 0 || !s->ids || !s->dist || bytes > *budget / 8) return st;
     if (!pad) {
         /* lists that are padding only (each row's first id -1, its last distance the
-         * padding's, no bound) are made on the device rather than uploaded */
+         * padding's, no bound) are made on the device rather than uploaded (the scan
+         * reads two cache lines a row) */
         const float pv = ip ? -INFINITY : INFINITY;
         int64_t other = 0;
 #ifdef _OPENMP
-#pragma omp parallel for schedule(static) reduction(+ : other) num_threads(threads > 0 ? threads : omp_get_max_threads())
+#pragma omp parallel for schedule(static) reduction(+ : other) num_threads(xknn__step_threads(threads, s->rows * 128))
 #endif
         for (int64_t r = 0; r < s->rows; ++r) other += !(s->ids[r * k] < 0 && s->dist[r * k + k - 1] == pv);
         pad = other == 0;
@@ -252,7 +261,7 @@ xknn_status mirror_begin(xknn_cuda_context *ctx, int i, const xknn__sym_side *s,
     m.ids = NULL;
     m.dist = NULL;
 cleanup:
-    if (m.ids || m.dist) (void)cudaStreamSynchronize(ctx->stream);
+    if (m.ids || m.dist) (void)sync_stream(ctx, ctx->stream);
     if (m.ids) cudaFree(m.ids);
     if (m.dist) cudaFree(m.dist);
     return st;
@@ -269,7 +278,7 @@ xknn_status mirror_end(xknn_cuda_context *ctx, int i, int download, int threads,
     if (download)
         st = results_out(ctx, 1, m.host_ids, m.ids, m.host_dist, m.dist, (size_t)(m.rows * m.k), threads, ctx->stream,
                          &piece, er, kStagePiece);
-    (void)cudaStreamSynchronize(ctx->stream);
+    (void)sync_stream(ctx, ctx->stream);
     cudaFree(m.ids);
     cudaFree(m.dist);
     return st;
@@ -317,7 +326,7 @@ xknn_status results_out(xknn_cuda_context *ctx, int staged, int64_t *ids_host, c
         XKNN__CUDA_CHECK(cudaEventSynchronize(ctx->stage_done[pend_b]));
         host_rows_copy(pend_dst, ctx->stage[pend_b], 1, pend_len, pend_len, threads);
     }
-    XKNN__CUDA_CHECK(cudaStreamSynchronize(s));
+    XKNN__CUDA_CHECK(sync_stream(ctx, s));
 cleanup:
     return st;
 }
