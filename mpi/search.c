@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "impl.h"
+#include "xknn/impl/knobs.h"
 
 /* What each rank tells the others before anything moves (allgathered, int64). */
 enum {
@@ -511,7 +512,7 @@ static void xknn__run_ring(xknn__search *S)
     if (rc == MPI_SUCCESS && every) {
         xknn__sym_job job;
         xknn__sym_tally tally = {0, 0, 0};
-        const char *env = getenv("XKNN_MPI_SYM_TRACE");
+        const char *env = xknn__knob(XKNN__KNOB_MPI_SYM_TRACE);
         double tr;
         for (i = 0; i < P; i++) {
             row0s[i] = S->tab[i * D_COUNT + D_ROW0];

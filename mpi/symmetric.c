@@ -64,6 +64,7 @@
 
 #include "impl.h"
 #include "ring_schedule.h"
+#include "xknn/impl/knobs.h"
 
 #ifdef XKNN_MPI_HAVE_CUDA
 #include "xknn/cuda.h"
@@ -620,20 +621,20 @@ static void xknn__ring_options(xknn__ring *R, const xknn_params *params)
     /* The compute runs in a worker thread while this (the main) thread moves the data,
      * where MPI allows it: MPI_THREAD_FUNNELED or more, called from the main thread.
      * XKNN_MPI_SYM_THREAD=0: inline (a diagnostic). */
-    env = getenv("XKNN_MPI_SYM_THREAD");
+    env = xknn__knob(XKNN__KNOB_MPI_SYM_THREAD);
     if (MPI_Query_thread(&lvl) == MPI_SUCCESS && MPI_Is_thread_main(&is_main) == MPI_SUCCESS)
         R->threaded = R->P > 1 && lvl >= MPI_THREAD_FUNNELED && is_main && !(env && env[0] == '0');
     /* XKNN_MPI_SYM_PIECES (P = 2, default 4, 0 to 16): the last pair in that many
      * pieces, whose lists travel, are merged and go to the sink while the next piece
      * computes (see the opening comment); 0: in one call each, the lists after it. Not
      * with cut rows in slice 0. */
-    env = getenv("XKNN_MPI_SYM_PIECES");
+    env = xknn__knob(XKNN__KNOB_MPI_SYM_PIECES);
     if (env && env[0] >= '0' && env[0] <= '9' && atoi(env) >= 0 && atoi(env) <= 16) R->pieces = atoi(env);
     if (R->P != 2) R->pieces = 0;
     if (R->pieces > 0) R->nacc = 2; /* (the final lists of the own rows, made while the held set is in use) */
     /* Bounds (see the opening comment): on unless XKNN_MPI_SYM_BOUNDS=0; l2/euclidean
      * only, and n within an int count. */
-    env = getenv("XKNN_MPI_SYM_BOUNDS");
+    env = xknn__knob(XKNN__KNOB_MPI_SYM_BOUNDS);
     R->bounds = !(env && env[0] == '0');
     R->bounds = R->bounds && R->P > 1 && R->n <= INT_MAX &&
                 (params->metric == XKNN_METRIC_L2 || params->metric == XKNN_METRIC_EUCLIDEAN);
@@ -752,7 +753,7 @@ static void xknn__ring_device(xknn__ring *R, const xknn_params *params)
      * rows again. XKNN_CUDA_KEEP=0 (a diagnostic) keeps none. */
     if (p->cuda_context && R->dtype == XKNN_DTYPE_F32 && R->nloc > 0 &&
         xknn_search_pair_why_not(p, R->dtype, R->d) == NULL) {
-        const char *env = getenv("XKNN_CUDA_KEEP");
+        const char *env = xknn__knob(XKNN__KNOB_CUDA_KEEP);
         if (!(env && env[0] == '0')) {
             xknn_error ke;
             R->kctx = (xknn_cuda_context *)p->cuda_context;
@@ -768,7 +769,7 @@ static void xknn__ring_device(xknn__ring *R, const xknn_params *params)
      * host once, when its last step is done. XKNN_MPI_SYM_DEVICE_LISTS=0 (a diagnostic)
      * keeps them on the host. */
     if (R->kctx) {
-        const char *env = getenv("XKNN_MPI_SYM_DEVICE_LISTS");
+        const char *env = xknn__knob(XKNN__KNOB_MPI_SYM_DEVICE_LISTS);
         R->dlists = !(env && env[0] == '0');
     }
     if (R->dlists) {
@@ -1142,7 +1143,7 @@ static int xknn__ring_pieces_hparts(xknn__ring *R, const xknn__ring_round *o, xk
  * XKNN_MPI_SYM_MERGE_THREADS=N (a diagnostic) sets it. */
 static int xknn__ring_merge_threads(const xknn__ring *R)
 {
-    const char *menv = getenv("XKNN_MPI_SYM_MERGE_THREADS");
+    const char *menv = xknn__knob(XKNN__KNOB_MPI_SYM_MERGE_THREADS);
     int mt = 1;
 #if defined(XKNN_MPI_HAVE_CUDA) && defined(_OPENMP)
     if (R->kctx) mt = (R->p.num_threads > 0 ? R->p.num_threads : omp_get_max_threads()) / 2;
@@ -1163,7 +1164,7 @@ static void xknn__ring_pieces(xknn__ring *R, xknn__ring_round *o)
     const int rank = R->rank;
     /* (a piece is merged and given to the sink in blocks of about 8 MiB of lists, or
      * XKNN_MPI_SYM_BLOCK_ROWS rows (a test hook), the sends checked between them) */
-    const char *benv = getenv("XKNN_MPI_SYM_BLOCK_ROWS");
+    const char *benv = xknn__knob(XKNN__KNOB_MPI_SYM_BLOCK_ROWS);
     xknn__ring_pcs c;
     int flag = 0;
     memset(&c, 0, sizeof c);
@@ -1510,7 +1511,7 @@ static void xknn__ring_teardown(xknn__ring *R)
 static void xknn__ring_init(xknn__ring *R, xknn_mpi_context *ctx, const xknn__sym_job *job, xknn_mpi_timings *tm,
                             xknn_error *lerr)
 {
-    const char *trace_env = getenv("XKNN_MPI_SYM_TRACE");
+    const char *trace_env = xknn__knob(XKNN__KNOB_MPI_SYM_TRACE);
     int j;
     memset(R, 0, sizeof *R);
     R->ctx = ctx;

@@ -6,6 +6,7 @@
  * xknn_cuda_search; include/xknn/cuda.h).
  */
 #include "engine.cuh"
+#include "xknn/impl/knobs.h"
 
 namespace xknn_cuda {
 
@@ -384,7 +385,7 @@ xknn_status xknn__cuda_search(const xknn__job *job)
     er.size = job->msg_size;
     int64_t slice = kMaxRefsPerCall;
     /* testing knob: a smaller slice exercises the multi-slice merge on small data */
-    const char *env = getenv("XKNN_CUDA_REF_SLICE");
+    const char *env = xknn__knob(XKNN__KNOB_CUDA_REF_SLICE);
     if (env && *env) {
         const long long v = strtoll(env, NULL, 10);
         if (v > 0 && v < slice) slice = v;

@@ -223,14 +223,15 @@ xknn_status host_generic(const xknn__job *job, Err er)
         XKNN__TRY(results_out(ctx, own_ctx == NULL, job->ids + q0 * k, fp.ids, job->dist ? job->dist + q0 * k : NULL,
                               fp.dist, (size_t)(qs * k), prm->num_threads, sc, &piece, er));
     }
+    XKNN__CUDA_CHECK(sync_stream(ctx, sc)); /* (asleep: a pageable copy would spin on the passes) */
     XKNN__CUDA_CHECK(cudaMemcpyAsync(stats, b + g.off_stats, sizeof stats, cudaMemcpyDeviceToHost, sc));
-    XKNN__CUDA_CHECK(cudaStreamSynchronize(sc));
+    XKNN__CUDA_CHECK(sync_stream(ctx, sc));
     if (prm->verbose) fprintf(stderr, "xknn: cuda: %llu candidates appended\n", stats[kStatAppended]);
 
 cleanup:
-    if (sc) (void)cudaStreamSynchronize(sc);
+    if (sc) (void)sync_stream(ctx, sc);
     hb.release();
-    if (sc) (void)cudaStreamSynchronize(sc);
+    if (sc) (void)sync_stream(ctx, sc);
     if (own_ctx) xknn_cuda_context_destroy(own_ctx);
     return st;
 }

@@ -4,6 +4,7 @@
  * u8 / i8 with l2, euclidean or ip and bit-packed hamming, references resident.
  */
 #include "engine.cuh"
+#include "xknn/impl/knobs.h"
 
 namespace xknn_cuda {
 
@@ -21,7 +22,7 @@ FinalParams final_params(const xknn_cuda_context *ctx, const float *tau, const i
 int64_t imma_rows(const xknn__job *job, const xknn_cuda_context *ctx)
 {
     const xknn_metric m = job->params.metric;
-    const char *off = getenv("XKNN_CUDA_NO_IMMA");
+    const char *off = xknn__knob(XKNN__KNOB_CUDA_NO_IMMA);
     if (off && *off && *off != '0') return 0;
     const int bin = job->dtype == XKNN_DTYPE_BIN;
     if (bin ? m != XKNN_METRIC_HAMMING
@@ -102,7 +103,7 @@ xknn_status host_imma(const xknn__job *job, xknn_cuda_context *ctx, int staged, 
     float ph[4] = {0.0f, 0.0f, 0.0f, 0.0f}; /* ref preparation, queries in, search, results out */
     /* Hopper: the warp-specialized wgmma kernel for u8/i8 (XKNN_CUDA_MMA_SYNC=1, a
      * diagnostic, keeps the mma.sync one, which every GPU of compute capability >= 8.0 runs) */
-    const char *ms = getenv("XKNN_CUDA_MMA_SYNC");
+    const char *ms = xknn__knob(XKNN__KNOB_CUDA_MMA_SYNC);
     const int imma_wgmma = !bin && ctx->cc_major == 9 && ctx->cc_minor == 0 && mma_wgmma_built() &&
                            !(ms && *ms && *ms != '0');
     *done = 0;
@@ -135,7 +136,7 @@ xknn_status host_imma(const xknn__job *job, xknn_cuda_context *ctx, int staged, 
                 (long long)ga, (long long)cap, (double)w.bytes / 1048576.0, (double)budget / 1048576.0);
     b = (char *)hb.dWs;
     if (prm->verbose) { /* -v: the device time after the reference upload, for benchmarks */
-        for (int i = 0; i < 7; ++i) XKNN__CUDA_CHECK(cudaEventCreate(&ev[i]));
+        for (int i = 0; i < 7; ++i) XKNN__CUDA_CHECK(cudaEventCreateWithFlags(&ev[i], cudaEventBlockingSync));
         XKNN__CUDA_CHECK(cudaEventRecord(ev[0], sc));
     }
     XKNN__CUDA_CHECK(cudaMemsetAsync(b + w.stats, 0, sizeof(unsigned long long) * kStatCount, sc));
@@ -224,8 +225,9 @@ xknn_status host_imma(const xknn__job *job, xknn_cuda_context *ctx, int staged, 
             }
         }
     }
+    XKNN__CUDA_CHECK(sync_stream(ctx, sc)); /* (asleep: a pageable copy would spin on the passes) */
     XKNN__CUDA_CHECK(cudaMemcpyAsync(stats, b + w.stats, sizeof stats, cudaMemcpyDeviceToHost, sc));
-    XKNN__CUDA_CHECK(cudaStreamSynchronize(sc));
+    XKNN__CUDA_CHECK(sync_stream(ctx, sc));
     if (prm->verbose) {
         float up = 0.0f, rest = 0.0f;
         XKNN__CUDA_CHECK(cudaEventRecord(ev[2], sc));
@@ -241,10 +243,10 @@ xknn_status host_imma(const xknn__job *job, xknn_cuda_context *ctx, int staged, 
 cleanup:
     for (int i = 0; i < 7; ++i)
         if (ev[i]) cudaEventDestroy(ev[i]);
-    if (staged && ctx->copy_stream) (void)cudaStreamSynchronize(ctx->copy_stream);
-    (void)cudaStreamSynchronize(sc);
+    if (staged && ctx->copy_stream) (void)sync_stream(ctx, ctx->copy_stream);
+    (void)sync_stream(ctx, sc);
     hb.release();
-    (void)cudaStreamSynchronize(sc);
+    (void)sync_stream(ctx, sc);
     return st;
 }
 

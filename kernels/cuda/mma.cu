@@ -141,6 +141,7 @@
 #include <thrust/iterator/reverse_iterator.h>
 
 #include "mma_hopper.cuh"
+#include "xknn/impl/knobs.h"
 
 namespace xknn_cuda {
 
@@ -441,7 +442,7 @@ cudaError_t launch_one(const MmaParams &p, int sms, int wgmma, cudaStream_t st)
         Z = (RT + q.tiles_per_cta - 1) / q.tiles_per_cta;
     }
     /* the warp-specialized kernel unless asked not to (diagnostic XKNN_CUDA_WGMMA_WS=0) */
-    const char *ws = getenv("XKNN_CUDA_WGMMA_WS");
+    const char *ws = xknn__knob(XKNN__KNOB_CUDA_WGMMA_WS);
     if (wgmma && !ff && VEC && !(ws && *ws == '0')) {
         const int S = ws_stages(p.d, (size_t)wgmma); /* wgmma: the device's opt-in bytes */
         if (S) {
@@ -532,7 +533,7 @@ __global__ __launch_bounds__(kBlock) void fill_inf_kernel(float *a, int64_t coun
 
 int mma_band_supported(int64_t d, int wgmma)
 {
-    const char *ws = getenv("XKNN_CUDA_WGMMA_WS");
+    const char *ws = xknn__knob(XKNN__KNOB_CUDA_WGMMA_WS);
     return wgmma > 0 && d % 4 == 0 && !(ws && *ws == '0') && ws_stages(d, (size_t)wgmma) > 0;
 }
 
@@ -671,7 +672,14 @@ size_t mma_sym_sort_bytes(int64_t n, int64_t ldx, int64_t pool_cap) { return sym
 cudaError_t launch_mma_sym_scatter(const MmaParams &ps, int sms, cudaStream_t st, int *overflow)
 {
     unsigned long long used = 0;
-    cudaError_t e = cudaMemcpyAsync(&used, ps.pool_next, sizeof used, cudaMemcpyDeviceToHost, st);
+    cudaEvent_t ev = NULL;
+    /* the pass done first, asleep on a blocking-sync event: a copy into pageable memory
+     * would wait for it inside the driver, spinning */
+    cudaError_t e = cudaEventCreateWithFlags(&ev, cudaEventBlockingSync | cudaEventDisableTiming);
+    if (e == cudaSuccess) e = cudaEventRecord(ev, st);
+    if (e == cudaSuccess) e = cudaEventSynchronize(ev);
+    if (ev) cudaEventDestroy(ev);
+    if (e == cudaSuccess) e = cudaMemcpyAsync(&used, ps.pool_next, sizeof used, cudaMemcpyDeviceToHost, st);
     if (e == cudaSuccess) e = cudaStreamSynchronize(st);
     if (e != cudaSuccess) return e;
     *overflow = used > (unsigned long long)ps.pool_cap;

@@ -6,6 +6,7 @@
  * the CPU (cpu_pair); running lists merged on the host or on the device (list mirrors).
  */
 #include "engine.cuh"
+#include "xknn/impl/knobs.h"
 
 namespace xknn_cuda {
 
@@ -231,8 +232,9 @@ xknn_status run_stats_fetch(const Run &run, const cudaEvent_t ev[4], int verbose
                             unsigned long long stats[kStatCount], float ms[3], Err er)
 {
     xknn_status st = XKNN_SUCCESS;
+    XKNN__CUDA_CHECK(sync_stream(NULL, sc)); /* (asleep: a pageable copy would spin on the passes) */
     XKNN__CUDA_CHECK(cudaMemcpyAsync(stats, run.stats, kStatCount * sizeof *stats, cudaMemcpyDeviceToHost, sc));
-    XKNN__CUDA_CHECK(cudaStreamSynchronize(sc));
+    XKNN__CUDA_CHECK(sync_stream(NULL, sc));
     if (verbose)
         for (int i = 0; i < 3; ++i) XKNN__CUDA_CHECK(cudaEventElapsedTime(&ms[i], ev[i], ev[i + 1]));
 cleanup:
@@ -245,14 +247,14 @@ cleanup:
 void host_call_end(xknn_cuda_context *ctx, cudaStream_t sc, const cudaEvent_t ev[4], const cudaEvent_t *fin,
                    HostBuffers &hb)
 {
-    (void)cudaStreamSynchronize(sc);
-    if (ctx->copy_stream) (void)cudaStreamSynchronize(ctx->copy_stream);
+    (void)sync_stream(ctx, sc);
+    if (ctx->copy_stream) (void)sync_stream(ctx, ctx->copy_stream);
     for (int i = 0; i < 4; ++i)
         if (ev[i]) cudaEventDestroy(ev[i]);
     for (int i = 0; fin && i < 2; ++i)
         if (fin[i]) cudaEventDestroy(fin[i]);
     hb.release();
-    (void)cudaStreamSynchronize(sc);
+    (void)sync_stream(ctx, sc);
 }
 
 /* One host_pair call: its arguments, plan, buffers and what its phases hand on. */
@@ -374,9 +376,9 @@ static xknn_status pair_upload(PairCall &c)
     if (!c.dA) c.dA = hb.dR;
     if (!c.dB) c.dB = hb.dQ;
     if (prm->verbose) { /* upload time on its own (verbose runs only) */
-        XKNN__CUDA_CHECK(cudaStreamSynchronize(sc));
+        XKNN__CUDA_CHECK(sync_stream(c.ctx, sc));
         c.h_up = wall_seconds();
-        for (int i = 0; i < 4; ++i) XKNN__CUDA_CHECK(cudaEventCreate(&c.ev[i]));
+        for (int i = 0; i < 4; ++i) XKNN__CUDA_CHECK(cudaEventCreateWithFlags(&c.ev[i], cudaEventBlockingSync));
     }
 cleanup:
     return st;
@@ -457,8 +459,9 @@ static xknn_status pair_operands(PairCall &c, MmaParams *pma, MmaParams *pmb)
                 XKNN__CUDA_CHECK(cudaMemsetAsync(hb.dFlag, 0, 2 * sizeof(int), sc));
                 if (c.mir_a) XKNN__CUDA_CHECK(launch_lists_kth(c.md[0], na, k, ma.gmin, hb.dFlag, sms, sc));
                 if (c.mir_b) XKNN__CUDA_CHECK(launch_lists_kth(c.md[1], nb, k, mb.gmin, hb.dFlag + 1, sms, sc));
+                XKNN__CUDA_CHECK(sync_stream(c.ctx, sc)); /* (asleep: a pageable copy would spin) */
                 XKNN__CUDA_CHECK(cudaMemcpyAsync(bad, hb.dFlag, sizeof bad, cudaMemcpyDeviceToHost, sc));
-                XKNN__CUDA_CHECK(cudaStreamSynchronize(sc));
+                XKNN__CUDA_CHECK(sync_stream(c.ctx, sc));
             }
             if (c.mir_a) c.full_a = !bad[0];
             if (c.mir_b) c.full_b = !bad[1];
@@ -589,7 +592,7 @@ xknn_status host_pair(const xknn__job *job, xknn_cuda_context *ctx, int staged, 
     cudaStream_t sc = c.sc;
     const char *why = plan_pair(ctx, job, na, nb, budget, &c.plan, &c.wa, &c.wb, &c.block);
     c.h0 = wall_seconds();
-    const char *req = getenv("XKNN_CUDA_SYM_REQUIRE");
+    const char *req = xknn__knob(XKNN__KNOB_CUDA_SYM_REQUIRE);
     const int require = req && *req && *req != '0';
 
     *done = 0;
@@ -719,7 +722,7 @@ xknn_status cpu_pair(const xknn__job *job, xknn_cuda_context *ctx, const xknn__s
     xknn_status st = XKNN_SUCCESS;
     int any = 0;
     for (int i = 0; i < 2; ++i) any |= sd[i] && mirror_of(ctx, sd[i]->ids, sd[i]->rows, k, &di[i], &dd[i]);
-    if (any) XKNN__CUDA_CHECK(cudaStreamSynchronize(ctx->stream));
+    if (any) XKNN__CUDA_CHECK(sync_stream(ctx, ctx->stream));
     for (int i = 0; i < 2; ++i)
         if (di[i]) {
             XKNN__CUDA_CHECK(cudaMemcpy(sd[i]->ids, di[i], (size_t)(sd[i]->rows * k) * sizeof(int64_t),

@@ -83,6 +83,7 @@
  *     mabs = +inf: every pair is a candidate and compactions make it exact.
  */
 #include "engine.cuh"
+#include "xknn/impl/knobs.h"
 
 namespace xknn_cuda {
 
@@ -297,7 +298,7 @@ int plan_fused(const xknn_cuda_context *ctx, const xknn_params *prm, int64_t n, 
  * any value gives the same results, only the work moves) */
 double witness_c(int64_t kk, double def)
 {
-    const char *e = getenv("XKNN_CUDA_WITNESS_C");
+    const char *e = xknn__knob(XKNN__KNOB_CUDA_WITNESS_C);
     const double v = e && *e ? atof(e) : 0.0;
     if (v > 0.0) return v;
     if (def > 0.0) return def;
@@ -327,7 +328,7 @@ double witness_c(int64_t kk, double def)
  * rigorous tau would need nA_rig. */
 int64_t plan_estimate(int64_t n, int64_t kk, int64_t nA_rig, int64_t *ej)
 {
-    const char *e = getenv("XKNN_CUDA_NO_ESTIMATE");
+    const char *e = xknn__knob(XKNN__KNOB_CUDA_NO_ESTIMATE);
     if (e && *e && *e != '0') return 0;
     const double f = kEstMargin * (double)kk / (double)n;
     if (!(f < 1.0)) return 0;
@@ -400,7 +401,7 @@ int plan_set_center(Plan &p, int on)
 int center_wanted(const Plan &p)
 {
     if (!(p.tf32 && (p.kind == kCanonL2 || p.kind == kCanonEuclid))) return 0;
-    const char *e = getenv("XKNN_CUDA_CENTER");
+    const char *e = xknn__knob(XKNN__KNOB_CUDA_CENTER);
     if (e && *e) return *e != '0';
     return (double)p.n * (double)p.nq >= kCenterMinPairs;
 }
@@ -425,7 +426,7 @@ int plan_mma(const xknn_cuda_context *ctx, const xknn_params *prm, int64_t n, in
      * single-schedule one); XKNN_CUDA_MMA_SYNC=1 (diagnostic) keeps the mma.sync kernel,
      * which every GPU of compute capability >= 8.0 runs */
     {
-        const char *ms = getenv("XKNN_CUDA_MMA_SYNC");
+        const char *ms = xknn__knob(XKNN__KNOB_CUDA_MMA_SYNC);
         p.wgmma = !ffma && ctx->cc_major == 9 && ctx->cc_minor == 0 && mma_wgmma_built() &&
                   !(ms && *ms && *ms != '0') && wgmma_smem_bytes(d, 0) <= ctx->smem_optin;
     }
@@ -457,7 +458,7 @@ int plan_mma(const xknn_cuda_context *ctx, const xknn_params *prm, int64_t n, in
         /* the re-rank by reference range (filter.cu): ranges of 1 / kRangeL2Part of the
          * L2. XKNN_CUDA_RESOLVE_RANGES (a diagnostic: the results are the same
          * bytes): 0 = one pass, N > 0 = ranges of 1 / N of the L2. */
-        const char *e = getenv("XKNN_CUDA_RESOLVE_RANGES");
+        const char *e = xknn__knob(XKNN__KNOB_CUDA_RESOLVE_RANGES);
         const int part = e && *e ? atoi(e) : kRangeL2Part;
         const int64_t row = round_up(d, 8) * (int64_t)sizeof(float);
         p.rb = max64(1, (int64_t)(ctx->l2 / (size_t)(part > 0 ? part : 1)) / row);
@@ -500,7 +501,7 @@ const char *ipcos_why_not(const xknn_cuda_context *ctx, int64_t n, int64_t d, in
  * cuBLAS tiles everywhere. */
 int ffma_wanted(const xknn_params *prm, int64_t d)
 {
-    const char *e = getenv("XKNN_CUDA_FP32_CUBLAS");
+    const char *e = xknn__knob(XKNN__KNOB_CUDA_FP32_CUBLAS);
     return (prm->metric == XKNN_METRIC_L2 || prm->metric == XKNN_METRIC_EUCLIDEAN) && d <= kMmaMaxD &&
            !(e && *e && *e != '0');
 }

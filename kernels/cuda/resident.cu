@@ -56,7 +56,7 @@ cudaError_t resident_upload(xknn__cuda_resident *r, const xknn_params *params, c
     int b;
     for (b = 0; b < 2 && ce == cudaSuccess; b++) {
         ce = cudaHostAlloc((void **)&pin[b], (size_t)per * row, cudaHostAllocDefault);
-        if (ce == cudaSuccess) ce = cudaEventCreateWithFlags(&done[b], cudaEventDisableTiming);
+        if (ce == cudaSuccess) ce = cudaEventCreateWithFlags(&done[b], kHostWaitEvent);
     }
     for (r0 = 0; r0 < r->n && ce == cudaSuccess; r0 += per, c++) {
         const int64_t rows = r->n - r0 < per ? r->n - r0 : per;
@@ -75,7 +75,7 @@ cudaError_t resident_upload(xknn__cuda_resident *r, const xknn_params *params, c
         ce = cudaMemcpyAsync(r->dR + r0 * r->d, pin[b], (size_t)rows * row, cudaMemcpyHostToDevice, r->stream);
         if (ce == cudaSuccess) ce = cudaEventRecord(done[b], r->stream);
     }
-    if (ce == cudaSuccess) ce = cudaStreamSynchronize(r->stream);
+    if (ce == cudaSuccess) ce = sync_stream(r->ctx, r->stream);
     for (b = 1; b >= 0; b--) {
         if (done[b]) cudaEventDestroy(done[b]);
         if (pin[b]) cudaFreeHost(pin[b]);
@@ -102,7 +102,7 @@ int resident_buffers(xknn__cuda_resident *r, const xknn_params *params, int64_t 
     }
     if (qb < r->qb) qb = r->qb;
     if (k < r->cap_k) k = r->cap_k;
-    ce = cudaStreamSynchronize(r->stream);
+    ce = sync_stream(r->ctx, r->stream);
     if (r->ws) cudaFree(r->ws);
     if (r->dDist) cudaFree(r->dDist);
     if (r->dIds) cudaFree(r->dIds);
@@ -128,7 +128,7 @@ int resident_buffers(xknn__cuda_resident *r, const xknn_params *params, int64_t 
         return -1;
     }
     ce = cudaMalloc(&r->ws, r->ws_bytes);
-    if (ce == cudaSuccess) ce = cudaStreamSynchronize(r->stream);
+    if (ce == cudaSuccess) ce = sync_stream(r->ctx, r->stream);
     if (ce != cudaSuccess) {
         snprintf(why, why_size, "device setup: %s", cudaGetErrorString(ce));
         return -1;
@@ -166,7 +166,7 @@ void xknn__cuda_resident_close(xknn__cuda_resident *r)
     DeviceScope sc;
     if (!r) return;
     if (sc.enter(r->device) == cudaSuccess) {
-        if (r->stream) (void)cudaStreamSynchronize(r->stream);
+        if (r->stream) (void)sync_stream(r->ctx, r->stream);
         if (r->ws) cudaFree(r->ws);
         if (r->dDist) cudaFree(r->dDist);
         if (r->dIds) cudaFree(r->dIds);

@@ -6,6 +6,7 @@
  * search's.
  */
 #include "engine.cuh"
+#include "xknn/impl/knobs.h"
 
 namespace xknn_cuda {
 
@@ -33,7 +34,7 @@ int64_t sym_band(const xknn_cuda_context *ctx, const Plan &p, int64_t n, int64_t
 {
     if (!p.wgmma || p.ffma || !mma_band_supported(d, (int)ctx->smem_optin)) return 0;
     const int64_t most = (ceil_div(n, kMmaBN) - 4) / 2;
-    const char *e = getenv("XKNN_CUDA_SYM_BAND");
+    const char *e = xknn__knob(XKNN__KNOB_CUDA_SYM_BAND);
     if (e && *e) {
         const long long v = atoll(e);
         return v <= 0 || most < 2 ? 0 : max64(2, min64((int64_t)v, most));
@@ -165,11 +166,11 @@ static xknn_status sym_alloc(SymCall &c, int *ok)
     int64_t pool_cap = max64(n * (plan.cap / 4), 1 << 20);
     {
         /* XKNN_CUDA_SYM_POOL=N (a diagnostic for the tests: the overflow's path) */
-        const char *e_pool = getenv("XKNN_CUDA_SYM_POOL");
+        const char *e_pool = xknn__knob(XKNN__KNOB_CUDA_SYM_POOL);
         if (e_pool && *e_pool) pool_cap = max64(1, atoll(e_pool));
     }
     {
-        const char *e_sort = getenv("XKNN_CUDA_SYM_SORT");
+        const char *e_sort = xknn__knob(XKNN__KNOB_CUDA_SYM_SORT);
         const size_t sbytes = mma_sym_sort_bytes(n, ldx, pool_cap);
         if (plan.band && ldx % 4 == 0 && n < (1 << 30) && !(e_sort && *e_sort == '0') && c.need + sbytes <= c.budget &&
             hb.alloc(&hb.dSort, sbytes) != cudaSuccess) {
@@ -205,7 +206,7 @@ static xknn_status sym_upload(SymCall &c)
     }
     if (!c.dR) c.dR = hb.dR;
     if (prm->verbose) { /* upload time on its own (verbose runs only) */
-        XKNN__CUDA_CHECK(cudaStreamSynchronize(sc));
+        XKNN__CUDA_CHECK(sync_stream(c.ctx, sc));
         c.h_up = wall_seconds();
     }
 cleanup:
@@ -254,7 +255,7 @@ static xknn_status sym_passes(SymCall &c)
     /* thresholds past n are read with their tile (and masked): defined values */
     XKNN__CUDA_CHECK(cudaMemsetAsync(mp.thr, 0, (size_t)plan.QS * sizeof(float), sc));
     if (prm->verbose)
-        for (int i = 0; i < 4; ++i) XKNN__CUDA_CHECK(cudaEventCreate(&ev[i]));
+        for (int i = 0; i < 4; ++i) XKNN__CUDA_CHECK(cudaEventCreateWithFlags(&ev[i], cudaEventBlockingSync));
     if (ev[0]) XKNN__CUDA_CHECK(cudaEventRecord(ev[0], sc));
     if (plan.band) {
         mp.n = n;
@@ -329,7 +330,7 @@ static xknn_status sym_deliver(SymCall &c)
     Err er = c.er;
     xknn_status st = XKNN_SUCCESS;
     if (pipe)
-        for (int i = 0; i < 2; ++i) XKNN__CUDA_CHECK(cudaEventCreateWithFlags(&c.fin[i], cudaEventDisableTiming));
+        for (int i = 0; i < 2; ++i) XKNN__CUDA_CHECK(cudaEventCreateWithFlags(&c.fin[i], kHostWaitEvent));
     for (int64_t q0 = 0, b = 0; q0 < n; q0 += block, ++b) {
         const int64_t qs = min64(block, n - q0);
         const int64_t o = pipe ? (b & 1) * block * k : 0;
@@ -380,7 +381,7 @@ xknn_status host_sym(const xknn__job *job, xknn_cuda_context *ctx, int staged, s
     const char *why = plan_sym(ctx, job, budget, &c.plan, &c.block, &c.need);
     c.h0 = wall_seconds();
 
-    const char *req = getenv("XKNN_CUDA_SYM_REQUIRE");
+    const char *req = xknn__knob(XKNN__KNOB_CUDA_SYM_REQUIRE);
     const int require = req && *req && *req != '0';
 
     *done = 0;
@@ -466,7 +467,7 @@ xknn_status host_sym_blocked(const xknn__job *job, xknn_cuda_context *ctx, int s
          * once, by the first part that reads it), where it takes at most an eighth of the
          * budget (a caller's context; XKNN_CUDA_KEEP=0, a diagnostic, uploads each part's
          * rows as it runs) */
-        const char *env = getenv("XKNN_CUDA_KEEP");
+        const char *env = xknn__knob(XKNN__KNOB_CUDA_KEEP);
         const size_t bytes = (size_t)n * (size_t)job->d * sizeof(float);
         if (staged && !(env && *env == '0') && bytes <= budget / 8) {
             const xknn_matrix m = {job->ref, n, job->d, job->ldr, XKNN_DTYPE_F32};

@@ -7,6 +7,7 @@
  * stream; the host waits only for a pinned buffer it reuses.
  */
 #include "engine.cuh"
+#include "xknn/impl/knobs.h"
 
 namespace xknn_cuda {
 
@@ -15,16 +16,8 @@ namespace xknn_cuda {
  * bytes; the host copies a piece in (on the threads the step policy gives: a piece is
  * small, so the calling thread), the copy stream moves it to the device, and the buffer
  * is reused once its copy has completed (its event, a blocking one: the host sleeps). */
-/* Bytes per piece: kStageGrain, or XKNN_CUDA_STAGE_KIB (a diagnostic for measuring the
- * pipeline's grain; 64 KiB to kStagePiece) */
-size_t stage_piece(void)
-{
-    const char *e = getenv("XKNN_CUDA_STAGE_KIB");
-    const long v = e && *e ? atol(e) : 0;
-    if (v <= 0) return kStageGrain;
-    const size_t b = (size_t)v << 10;
-    return b < ((size_t)64 << 10) ? (size_t)64 << 10 : b > kStagePiece ? kStagePiece : b;
-}
+/* Bytes per piece of the staging pipeline */
+size_t stage_piece(void) { return kStageGrain; }
 
 cudaError_t stage_make(xknn_cuda_context *ctx)
 {
@@ -225,7 +218,7 @@ xknn_status mirror_begin(xknn_cuda_context *ctx, int i, const xknn__sym_side *s,
                          size_t *budget, int threads, Err er)
 {
     xknn_status st = XKNN_SUCCESS;
-    const char *env = getenv("XKNN_CUDA_DEVICE_LISTS");
+    const char *env = xknn__knob(XKNN__KNOB_CUDA_DEVICE_LISTS);
     const size_t cnt = (size_t)(s->rows * k), bytes = cnt * (sizeof(int64_t) + sizeof(float));
     ListMirror m = {s->ids, s->dist, s->rows, k, NULL, NULL};
     int piece = 0;
