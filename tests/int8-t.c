@@ -115,16 +115,22 @@ static void run_case(const icase *c, xknn_cpu_path path)
 }
 
 /* 1 if the forced integer path runs on this build and CPU. */
+/* The nearest of r's rows to each of q's on the forced integer path: ids only. */
+static xknn_status search_forced(const xknn_matrix *r, const xknn_matrix *q, int64_t *ids, xknn_error *err)
+{
+    xknn_params p = XKNN_PARAMS_INIT;
+    p.backend = XKNN_BACKEND_CPU;
+    p.cpu_path = XKNN_CPU_PATH_INT8;
+    return xknn_search(&p, r, q, 1, ids, NULL, err);
+}
+
 static int int8_available(void)
 {
     float x[4] = {1, 2, 3, 4};
     int64_t ids[2];
-    xknn_params p = XKNN_PARAMS_INIT;
     xknn_matrix r = XKNN_MATRIX_F32(x, 2, 2);
     xknn_error err;
-    p.backend = XKNN_BACKEND_CPU;
-    p.cpu_path = XKNN_CPU_PATH_INT8;
-    if (xknn_search(&p, &r, &r, 1, ids, NULL, &err) == XKNN_SUCCESS) return 1;
+    if (search_forced(&r, &r, ids, &err) == XKNN_SUCCESS) return 1;
     diag("integer path unavailable: %s", err.message);
     return 0;
 }
@@ -146,24 +152,20 @@ int main(void)
     {
         float x[6] = {0, 1, 2, 3.5f, 4, 5}, y[2] = {1, 1};
         int64_t ids[3];
-        xknn_params p = XKNN_PARAMS_INIT;
         xknn_matrix r = XKNN_MATRIX_F32(x, 3, 2), q = XKNN_MATRIX_F32(y, 1, 2);
         xknn_error err;
-        xknn_status st;
-        p.backend = XKNN_BACKEND_CPU;
-        p.cpu_path = XKNN_CPU_PATH_INT8;
-        st = xknn_search(&p, &r, &q, 1, ids, NULL, &err);
+        xknn_status st = search_forced(&r, &q, ids, &err);
         if (have)
             ok(st == XKNN_ERROR_INVALID_ARGUMENT && strstr(err.message, "value to be an integer"),
                "forced integer path on 3.5 refuses: %s", err.message);
         else
             ok(st != XKNN_SUCCESS, "forced integer path unavailable: %s", err.message);
         x[3] = 300.0f;
-        st = xknn_search(&p, &r, &q, 1, ids, NULL, &err);
+        st = search_forced(&r, &q, ids, &err);
         ok(st != XKNN_SUCCESS, "forced integer path on 300 refuses: %s", err.message);
         x[3] = 3.0f;
         y[0] = 0.25f;
-        st = xknn_search(&p, &r, &q, 1, ids, NULL, &err);
+        st = search_forced(&r, &q, ids, &err);
         ok(st != XKNN_SUCCESS && (!have || strstr(err.message, "query value")),
            "forced integer path on a 0.25 query refuses: %s", err.message);
     }

@@ -101,11 +101,7 @@ static void run_case(const dcase *c)
         for (b = 0; b < d; b++) w[b] = (float)((int)(ref_rand_u64(&s) % 5) - 1) * 0.5f;
     }
     slice(c, rank, &row0, &rows);
-    mref.data = all + row0 * rb;
-    mref.rows = rows;
-    mref.cols = d;
-    mref.ld = 0;
-    mref.dtype = c->dtype;
+    mref = (xknn_matrix)XKNN_MATRIX_TYPED(all + row0 * rb, rows, d, c->dtype);
     params_metric(&p, c->metric, c->p, w, d);
     p.backend = backend;
     cfg.query_block = c->qb;
@@ -168,11 +164,7 @@ static void error_cases(void)
     for (i = 0; i < n * d; i++) all[i] = (float)(i % 7);
     all[(n - 1) * d + 2] = -1.0f; /* last row, held by the last rank */
     xknn_mpi_slice(n, rank, size, &row0, &rows);
-    mref.data = all + row0 * d;
-    mref.rows = rows;
-    mref.cols = d;
-    mref.ld = 0;
-    mref.dtype = XKNN_DTYPE_F32;
+    mref = (xknn_matrix)XKNN_MATRIX_F32(all + row0 * d, rows, d);
     xknn_mpi_create(MPI_COMM_WORLD, &cfg, &ctx, &err);
 
     p.metric = XKNN_METRIC_HELLINGER;

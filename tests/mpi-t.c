@@ -493,11 +493,7 @@ int main(int argc, char **argv)
         ref_make_data(DATA_UNIFORM, all, n, d, 5);
         ref_make_data(DATA_UNIFORM, qry, nq, d, 6);
         xknn_mpi_slice(n, rank, size, &row0, &rows);
-        mref.data = all + row0 * d;
-        mref.rows = rows;
-        mref.cols = d;
-        mref.ld = 0;
-        mref.dtype = XKNN_DTYPE_F32;
+        mref = (xknn_matrix)XKNN_MATRIX_F32(all + row0 * d, rows, d);
         p.backend = XKNN_BACKEND_CPU;
 
         /* NaN in the last rank's slice only (global row n - 2) */
