@@ -10,12 +10,7 @@ KNN=$1
 MK=$2
 MPIRUN=${3:-none}
 . "$(dirname "$0")/tap.sh"
-tap_begin cli-metrics-t 37
-TAP_DIAG=tap_run_diag
-run() { "$@" >"$T/out" 2>"$T/err"; RC=$?; }
-knn() { run "$KNN" "$@"; }
-mknn() { np=$1; shift; run "$MPIRUN" --allow-run-as-root --oversubscribe -np "$np" "$KNN" "$@"; }
-has() { grep -q -F -- "$1" "$2"; }
+tap_knn_begin cli-metrics-t 37
 no_leftovers() { [ ! -e "$1" ] && [ -z "$(ls "$1".tmp.* 2>/dev/null)" ]; }
 
 # ---- data (deterministic, tie-heavy) ---------------------------------------------------

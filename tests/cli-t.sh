@@ -9,13 +9,7 @@ KNN=$1
 MK=$2
 MPIRUN=${3:-none}
 . "$(dirname "$0")/tap.sh"
-tap_begin cli-t 61
-TAP_DIAG=tap_run_diag
-run() { "$@" >"$T/out" 2>"$T/err"; RC=$?; }
-knn() { run "$KNN" "$@"; }
-mknn() { np=$1; shift; run "$MPIRUN" --allow-run-as-root --oversubscribe -np "$np" "$KNN" "$@"; }
-has() { grep -q -F -- "$1" "$2"; }                 # has TEXT FILE
-count() { grep -c -F -- "$1" "$2"; }               # lines of FILE holding TEXT
+tap_knn_begin cli-t 61
 tmps_of() { # the temporaries of output $1 in its directory: .NAME.xknn-tmp.* (knn_mpi),
     # .NAME.tmp.* (the library's writer)
     ls -A "$(dirname "$1")" 2>/dev/null | grep -F -e ".$(basename "$1").xknn-tmp." -e ".$(basename "$1").tmp."

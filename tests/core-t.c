@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common.h"
 #include "ref/ref.h"
 #include "tap/tap.h"
 #include "xknn.h"
@@ -41,46 +42,30 @@ static const tcase cases[] = {
 
 static int run_case(const tcase *c, xknn_cpu_path path)
 {
-    const int64_t nq = c->self ? c->n : c->nq;
-    const int64_t k = c->k > 0 ? c->k : (c->self ? c->n - 1 : c->n);
-    float *ref = malloc((size_t)(c->n * c->d) * sizeof(float));
-    float *qry = c->self ? NULL : malloc((size_t)(nq * c->d) * sizeof(float));
-    int64_t *ids = malloc((size_t)(nq * k) * sizeof(int64_t)), *wid = malloc((size_t)(nq * k) * sizeof(int64_t));
-    float *dist = malloc((size_t)(nq * k) * sizeof(float)), *wd = malloc((size_t)(nq * k) * sizeof(float));
-    xknn_params p = XKNN_PARAMS_INIT;
-    xknn_matrix r = XKNN_MATRIX_F32(ref, c->n, c->d), q = XKNN_MATRIX_F32(qry, nq, c->d);
+    const xknn_metric metric = (xknn_metric)c->metric;
+    knn_bufs b;
     xknn_error err;
     xknn_status st;
     int res;
 
-    ref_make_data(c->kind, ref, c->n, c->d, 1);
-    if (qry) ref_make_data(c->kind, qry, nq, c->d, 2);
-    ref_knn(c->metric == XKNN_METRIC_EUCLIDEAN ? REF_EUCLIDEAN : REF_L2, ref, c->n, c->d, qry, nq, c->d, c->d, k,
-            c->self, 0, 0, wid, wd);
-    p.backend = XKNN_BACKEND_CPU;
-    p.metric = (xknn_metric)c->metric;
-    p.cpu_path = path;
-    p.query_block = c->qblock;
-    p.ref_block = c->rblock;
-    memset(ids, 0xab, (size_t)(nq * k) * sizeof(int64_t));
-    memset(dist, 0xab, (size_t)(nq * k) * sizeof(float));
-    st = xknn_search(&p, &r, c->self ? NULL : &q, k, ids, dist, &err);
+    knn_bufs_alloc(&b, c->n, c->nq, c->d, c->k, c->self);
+    ref_make_data(c->kind, b.ref, c->n, c->d, 1);
+    if (b.qry) ref_make_data(c->kind, b.qry, b.nq, c->d, 2);
+    ref_knn(c->metric == XKNN_METRIC_EUCLIDEAN ? REF_EUCLIDEAN : REF_L2, b.ref, c->n, c->d, b.qry, b.nq, c->d, c->d,
+            b.k, c->self, 0, 0, b.wid, b.wd);
+    st = knn_bufs_cpu_search(&b, metric, path, c->qblock, c->rblock, &err);
     if (st != XKNN_SUCCESS) {
         res = ok(0, "%s n=%lld nq=%lld d=%lld k=%lld %s%s path=%s: %s", ref_data_name(c->kind), (long long)c->n,
-                 (long long)nq, (long long)c->d, (long long)k, xknn_metric_name(p.metric), c->self ? " self" : "",
+                 (long long)b.nq, (long long)c->d, (long long)b.k, xknn_metric_name(metric), c->self ? " self" : "",
                  path == XKNN_CPU_PATH_BLAS ? "blas" : "loop", err.message);
     } else {
-        res = is_knn_equal(ids, dist, wid, wd, nq, k, "%s n=%lld nq=%lld d=%lld k=%lld %s%s blocks=%lldx%lld path=%s",
-                           ref_data_name(c->kind), (long long)c->n, (long long)nq, (long long)c->d, (long long)k,
-                           xknn_metric_name(p.metric), c->self ? " self" : "", (long long)c->qblock,
-                           (long long)c->rblock, path == XKNN_CPU_PATH_BLAS ? "blas" : "loop");
+        res = is_knn_equal(b.ids, b.dist, b.wid, b.wd, b.nq, b.k,
+                           "%s n=%lld nq=%lld d=%lld k=%lld %s%s blocks=%lldx%lld path=%s", ref_data_name(c->kind),
+                           (long long)c->n, (long long)b.nq, (long long)c->d, (long long)b.k, xknn_metric_name(metric),
+                           c->self ? " self" : "", (long long)c->qblock, (long long)c->rblock,
+                           path == XKNN_CPU_PATH_BLAS ? "blas" : "loop");
     }
-    free(ref);
-    free(qry);
-    free(ids);
-    free(wid);
-    free(dist);
-    free(wd);
+    knn_bufs_free(&b);
     return res;
 }
 

@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common.h"
 #include "ref/ref.h"
 #include "tap/tap.h"
 #include "xknn.h"
@@ -165,13 +166,6 @@ static const pcase pcases[] = {
 
 static int quick;
 
-static void *xmalloc(size_t n)
-{
-    void *p = malloc(n ? n : 1);
-    if (!p) bail("out of host memory (%zu bytes)", n);
-    return p;
-}
-
 static xknn_status self_join(const scase *c, const float *x, int64_t ld, int64_t k, xknn_self_join mode,
                              int64_t *ids, float *dist, xknn_error *err)
 {
@@ -203,14 +197,9 @@ static xknn_status self_join(const scase *c, const float *x, int64_t ld, int64_t
 static void run_case(const scase *c)
 {
     const int64_t n = c->n, d = c->d, ld = d + c->ldpad, k = c->k > 0 ? c->k : n - 1;
-    float *tight = (float *)xmalloc((size_t)(n * d) * sizeof(float));
-    float *x = (float *)xmalloc((size_t)(n * ld) * sizeof(float));
-    int64_t *sid = (int64_t *)xmalloc((size_t)(n * k) * sizeof(int64_t));
-    int64_t *pid = (int64_t *)xmalloc((size_t)(n * k) * sizeof(int64_t));
-    int64_t *wid = (int64_t *)xmalloc((size_t)(n * k) * sizeof(int64_t));
-    float *sd = (float *)xmalloc((size_t)(n * k) * sizeof(float));
-    float *pd = (float *)xmalloc((size_t)(n * k) * sizeof(float));
-    float *wd = (float *)xmalloc((size_t)(n * k) * sizeof(float));
+    float *tight = f32_alloc(n, d), *x = f32_alloc(n, ld);
+    int64_t *sid = i64_alloc(n, k), *pid = i64_alloc(n, k), *wid = i64_alloc(n, k);
+    float *sd = f32_alloc(n, k), *pd = f32_alloc(n, k), *wd = f32_alloc(n, k);
     char name[256];
     xknn_error serr, perr;
     xknn_status sst, pst;
@@ -238,14 +227,8 @@ static void run_case(const scase *c)
     pst = self_join(c, x, ld, k, XKNN_SELF_JOIN_PLAIN, pid, pd, &perr);
     if (ref_knn_ex(&spec, x, n, ld, NULL, n, ld, d, k, 1, c->off, c->off, wid, wd) != 0)
         bail("oracle out of memory");
-    if (sst != XKNN_SUCCESS)
-        ok(0, "%s: %s vs oracle: %s", name, c->sym ? "symmetric" : "self-join (auto)", serr.message);
-    else
-        is_knn_equal(sid, sd, wid, wd, n, k, "%s: %s vs oracle", name, c->sym ? "symmetric" : "self-join (auto)");
-    if (pst != XKNN_SUCCESS)
-        ok(0, "%s: plain vs oracle: %s", name, perr.message);
-    else
-        is_knn_equal(pid, pd, wid, wd, n, k, "%s: plain vs oracle", name);
+    is_knn_result(sst, &serr, sid, sd, wid, wd, n, k, "%s: %s vs oracle", name, c->sym ? "symmetric" : "self-join (auto)");
+    is_knn_result(pst, &perr, pid, pd, wid, wd, n, k, "%s: plain vs oracle", name);
     ok(sst == XKNN_SUCCESS && pst == XKNN_SUCCESS &&
            !memcmp(sid, pid, (size_t)(n * k) * sizeof(int64_t)) && !memcmp(sd, pd, (size_t)(n * k) * sizeof(float)),
        "%s: auto and plain outputs are the same bytes", name);
@@ -256,14 +239,7 @@ static void run_case(const scase *c)
         ok(sst == XKNN_ERROR_INVALID_VALUE && strstr(serr.message, "overflows float"),
            "%s: in l2 an input error naming the pair (%s)", name, sst == XKNN_SUCCESS ? "success" : serr.message);
     }
-    free(tight);
-    free(x);
-    free(sid);
-    free(pid);
-    free(wid);
-    free(sd);
-    free(pd);
-    free(wd);
+    FREE_ALL(tight, x, sid, pid, wid, sd, pd, wd);
 }
 
 /* Two TAP lines per case. */
@@ -271,13 +247,9 @@ static void run_pair_case(const pcase *c)
 {
     const int64_t n = c->n, d = c->d, k = c->k;
     const int neg = c->metric == XKNN_METRIC_IP;
-    float *x = (float *)xmalloc((size_t)(n * d) * sizeof(float));
-    int64_t *ids = (int64_t *)xmalloc((size_t)(n * k) * sizeof(int64_t));
-    int64_t *sid = (int64_t *)xmalloc((size_t)(n * k) * sizeof(int64_t));
-    int64_t *wid = (int64_t *)xmalloc((size_t)(n * k) * sizeof(int64_t));
-    float *dist = (float *)xmalloc((size_t)(n * k) * sizeof(float));
-    float *sd = (float *)xmalloc((size_t)(n * k) * sizeof(float));
-    float *wd = (float *)xmalloc((size_t)(n * k) * sizeof(float));
+    float *x = f32_alloc(n, d);
+    int64_t *ids = i64_alloc(n, k), *sid = i64_alloc(n, k), *wid = i64_alloc(n, k);
+    float *dist = f32_alloc(n, k), *sd = f32_alloc(n, k), *wd = f32_alloc(n, k);
     xknn_params p = XKNN_PARAMS_INIT;
     xknn_error e, serr;
     xknn_status sst;
@@ -393,13 +365,7 @@ static void run_pair_case(const pcase *c)
     ok(!bad && sst == XKNN_SUCCESS && !memcmp(ids, sid, (size_t)(n * k) * sizeof(int64_t)) &&
            !memcmp(dist, sd, (size_t)(n * k) * sizeof(float)),
        "%s: pairs and the device self-join are the same bytes", name);
-    free(x);
-    free(ids);
-    free(sid);
-    free(wid);
-    free(dist);
-    free(sd);
-    free(wd);
+    FREE_ALL(x, ids, sid, wid, dist, sd, wd);
 }
 
 /* xknn_cuda_keep_lists' refusals and its limit, copy_lists and copy_lists_start: five TAP
@@ -500,10 +466,7 @@ static void run_lists_errors(void)
         ok(good, "copy_lists_start: the rows asked for and no others once over, into page-locked arrays (20 starts) "
                  "and pageable ones (3 chunks); rows outside or a ticket not issued are INVALID_ARGUMENT (%s)",
            e.message);
-        free(hid);
-        free(hd);
-        free(pid);
-        free(pd);
+        FREE_ALL(hid, hd, pid, pd);
     }
     for (i = 0; i < 5; i++)
         if (xknn_cuda_keep_lists(cx, XKNN_METRIC_L2, ids[i], dist[i], 4, 2, XKNN_CUDA_LISTS_PADDING, NULL, &e) ==

@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common.h"
 #include "ref/ref.h"
 #include "tap/tap.h"
 #include "xknn.h"
@@ -225,18 +226,11 @@ static int skipped_by_quick(const tcase *c)
     return 0;
 }
 
-static void *xmalloc(size_t n)
-{
-    void *p = malloc(n ? n : 1);
-    if (!p) bail("out of host memory (%zu bytes)", n);
-    return p;
-}
-
 /* rows x d data with row stride ld (extra columns filled with junk that must be ignored) */
 static float *make_matrix(data_kind kind, int64_t rows, int64_t d, int64_t ld, uint64_t seed)
 {
-    float *tight = (float *)xmalloc((size_t)(rows * d) * sizeof(float));
-    float *m = (float *)xmalloc((size_t)(rows * ld) * sizeof(float));
+    float *tight = f32_alloc(rows, d);
+    float *m = f32_alloc(rows, ld);
     int64_t i, t;
     ref_make_data(kind, tight, rows, d, seed);
     for (i = 0; i < rows; i++)
@@ -295,10 +289,10 @@ static void run_case(const tcase *c)
     }
     ref = make_matrix(c->kind, c->n, c->d, ld, 1);
     if (!c->self) qry = make_matrix(c->kind, nq, c->d, ld, 2);
-    ids = (int64_t *)xmalloc((size_t)(nq * k) * sizeof(int64_t));
-    wid = (int64_t *)xmalloc((size_t)(nq * k) * sizeof(int64_t));
-    dist = (float *)xmalloc((size_t)(nq * k) * sizeof(float));
-    wd = (float *)xmalloc((size_t)(nq * k) * sizeof(float));
+    ids = i64_alloc(nq, k);
+    wid = i64_alloc(nq, k);
+    dist = f32_alloc(nq, k);
+    wd = f32_alloc(nq, k);
 
     st = search(c, XKNN_BACKEND_CUDA, c->path, ref, qry, nq, k, ids, dist, &err);
     if (c->cmp == CMP_ORACLE) {
@@ -309,10 +303,7 @@ static void run_case(const tcase *c)
         if (ref_knn_ex(&spec, ref, c->n, ld, qry, nq, ld, c->d, k, c->self || c->exclude, c->roff,
                        c->self ? c->roff : c->qoff, wid, wd) != 0)
             bail("oracle out of memory");
-        if (st != XKNN_SUCCESS)
-            ok(0, "%s vs oracle: %s", name, err.message);
-        else
-            is_knn_equal(ids, dist, wid, wd, nq, k, "%s vs oracle", name);
+        is_knn_result(st, &err, ids, dist, wid, wd, nq, k, "%s vs oracle", name);
         st = search(c, XKNN_BACKEND_CPU, 0, ref, qry, nq, k, wid, wd, &err);
         if (st != XKNN_SUCCESS) bail("cpu backend failed: %s", err.message);
         st = search(c, XKNN_BACKEND_CUDA, c->path, ref, qry, nq, k, ids, dist, &err);
@@ -325,22 +316,11 @@ static void run_case(const tcase *c)
         xknn_error cerr;
         const xknn_status cst = search(c, XKNN_BACKEND_CPU, 0, ref, qry, nq, k, wid, wd, &cerr);
         if (cst != XKNN_SUCCESS) bail("cpu backend failed: %s", cerr.message);
-        if (st != XKNN_SUCCESS)
-            ok(0, "%s vs cpu backend: %s", name, err.message);
-        else
-            is_knn_equal(ids, dist, wid, wd, nq, k, "%s vs cpu backend", name);
+        is_knn_result(st, &err, ids, dist, wid, wd, nq, k, "%s vs cpu backend", name);
         st = search(c, XKNN_BACKEND_CUDA, other, ref, qry, nq, k, ids, dist, &err);
-        if (st != XKNN_SUCCESS)
-            ok(0, "%s, path %s, vs cpu backend: %s", name, other == TF ? "tf32" : "fp32", err.message);
-        else
-            is_knn_equal(ids, dist, wid, wd, nq, k, "%s, path %s, vs cpu backend", name, other == TF ? "tf32" : "fp32");
+        is_knn_result(st, &err, ids, dist, wid, wd, nq, k, "%s, path %s, vs cpu backend", name, other == TF ? "tf32" : "fp32");
     }
-    free(ref);
-    free(qry);
-    free(ids);
-    free(wid);
-    free(dist);
-    free(wd);
+    FREE_ALL(ref, qry, ids, wid, dist, wd);
 }
 
 /* ---- ip and cosine on extreme magnitudes (4 tests) ------------------------------------
@@ -353,8 +333,8 @@ static void run_extreme(void)
 {
     const int64_t n = 20011, nq = 60, d = 64, k = 5;
     float *ref = make_matrix(DATA_GAUSSIAN, n, d, d, 31), *qry = make_matrix(DATA_GAUSSIAN, nq, d, d, 32);
-    int64_t *ids = (int64_t *)xmalloc((size_t)(nq * k) * sizeof(int64_t)), *wid = (int64_t *)xmalloc((size_t)(nq * k) * sizeof(int64_t));
-    float *dist = (float *)xmalloc((size_t)(nq * k) * sizeof(float)), *wd = (float *)xmalloc((size_t)(nq * k) * sizeof(float));
+    int64_t *ids = i64_alloc(nq, k), *wid = i64_alloc(nq, k);
+    float *dist = f32_alloc(nq, k), *wd = f32_alloc(nq, k);
     xknn_matrix r = XKNN_MATRIX_F32(ref, n, d), q = XKNN_MATRIX_F32(qry, nq, d);
     int64_t i, t;
     int m;
@@ -388,12 +368,7 @@ static void run_extreme(void)
         if (st != XKNN_SUCCESS) bail("cpu backend failed: %s", err.message);
         is_knn_equal(ids, dist, wid, wd, nq, k, "%s, extreme magnitudes, mma vs cpu backend", xknn_metric_name(metric));
     }
-    free(ref);
-    free(qry);
-    free(ids);
-    free(wid);
-    free(dist);
-    free(wd);
+    FREE_ALL(ref, qry, ids, wid, dist, wd);
 }
 
 /* ---- errors and the host path's knobs (7 tests) ----------------------------------- */
@@ -401,8 +376,8 @@ static void run_errors(void)
 {
     const int64_t n = 3000, nq = 20, d = 9, k = 5;
     float *ref = make_matrix(DATA_GAUSSIAN, n, d, d, 5), *qry = make_matrix(DATA_GAUSSIAN, nq, d, d, 6);
-    int64_t *ids = (int64_t *)xmalloc((size_t)(nq * k) * sizeof(int64_t)), *wid = (int64_t *)xmalloc((size_t)(nq * k) * sizeof(int64_t));
-    float *dist = (float *)xmalloc((size_t)(nq * k) * sizeof(float)), *wd = (float *)xmalloc((size_t)(nq * k) * sizeof(float));
+    int64_t *ids = i64_alloc(nq, k), *wid = i64_alloc(nq, k);
+    float *dist = f32_alloc(nq, k), *wd = f32_alloc(nq, k);
     xknn_matrix r = XKNN_MATRIX_F32(ref, n, d), q = XKNN_MATRIX_F32(qry, nq, d);
     xknn_params p = XKNN_PARAMS_INIT;
     xknn_error err;
@@ -442,8 +417,8 @@ static void run_errors(void)
 
     /* self-join in slices: exclusion by global id across slices */
     {
-        int64_t *sid = (int64_t *)xmalloc((size_t)(n * k) * sizeof(int64_t)), *swid = (int64_t *)xmalloc((size_t)(n * k) * sizeof(int64_t));
-        float *sd = (float *)xmalloc((size_t)(n * k) * sizeof(float)), *swd = (float *)xmalloc((size_t)(n * k) * sizeof(float));
+        int64_t *sid = i64_alloc(n, k), *swid = i64_alloc(n, k);
+        float *sd = f32_alloc(n, k), *swd = f32_alloc(n, k);
         if (ref_knn(REF_EUCLIDEAN, ref, n, d, NULL, n, d, d, k, 1, 0, 0, swid, swd) != 0) bail("oracle out of memory");
         setenv("XKNN_CUDA_REF_SLICE", "1001", 1);
         p = xknn_params_default();
@@ -455,17 +430,9 @@ static void run_errors(void)
             ok(0, "self-join in slices of 1001 rows: %s", err.message);
         else
             is_knn_equal(sid, sd, swid, swd, n, k, "self-join in slices of 1001 rows, merged");
-        free(sid);
-        free(swid);
-        free(sd);
-        free(swd);
+        FREE_ALL(sid, swid, sd, swd);
     }
-    free(ref);
-    free(qry);
-    free(ids);
-    free(wid);
-    free(dist);
-    free(wd);
+    FREE_ALL(ref, qry, ids, wid, dist, wd);
 }
 #define NERRORS 7
 
@@ -553,8 +520,8 @@ static void run_device_api(void)
     const int64_t n = 3001, nq = 203, d = 64, k = 32;
     float *ref = make_matrix(DATA_GAUSSIAN, n, d, d, 11), *qry = make_matrix(DATA_GAUSSIAN, nq, d, d, 12);
     const int64_t ns = 1000; /* self-join on the first ns rows, k = ns - 1 */
-    int64_t *ids = (int64_t *)xmalloc((size_t)(ns * ns) * sizeof(int64_t)), *wid = (int64_t *)xmalloc((size_t)(ns * ns) * sizeof(int64_t));
-    float *dist = (float *)xmalloc((size_t)(ns * ns) * sizeof(float)), *wd = (float *)xmalloc((size_t)(ns * ns) * sizeof(float));
+    int64_t *ids = i64_alloc(ns, ns), *wid = i64_alloc(ns, ns);
+    float *dist = f32_alloc(ns, ns), *wd = f32_alloc(ns, ns);
     size_t bytes = 0, small = 0;
     unsigned long long stats[XKNN_CUDA_STAT_COUNT];
 
@@ -567,10 +534,7 @@ static void run_device_api(void)
 
     ref_knn(REF_L2, ref, n, d, qry, nq, d, d, k, 0, 0, 0, wid, wd);
     st = dsearch(ctx, &p, ref, n, qry, nq, d, k, ids, dist, bytes, 0, stats, &err);
-    if (st != XKNN_SUCCESS)
-        ok(0, "device API, user stream, preferred workspace: %s", err.message);
-    else
-        is_knn_equal(ids, dist, wid, wd, nq, k, "device API, user stream, preferred workspace");
+    is_knn_result(st, &err, ids, dist, wid, wd, nq, k, "device API, user stream, preferred workspace");
     ok(st == XKNN_SUCCESS && stats[XKNN_CUDA_STAT_UNRESOLVED] == 0 && stats[XKNN_CUDA_STAT_CANDIDATES] >= (unsigned long long)(nq * k),
        "workspace counters: %llu candidates, %llu bound and %llu exact compactions", stats[XKNN_CUDA_STAT_CANDIDATES],
        stats[XKNN_CUDA_STAT_BOUND_COMPACTIONS], stats[XKNN_CUDA_STAT_EXACT_COMPACTIONS]);
@@ -582,10 +546,7 @@ static void run_device_api(void)
     st = xknn_cuda_workspace_size(ctx, &p, n, nq, d, k, &small, &err);
     if (st == XKNN_SUCCESS) st = dsearch(ctx, &p, ref, n, qry, nq, d, k, ids, dist, small, 0, NULL, &err);
     ref_knn(REF_EUCLIDEAN, ref, n, d, qry, nq, d, d, k, 0, 0, 0, wid, wd);
-    if (st != XKNN_SUCCESS)
-        ok(0, "device API, %zu-byte workspace, tf32, euclidean: %s", small, err.message);
-    else
-        is_knn_equal(ids, dist, wid, wd, nq, k, "device API, %zu-byte workspace, tf32, euclidean", small);
+    is_knn_result(st, &err, ids, dist, wid, wd, nq, k, "device API, %zu-byte workspace, tf32, euclidean", small);
 
     /* self-join on the device, k = n - 1, ids only */
     p = xknn_params_default();
@@ -609,19 +570,13 @@ static void run_device_api(void)
         st = sized_dsearch(ctx, &p, href, hn, hqry, hq, hd, hk, ids, dist, stats, &err);
         unsetenv("XKNN_CUDA_FP32_CUBLAS");
         ref_knn(REF_L2, href, hn, hd, hqry, hq, hd, hd, hk, 0, 5, 0, wid, wd);
-        if (st != XKNN_SUCCESS)
-            ok(0, "device API, 20000 rows of 5 distinct values: %s", err.message);
-        else
-            is_knn_equal(ids, dist, wid, wd, hq, hk, "device API, 20000 rows of 5 distinct values");
+        is_knn_result(st, &err, ids, dist, wid, wd, hq, hk, "device API, 20000 rows of 5 distinct values");
         ok(st == XKNN_SUCCESS && stats[XKNN_CUDA_STAT_EXACT_COMPACTIONS] > 0,
            "heavy ties forced exact compactions (%llu)", stats[XKNN_CUDA_STAT_EXACT_COMPACTIONS]);
         /* the fp32 CUDA-core passes: ~4000 ties overflow the candidate slots, so every
          * query is re-run exactly */
         st = sized_dsearch(ctx, &p, href, hn, hqry, hq, hd, hk, ids, dist, stats, &err);
-        if (st != XKNN_SUCCESS)
-            ok(0, "device API, fp32 CUDA-core passes, 20000 rows of 5 distinct values: %s", err.message);
-        else
-            is_knn_equal(ids, dist, wid, wd, hq, hk, "device API, fp32 CUDA-core passes, 20000 rows of 5 distinct values");
+        is_knn_result(st, &err, ids, dist, wid, wd, hq, hk, "device API, fp32 CUDA-core passes, 20000 rows of 5 distinct values");
         ok(st == XKNN_SUCCESS && stats[XKNN_CUDA_STAT_RERUNS] > 0 && stats[XKNN_CUDA_STAT_UNRESOLVED] == 0,
            "fp32 CUDA-core passes: overflowed buffers re-run exactly (%llu of %lld queries)",
            stats[XKNN_CUDA_STAT_RERUNS], (long long)hq);
@@ -629,10 +584,7 @@ static void run_device_api(void)
          * from a 32-key list, so every query must be re-run exactly */
         p.cuda_path = XKNN_CUDA_PATH_FUSED;
         st = sized_dsearch(ctx, &p, href, hn, hqry, hq, hd, hk, ids, dist, stats, &err);
-        if (st != XKNN_SUCCESS)
-            ok(0, "device API, fused path, 20000 rows of 5 distinct values: %s", err.message);
-        else
-            is_knn_equal(ids, dist, wid, wd, hq, hk, "device API, fused path, 20000 rows of 5 distinct values");
+        is_knn_result(st, &err, ids, dist, wid, wd, hq, hk, "device API, fused path, 20000 rows of 5 distinct values");
         ok(st == XKNN_SUCCESS && stats[XKNN_CUDA_STAT_RERUNS] > 0 && stats[XKNN_CUDA_STAT_UNRESOLVED] == 0,
            "fused path: failed certificates re-run exactly (%llu of %lld queries)", stats[XKNN_CUDA_STAT_RERUNS],
            (long long)hq);
@@ -695,11 +647,7 @@ static void run_device_api(void)
         st = sized_dsearch(ctx, &p, cref, cn, cqry, cq, cd, ck, ids, dist, stats, &err);
         unsetenv("XKNN_CUDA_CENTER");
         ref_knn(REF_L2, cref, cn, cd, cqry, cq, cd, cd, ck, 0, 0, 0, wid, wd);
-        if (st != XKNN_SUCCESS)
-            ok(0, "device API, centred rows, a NaN and an infinite reference in the mean's sample: %s", err.message);
-        else
-            is_knn_equal(ids, dist, wid, wd, cq, ck,
-                         "device API, centred rows, a NaN and an infinite reference in the mean's sample");
+        is_knn_result(st, &err, ids, dist, wid, wd, cq, ck, "device API, centred rows, a NaN and an infinite reference in the mean's sample");
         ok(st == XKNN_SUCCESS && stats[XKNN_CUDA_STAT_RERUNS] == 0,
            "centred rows with a NaN and an infinite reference: no query re-run (%llu of %lld)",
            st == XKNN_SUCCESS ? stats[XKNN_CUDA_STAT_RERUNS] : 0ull, (long long)cq);
@@ -714,10 +662,7 @@ static void run_device_api(void)
     p.exclude_self = 1;
     st = sized_dsearch(ctx, &p, ref, n, ref + 50 * d, nq, d, k, ids, dist, NULL, &err);
     ref_knn(REF_L2, ref, n, d, ref + 50 * d, nq, d, d, k, 1, 100, 150, wid, wd);
-    if (st != XKNN_SUCCESS)
-        ok(0, "device API, id offsets and exclude_self: %s", err.message);
-    else
-        is_knn_equal(ids, dist, wid, wd, nq, k, "device API, id offsets and exclude_self");
+    is_knn_result(st, &err, ids, dist, wid, wd, nq, k, "device API, id offsets and exclude_self");
 
     /* ip and cosine on device arrays (the tensor-core path), other metrics refused */
     {
@@ -741,8 +686,8 @@ static void run_device_api(void)
         spec.metric = REF_COSINE;
         st = sized_dsearch(ctx, &p, ref, n, NULL, n, d, k5, ids, dist, NULL, &err);
         {
-            int64_t *sid = (int64_t *)xmalloc((size_t)(n * k5) * sizeof(int64_t));
-            float *sd = (float *)xmalloc((size_t)(n * k5) * sizeof(float));
+            int64_t *sid = i64_alloc(n, k5);
+            float *sd = f32_alloc(n, k5);
             ref_knn_ex(&spec, ref, n, d, NULL, n, d, d, k5, 1, 0, 0, sid, sd);
             if (st != XKNN_SUCCESS)
                 ok(0, "device API, cosine self-join: %s", err.message);
@@ -772,18 +717,10 @@ static void run_device_api(void)
         p.cuda_context = ctx;
         ref_knn(REF_L2, ref, n, d, qry, nq, d, d, k, 0, 0, 0, wid, wd);
         st = xknn_search(&p, &r, &q, k, ids, dist, &err);
-        if (st != XKNN_SUCCESS)
-            ok(0, "host path with params.cuda_context: %s", err.message);
-        else
-            is_knn_equal(ids, dist, wid, wd, nq, k, "host path with params.cuda_context");
+        is_knn_result(st, &err, ids, dist, wid, wd, nq, k, "host path with params.cuda_context");
     }
     xknn_cuda_context_destroy(ctx);
-    free(ref);
-    free(qry);
-    free(ids);
-    free(wid);
-    free(dist);
-    free(wd);
+    FREE_ALL(ref, qry, ids, wid, dist, wd);
 }
 #else
 static void run_device_api(void) { skip(NDEVICE, "test built without the CUDA runtime headers"); }

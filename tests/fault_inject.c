@@ -213,94 +213,41 @@ typedef int (*xknn__fi_open2_fn)(const char *, int);
 typedef int (*xknn__fi_mkstemp_fn)(char *);
 typedef int (*xknn__fi_mkostemp_fn)(char *, int);
 
-XKNN__FI_EXPORT int open(const char *path, int flags, ...)
-{
-    xknn__fi_open_fn next;
-    mode_t mode = 0;
-    XKNN__FI_MODE(flags, mode);
-    if (xknn__fi_emfile(path)) XKNN__FI_NO_FD();
-    xknn__fi_next("open", &next, sizeof next);
-    return next(path, flags, mode);
-}
+/* The interposers, each under the name given (parameters params, of which key is the
+ * path or template): EMFILE where key matches XKNN_TEST_EMFILE_PATH, else the next
+ * definition of that name (a function of type fn) on args. Those with a variadic mode
+ * (open, openat and their 64-bit twins) read it only where the flags need one. */
+#define XKNN__FI_WITH_MODE(name, fn, params, args)   \
+    XKNN__FI_EXPORT int name params                  \
+    {                                                \
+        fn next;                                     \
+        mode_t mode = 0;                             \
+        XKNN__FI_MODE(flags, mode);                  \
+        if (xknn__fi_emfile(path)) XKNN__FI_NO_FD(); \
+        xknn__fi_next(#name, &next, sizeof next);    \
+        return next args;                            \
+    }
+#define XKNN__FI_NO_MODE(name, fn, key, params, args) \
+    XKNN__FI_EXPORT int name params                   \
+    {                                                 \
+        fn next;                                      \
+        if (xknn__fi_emfile(key)) XKNN__FI_NO_FD();   \
+        xknn__fi_next(#name, &next, sizeof next);     \
+        return next args;                             \
+    }
 
-XKNN__FI_EXPORT int open64(const char *path, int flags, ...)
-{
-    xknn__fi_open_fn next;
-    mode_t mode = 0;
-    XKNN__FI_MODE(flags, mode);
-    if (xknn__fi_emfile(path)) XKNN__FI_NO_FD();
-    xknn__fi_next("open64", &next, sizeof next);
-    return next(path, flags, mode);
-}
-
-XKNN__FI_EXPORT int openat(int dirfd, const char *path, int flags, ...)
-{
-    xknn__fi_openat_fn next;
-    mode_t mode = 0;
-    XKNN__FI_MODE(flags, mode);
-    if (xknn__fi_emfile(path)) XKNN__FI_NO_FD();
-    xknn__fi_next("openat", &next, sizeof next);
-    return next(dirfd, path, flags, mode);
-}
-
-XKNN__FI_EXPORT int openat64(int dirfd, const char *path, int flags, ...)
-{
-    xknn__fi_openat_fn next;
-    mode_t mode = 0;
-    XKNN__FI_MODE(flags, mode);
-    if (xknn__fi_emfile(path)) XKNN__FI_NO_FD();
-    xknn__fi_next("openat64", &next, sizeof next);
-    return next(dirfd, path, flags, mode);
-}
-
-/* What open() becomes under _FORTIFY_SOURCE when no mode is passed. */
-XKNN__FI_EXPORT int __open_2(const char *path, int flags)
-{
-    xknn__fi_open2_fn next;
-    if (xknn__fi_emfile(path)) XKNN__FI_NO_FD();
-    xknn__fi_next("__open_2", &next, sizeof next);
-    return next(path, flags);
-}
-
-XKNN__FI_EXPORT int __open64_2(const char *path, int flags)
-{
-    xknn__fi_open2_fn next;
-    if (xknn__fi_emfile(path)) XKNN__FI_NO_FD();
-    xknn__fi_next("__open64_2", &next, sizeof next);
-    return next(path, flags);
-}
-
-XKNN__FI_EXPORT int mkstemp(char *tmpl)
-{
-    xknn__fi_mkstemp_fn next;
-    if (xknn__fi_emfile(tmpl)) XKNN__FI_NO_FD();
-    xknn__fi_next("mkstemp", &next, sizeof next);
-    return next(tmpl);
-}
-
-XKNN__FI_EXPORT int mkstemp64(char *tmpl)
-{
-    xknn__fi_mkstemp_fn next;
-    if (xknn__fi_emfile(tmpl)) XKNN__FI_NO_FD();
-    xknn__fi_next("mkstemp64", &next, sizeof next);
-    return next(tmpl);
-}
-
-XKNN__FI_EXPORT int mkostemp(char *tmpl, int flags)
-{
-    xknn__fi_mkostemp_fn next;
-    if (xknn__fi_emfile(tmpl)) XKNN__FI_NO_FD();
-    xknn__fi_next("mkostemp", &next, sizeof next);
-    return next(tmpl, flags);
-}
-
-XKNN__FI_EXPORT int mkostemp64(char *tmpl, int flags)
-{
-    xknn__fi_mkostemp_fn next;
-    if (xknn__fi_emfile(tmpl)) XKNN__FI_NO_FD();
-    xknn__fi_next("mkostemp64", &next, sizeof next);
-    return next(tmpl, flags);
-}
+XKNN__FI_WITH_MODE(open, xknn__fi_open_fn, (const char *path, int flags, ...), (path, flags, mode))
+XKNN__FI_WITH_MODE(open64, xknn__fi_open_fn, (const char *path, int flags, ...), (path, flags, mode))
+XKNN__FI_WITH_MODE(openat, xknn__fi_openat_fn, (int dirfd, const char *path, int flags, ...), (dirfd, path, flags, mode))
+XKNN__FI_WITH_MODE(openat64, xknn__fi_openat_fn, (int dirfd, const char *path, int flags, ...),
+                   (dirfd, path, flags, mode))
+/* what open() becomes under _FORTIFY_SOURCE when no mode is passed */
+XKNN__FI_NO_MODE(__open_2, xknn__fi_open2_fn, path, (const char *path, int flags), (path, flags))
+XKNN__FI_NO_MODE(__open64_2, xknn__fi_open2_fn, path, (const char *path, int flags), (path, flags))
+XKNN__FI_NO_MODE(mkstemp, xknn__fi_mkstemp_fn, tmpl, (char *tmpl), (tmpl))
+XKNN__FI_NO_MODE(mkstemp64, xknn__fi_mkstemp_fn, tmpl, (char *tmpl), (tmpl))
+XKNN__FI_NO_MODE(mkostemp, xknn__fi_mkostemp_fn, tmpl, (char *tmpl, int flags), (tmpl, flags))
+XKNN__FI_NO_MODE(mkostemp64, xknn__fi_mkostemp_fn, tmpl, (char *tmpl, int flags), (tmpl, flags))
 
 #else
 /* Not Linux: nothing to inject (the tests that need this library skip). */

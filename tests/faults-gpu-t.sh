@@ -50,18 +50,7 @@ good() {
 bad() {
     WHY=
     if [ "$RC" -ne "$1" ]; then WHY="exit status $RC, want $1"; return 1; fi
-    n=$(grep -c '^knn_mpi: ' "$T/err")
-    [ "$n" -eq 1 ] || { WHY="$n 'knn_mpi: ' lines on stderr, want 1"; return 1; }
-    line=$(grep '^knn_mpi: ' "$T/err")
-    oldifs=$IFS
-    IFS='|'
-    for key in $2; do
-        case "$line" in *"$key"*) ;; *) IFS=$oldifs; WHY="message lacks '$key'"; return 1 ;; esac
-    done
-    IFS=$oldifs
-    left=$(ls -A "$O")
-    [ -z "$left" ] || { WHY="left in the output directory: $left"; return 1; }
-    return 0
+    one_message "$2" "$O"
 }
 
 # ---- data: tie-heavy, sizes that are no multiples of any block -------------------------------

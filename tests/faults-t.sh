@@ -31,10 +31,11 @@ KNN=$1
 MK=$2
 MPIRUN=${3:-none}
 FI=${4:-none}     # tests/fault_inject.c: chosen writes fail with ENOSPC, opens with EMFILE
+# with FI preloaded before the ASan runtime (a sanitizer build), its link-order check off
+asan="ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}verify_asan_link_order=0"
 PRUNE=${5:-none}  # knn_prune, for its derived output names
 . "$(dirname "$0")/tap.sh"
-tap_begin faults-t 210
-TAP_DIAG=tap_run_diag
+tap_knn_begin faults-t 210
 O=$T/outdir       # the output directory of every case: must stay empty
 D=$T/data
 mkdir "$O" "$D" || exit 1
@@ -144,17 +145,7 @@ verdict() { # verdict WANT KEYS: 0 when the last run matched; WHY says what did 
     WHY=
     if [ "$RC" -eq 124 ] || [ "$RC" -eq 137 ]; then WHY="timed out (60 s)"; return 1; fi
     case "|$1|" in *"|$RC|"*) ;; *) WHY="exit $RC, want $1"; return 1 ;; esac
-    n=$(grep -c '^knn_mpi: ' "$T/err")
-    [ "$n" -eq 1 ] || { WHY="$n 'knn_mpi: ' lines on stderr, want 1"; return 1; }
-    line=$(grep '^knn_mpi: ' "$T/err")
-    oldifs=$IFS; IFS='|'
-    for key in $2; do
-        case "$line" in *"$key"*) ;; *) IFS=$oldifs; WHY="message lacks '$key'"; return 1 ;; esac
-    done
-    IFS=$oldifs
-    left=$(ls -A "$O")
-    [ -z "$left" ] || { WHY="left in the output directory: $left"; return 1; }
-    return 0
+    one_message "$2" "$O"
 }
 case_() {
     want=$1 keys=$2 desc=$3
@@ -265,7 +256,6 @@ case_ 1 "--json" "--json with an empty name" --json= -o "$O/r.bin" "$D/ref.fbin"
 mk data integer 10000 8 4 "$D/q10k.fbin"
 if [ "$FI" != none ] && [ -f "$FI" ]; then
     OP=$(cd "$O" && pwd -P) # the kernel reports resolved paths
-    asan="ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}verify_asan_link_order=0"
     XENV="LD_PRELOAD=$FI XKNN_TEST_ENOSPC_PATH=$OP/* $asan"
     case_ 3 "$O/r.bin|No space left on device" "disk full: every write to the output fails (ENOSPC)" \
         -o "$O/r.bin" "$D/ref.fbin" "$D/q.fbin"
@@ -493,7 +483,6 @@ case_ 2 "$T/no/such/run.json" "--json in a missing directory, -o and --predict i
     --json "$T/no/such/run.json" --labels "$D/lab.txt" --predict "$O/p.txt" -o "$O/r.bin" "$D/ref.fbin" "$D/q.fbin"
 if [ "$FI" != none ] && [ -f "$FI" ]; then
     OP=$(cd "$O" && pwd -P)
-    asan="ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}verify_asan_link_order=0"
     XENV="LD_PRELOAD=$FI XKNN_TEST_ENOSPC_PATH=$OP/.p.txt.xknn-tmp.* $asan"
     case_ 3 "$O/p.txt|No space left on device" "disk full while writing --predict (ENOSPC on its temporary)" \
         --labels "$D/lab.txt" --predict "$O/p.txt" -o "$O/r.bin" "$D/ref.fbin" "$D/q.fbin"
@@ -679,7 +668,6 @@ fi
 # tests/fault_inject.c with XKNN_TEST_EMFILE_PATH: opening the matching path fails with
 # EMFILE, as in a process at its descriptor limit.
 if [ "$FI" != none ] && [ -f "$FI" ]; then
-    asan="ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}verify_asan_link_order=0"
     XENV="LD_PRELOAD=$FI XKNN_TEST_EMFILE_PATH=$D/ref.fbin $asan"
     case_ 3 "$D/ref.fbin|Too many open files" "no descriptor left to open REF (EMFILE)" \
         -o "$O/r.bin" "$D/ref.fbin" "$D/q.fbin"

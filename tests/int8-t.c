@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common.h"
 #include "ref/ref.h"
 #include "tap/tap.h"
 #include "xknn.h"
@@ -85,65 +86,51 @@ static void make(vkind kind, float *x, int64_t rows, int64_t d, uint64_t seed, i
 
 static void run_case(const icase *c, xknn_cpu_path path)
 {
-    const int64_t nq = c->self ? c->n : c->nq;
-    const int64_t k = c->k > 0 ? c->k : (c->self ? c->n - 1 : c->n);
-    float *ref = malloc((size_t)(c->n * c->d) * sizeof(float));
-    float *qry = c->self ? NULL : malloc((size_t)(nq * c->d) * sizeof(float));
-    int64_t *ids = malloc((size_t)(nq * k) * sizeof(int64_t)), *wid = malloc((size_t)(nq * k) * sizeof(int64_t));
-    float *dist = malloc((size_t)(nq * k) * sizeof(float)), *wd = malloc((size_t)(nq * k) * sizeof(float));
-    xknn_params p = XKNN_PARAMS_INIT;
-    xknn_matrix r = XKNN_MATRIX_F32(ref, c->n, c->d), q = XKNN_MATRIX_F32(qry, nq, c->d);
+    knn_bufs b;
     xknn_error err;
     xknn_status st;
     const char *pname = path == XKNN_CPU_PATH_INT8 ? "int8" : "auto";
+    ref_spec rs;
 
-    make(c->rk, ref, c->n, c->d, 1, 0);
-    if (qry) make(c->qk, qry, nq, c->d, 2, 1);
-    {
-        ref_spec rs;
-        memset(&rs, 0, sizeof rs);
-        rs.metric = c->metric == XKNN_METRIC_EUCLIDEAN ? REF_EUCLIDEAN : c->metric == XKNN_METRIC_IP ? REF_IP : REF_L2;
-        rs.dtype = REF_F32;
-        ref_knn_ex(&rs, ref, c->n, c->d, qry, nq, c->d, c->d, k, c->self, 0, 0, wid, wd);
-    }
-    p.backend = XKNN_BACKEND_CPU;
-    p.metric = c->metric;
-    p.cpu_path = path;
-    p.query_block = c->qblock;
-    p.ref_block = c->rblock;
-    memset(ids, 0xab, (size_t)(nq * k) * sizeof(int64_t));
-    memset(dist, 0xab, (size_t)(nq * k) * sizeof(float));
-    st = xknn_search(&p, &r, c->self ? NULL : &q, k, ids, dist, &err);
+    knn_bufs_alloc(&b, c->n, c->nq, c->d, c->k, c->self);
+    make(c->rk, b.ref, c->n, c->d, 1, 0);
+    if (b.qry) make(c->qk, b.qry, b.nq, c->d, 2, 1);
+    memset(&rs, 0, sizeof rs);
+    rs.metric = c->metric == XKNN_METRIC_EUCLIDEAN ? REF_EUCLIDEAN : c->metric == XKNN_METRIC_IP ? REF_IP : REF_L2;
+    rs.dtype = REF_F32;
+    ref_knn_ex(&rs, b.ref, c->n, c->d, b.qry, b.nq, c->d, c->d, b.k, c->self, 0, 0, b.wid, b.wd);
+    st = knn_bufs_cpu_search(&b, c->metric, path, c->qblock, c->rblock, &err);
     if (path == XKNN_CPU_PATH_INT8 && c->rk != c->qk && (c->rk == V_S8 || c->qk == V_S8))
         ok(st == XKNN_ERROR_INVALID_ARGUMENT && strstr(err.message, "every value of both matrices"),
            "n=%lld nq=%lld d=%lld mixed u8/i8 values: forced integer path refuses: %s", (long long)c->n,
-           (long long)nq, (long long)c->d, err.message);
+           (long long)b.nq, (long long)c->d, err.message);
     else if (st != XKNN_SUCCESS)
-        ok(0, "n=%lld nq=%lld d=%lld k=%lld %s%s path=%s: %s", (long long)c->n, (long long)nq, (long long)c->d,
-           (long long)k, xknn_metric_name(p.metric), c->self ? " self" : "", pname, err.message);
+        ok(0, "n=%lld nq=%lld d=%lld k=%lld %s%s path=%s: %s", (long long)c->n, (long long)b.nq, (long long)c->d,
+           (long long)b.k, xknn_metric_name(c->metric), c->self ? " self" : "", pname, err.message);
     else
-        is_knn_equal(ids, dist, wid, wd, nq, k, "n=%lld nq=%lld d=%lld k=%lld %s%s blocks=%lldx%lld path=%s",
-                     (long long)c->n, (long long)nq, (long long)c->d, (long long)k, xknn_metric_name(p.metric),
+        is_knn_equal(b.ids, b.dist, b.wid, b.wd, b.nq, b.k, "n=%lld nq=%lld d=%lld k=%lld %s%s blocks=%lldx%lld path=%s",
+                     (long long)c->n, (long long)b.nq, (long long)c->d, (long long)b.k, xknn_metric_name(c->metric),
                      c->self ? " self" : "", (long long)c->qblock, (long long)c->rblock, pname);
-    free(ref);
-    free(qry);
-    free(ids);
-    free(wid);
-    free(dist);
-    free(wd);
+    knn_bufs_free(&b);
 }
 
 /* 1 if the forced integer path runs on this build and CPU. */
+/* The nearest of r's rows to each of q's on the forced integer path: ids only. */
+static xknn_status search_forced(const xknn_matrix *r, const xknn_matrix *q, int64_t *ids, xknn_error *err)
+{
+    xknn_params p = XKNN_PARAMS_INIT;
+    p.backend = XKNN_BACKEND_CPU;
+    p.cpu_path = XKNN_CPU_PATH_INT8;
+    return xknn_search(&p, r, q, 1, ids, NULL, err);
+}
+
 static int int8_available(void)
 {
     float x[4] = {1, 2, 3, 4};
     int64_t ids[2];
-    xknn_params p = XKNN_PARAMS_INIT;
     xknn_matrix r = XKNN_MATRIX_F32(x, 2, 2);
     xknn_error err;
-    p.backend = XKNN_BACKEND_CPU;
-    p.cpu_path = XKNN_CPU_PATH_INT8;
-    if (xknn_search(&p, &r, &r, 1, ids, NULL, &err) == XKNN_SUCCESS) return 1;
+    if (search_forced(&r, &r, ids, &err) == XKNN_SUCCESS) return 1;
     diag("integer path unavailable: %s", err.message);
     return 0;
 }
@@ -165,24 +152,20 @@ int main(void)
     {
         float x[6] = {0, 1, 2, 3.5f, 4, 5}, y[2] = {1, 1};
         int64_t ids[3];
-        xknn_params p = XKNN_PARAMS_INIT;
         xknn_matrix r = XKNN_MATRIX_F32(x, 3, 2), q = XKNN_MATRIX_F32(y, 1, 2);
         xknn_error err;
-        xknn_status st;
-        p.backend = XKNN_BACKEND_CPU;
-        p.cpu_path = XKNN_CPU_PATH_INT8;
-        st = xknn_search(&p, &r, &q, 1, ids, NULL, &err);
+        xknn_status st = search_forced(&r, &q, ids, &err);
         if (have)
             ok(st == XKNN_ERROR_INVALID_ARGUMENT && strstr(err.message, "value to be an integer"),
                "forced integer path on 3.5 refuses: %s", err.message);
         else
             ok(st != XKNN_SUCCESS, "forced integer path unavailable: %s", err.message);
         x[3] = 300.0f;
-        st = xknn_search(&p, &r, &q, 1, ids, NULL, &err);
+        st = search_forced(&r, &q, ids, &err);
         ok(st != XKNN_SUCCESS, "forced integer path on 300 refuses: %s", err.message);
         x[3] = 3.0f;
         y[0] = 0.25f;
-        st = xknn_search(&p, &r, &q, 1, ids, NULL, &err);
+        st = search_forced(&r, &q, ids, &err);
         ok(st != XKNN_SUCCESS && (!have || strstr(err.message, "query value")),
            "forced integer path on a 0.25 query refuses: %s", err.message);
     }

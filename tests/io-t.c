@@ -87,6 +87,13 @@ static void b_f32(bytes *b, float f, int be)
     b_u32(b, u, be);
 }
 
+/* n floats, little-endian */
+static void b_f32s(bytes *b, const float *f, int64_t n)
+{
+    int64_t i;
+    for (i = 0; i < n; i++) b_f32(b, f[i], 0);
+}
+
 static void b_f64(bytes *b, double f, int be)
 {
     uint64_t u;
@@ -121,6 +128,16 @@ static void write_bytes(const char *name, const bytes *b)
     write_file(tpath(path, name), b->p, b->n);
 }
 
+/* Appends .fvecs rows of ds[0..rows-1] values 1.0f each. */
+static void put_fvecs_ones(bytes *b, const int *ds, int rows)
+{
+    int r, j;
+    for (r = 0; r < rows; r++) {
+        b_u32(b, (uint32_t)ds[r], 0);
+        for (j = 0; j < ds[r]; j++) b_f32(b, 1.0f, 0);
+    }
+}
+
 #ifdef XKNN_HAVE_ZLIB
 static void write_gz(const char *name, const bytes *b)
 {
@@ -129,6 +146,19 @@ static void write_gz(const char *name, const bytes *b)
     if (!g || gzwrite(g, b->p, (unsigned)b->n) != (int)b->n || gzclose(g) != Z_OK) bail("cannot write %s", path);
 }
 #endif
+
+/* write_bytes, and where zlib is found the same bytes gzipped as NAME.gz too */
+static void write_bytes_gz(const char *name, const bytes *b)
+{
+    write_bytes(name, b);
+#ifdef XKNN_HAVE_ZLIB
+    {
+        char gz[256];
+        snprintf(gz, sizeof gz, "%s.gz", name);
+        write_gz(gz, b);
+    }
+#endif
+}
 
 static int exists(const char *path)
 {
@@ -228,6 +258,23 @@ static float *probe_read(const char *name, const xknn_read_opts *o, xknn_file_in
     return out;
 }
 
+/* Writes b as file name (freeing b); reading all its rows with options o must fail with
+ * want, the message naming the file and holding k1..k3 (check_err's test line). */
+static void write_read_err(const char *name, bytes *b, const xknn_read_opts *o, xknn_status want, const char *what,
+                           const char *k1, const char *k2, const char *k3)
+{
+    char path[4096];
+    xknn_file_info info;
+    xknn_error err;
+    xknn_status st;
+    float *out;
+    write_bytes(name, b);
+    b_free(b);
+    out = probe_read(name, o, &info, 0, -1, &err, &st);
+    check_err(st, &err, want, tpath(path, name), what, k1, k2, k3);
+    free(out);
+}
+
 /* Two tests: the probe's answer, then every value of rows [row0, row0 + nrows). */
 static void roundtrip(const char *name, const xknn_read_opts *o, xknn_file_format fmt, xknn_elem elem, int gz,
                       int64_t n, int64_t d, int64_t row0, int64_t nrows, const float *want)
@@ -263,6 +310,14 @@ static void roundtrip1(const char *name, const xknn_read_opts *o, xknn_elem elem
        "%s: %s %lld x %lld reads back exactly", name, xknn_elem_name(elem), (long long)n, (long long)d);
     if (st != XKNN_SUCCESS) diag("%s", err.message);
     free(got);
+}
+
+/* Writes b as file name (freeing b), then roundtrip1 on it without options. */
+static void write_roundtrip1(const char *name, bytes *b, xknn_elem elem, int64_t n, int64_t d, const float *want)
+{
+    write_bytes(name, b);
+    b_free(b);
+    roundtrip1(name, NULL, elem, n, d, want);
 }
 
 /* ---- file makers ------------------------------------------------------------------- */
@@ -377,13 +432,10 @@ static void test_bin(void)
 
     ref_make_data(DATA_UNIFORM, f, N, D, 12);
     make_bin_header(&b, N, D);
-    for (i = 0; i < N * D; i++) b_f32(&b, f[i], 0);
-    write_bytes("a.fbin", &b);
+    b_f32s(&b, f, N * D);
+    write_bytes_gz("a.fbin", &b);
     write_bytes("a.bin", &b);
     write_bytes("a.raw", &b);
-#ifdef XKNN_HAVE_ZLIB
-    write_gz("a.fbin.gz", &b);
-#endif
     b_free(&b);
     roundtrip("a.fbin", NULL, XKNN_FORMAT_FBIN, XKNN_ELEM_F32, 0, N, D, 0, N, f);
     roundtrip("a.fbin", NULL, XKNN_FORMAT_FBIN, XKNN_ELEM_F32, 0, N, D, 10, 10, f);
@@ -563,11 +615,8 @@ static void test_npy(void)
     snprintf(shape, sizeof shape, "(%d, %d)", N, D);
 
     make_npy_header(&b, 1, "<f4", 0, shape);
-    for (i = 0; i < N * D; i++) b_f32(&b, f[i], 0);
-    write_bytes("v1.npy", &b);
-#ifdef XKNN_HAVE_ZLIB
-    write_gz("v1.npy.gz", &b);
-#endif
+    b_f32s(&b, f, N * D);
+    write_bytes_gz("v1.npy", &b);
     b_free(&b);
     roundtrip("v1.npy", NULL, XKNN_FORMAT_NPY, XKNN_ELEM_F32, 0, N, D, 0, N, f);
     roundtrip("v1.npy", NULL, XKNN_FORMAT_NPY, XKNN_ELEM_F32, 0, N, D, 5, 17, f);
@@ -578,7 +627,7 @@ static void test_npy(void)
 #endif
 
     make_npy_header(&b, 2, "<f4", 0, shape);
-    for (i = 0; i < N * D; i++) b_f32(&b, f[i], 0);
+    b_f32s(&b, f, N * D);
     write_bytes("v2.npy", &b);
     b_free(&b);
     roundtrip("v2.npy", NULL, XKNN_FORMAT_NPY, XKNN_ELEM_F32, 0, N, D, 0, N, f);
@@ -588,18 +637,14 @@ static void test_npy(void)
         b_u8(&b, (unsigned)(255 - i % 256));
         want[i] = (float)(255 - i % 256);
     }
-    write_bytes("v3u1.npy", &b);
-    b_free(&b);
-    roundtrip1("v3u1.npy", NULL, XKNN_ELEM_U8, N, D, want);
+    write_roundtrip1("v3u1.npy", &b, XKNN_ELEM_U8, N, D, want);
 
     make_npy_header(&b, 1, "|i1", 0, shape);
     for (i = 0; i < N * D; i++) {
         b_u8(&b, (unsigned)(i % 256));
         want[i] = (float)(i % 256 >= 128 ? i % 256 - 256 : i % 256);
     }
-    write_bytes("i1.npy", &b);
-    b_free(&b);
-    roundtrip1("i1.npy", NULL, XKNN_ELEM_I8, N, D, want);
+    write_roundtrip1("i1.npy", &b, XKNN_ELEM_I8, N, D, want);
 
     make_npy_header(&b, 1, "<i4", 0, shape);
     for (i = 0; i < N * D; i++) {
@@ -607,9 +652,7 @@ static void test_npy(void)
         b_u32(&b, (uint32_t)v, 0);
         want[i] = (float)v;
     }
-    write_bytes("i4.npy", &b);
-    b_free(&b);
-    roundtrip1("i4.npy", NULL, XKNN_ELEM_I32, N, D, want);
+    write_roundtrip1("i4.npy", &b, XKNN_ELEM_I32, N, D, want);
 
     make_npy_header(&b, 1, "<f2", 0, shape);
     for (i = 0; i < N * D; i++) {
@@ -617,9 +660,7 @@ static void test_npy(void)
         b_u16(&b, h, 0);
         want[i] = half_value(h);
     }
-    write_bytes("f2.npy", &b);
-    b_free(&b);
-    roundtrip1("f2.npy", NULL, XKNN_ELEM_F16, N, D, want);
+    write_roundtrip1("f2.npy", &b, XKNN_ELEM_F16, N, D, want);
 
     make_npy_header(&b, 1, "<f8", 0, shape);
     for (i = 0; i < N * D; i++) {
@@ -627,16 +668,12 @@ static void test_npy(void)
         b_f64(&b, f8[i], 0);
         want[i] = (float)f8[i];
     }
-    write_bytes("f8.npy", &b);
-    b_free(&b);
-    roundtrip1("f8.npy", NULL, XKNN_ELEM_F64, N, D, want);
+    write_roundtrip1("f8.npy", &b, XKNN_ELEM_F64, N, D, want);
 
     snprintf(shape, sizeof shape, "(%d,)", N * D);
     make_npy_header(&b, 1, "<f4", 0, shape);
-    for (i = 0; i < N * D; i++) b_f32(&b, f[i], 0);
-    write_bytes("1d.npy", &b);
-    b_free(&b);
-    roundtrip1("1d.npy", NULL, XKNN_ELEM_F32, N * D, 1, f);
+    b_f32s(&b, f, N * D);
+    write_roundtrip1("1d.npy", &b, XKNN_ELEM_F32, N * D, 1, f);
 }
 
 static void test_idx(void)
@@ -670,18 +707,14 @@ static void test_idx(void)
     make_idx_header(&b, 0x08, 1, dims1);
     for (i = 0; i < N * D; i++) b_u8(&b, (unsigned)(i % 10));
     for (i = 0; i < N * D; i++) want[i] = (float)(i % 10);
-    write_bytes("labels-idx1-ubyte", &b);
-    b_free(&b);
-    roundtrip1("labels-idx1-ubyte", NULL, XKNN_ELEM_U8, N * D, 1, want);
+    write_roundtrip1("labels-idx1-ubyte", &b, XKNN_ELEM_U8, N * D, 1, want);
 
     make_idx_header(&b, 0x09, 2, dims2);
     for (i = 0; i < N * D; i++) {
         b_u8(&b, (unsigned)((i * 37) & 255));
         want[i] = (float)(((i * 37) & 255) >= 128 ? ((i * 37) & 255) - 256 : ((i * 37) & 255));
     }
-    write_bytes("i8.idx", &b);
-    b_free(&b);
-    roundtrip1("i8.idx", NULL, XKNN_ELEM_I8, N, D, want);
+    write_roundtrip1("i8.idx", &b, XKNN_ELEM_I8, N, D, want);
 
     make_idx_header(&b, 0x0B, 2, dims2);
     for (i = 0; i < N * D; i++) {
@@ -689,9 +722,7 @@ static void test_idx(void)
         b_u16(&b, (uint32_t)(v & 0xffff), 1);
         want[i] = (float)v;
     }
-    write_bytes("i16.idx", &b);
-    b_free(&b);
-    roundtrip1("i16.idx", NULL, XKNN_ELEM_I16, N, D, want);
+    write_roundtrip1("i16.idx", &b, XKNN_ELEM_I16, N, D, want);
 
     make_idx_header(&b, 0x0C, 2, dims2);
     for (i = 0; i < N * D; i++) {
@@ -699,16 +730,12 @@ static void test_idx(void)
         b_u32(&b, (uint32_t)v, 1);
         want[i] = (float)v;
     }
-    write_bytes("i32.idx", &b);
-    b_free(&b);
-    roundtrip1("i32.idx", NULL, XKNN_ELEM_I32, N, D, want);
+    write_roundtrip1("i32.idx", &b, XKNN_ELEM_I32, N, D, want);
 
     ref_make_data(DATA_GAUSSIAN, want, N, D, 14);
     make_idx_header(&b, 0x0D, 2, dims2);
     for (i = 0; i < N * D; i++) b_f32(&b, want[i], 1);
-    write_bytes("f32.idx", &b);
-    b_free(&b);
-    roundtrip1("f32.idx", NULL, XKNN_ELEM_F32, N, D, want);
+    write_roundtrip1("f32.idx", &b, XKNN_ELEM_F32, N, D, want);
 
     make_idx_header(&b, 0x0E, 2, dims2);
     for (i = 0; i < N * D; i++) {
@@ -716,9 +743,7 @@ static void test_idx(void)
         b_f64(&b, f8[i], 1);
     }
     for (i = 0; i < N * D; i++) want[i] = (float)f8[i];
-    write_bytes("f64.idx", &b);
-    b_free(&b);
-    roundtrip1("f64.idx", NULL, XKNN_ELEM_F64, N, D, want);
+    write_roundtrip1("f64.idx", &b, XKNN_ELEM_F64, N, D, want);
 }
 
 static void test_malformed(void)
@@ -821,16 +846,9 @@ static void test_malformed(void)
     /* rows of d 3, 3, 2, 3: the size is not a multiple of 16; row 2 is named */
     {
         const int ds[4] = {3, 3, 2, 3};
-        int r, j;
-        for (r = 0; r < 4; r++) {
-            b_u32(&b, (uint32_t)ds[r], 0);
-            for (j = 0; j < ds[r]; j++) b_f32(&b, 1.0f, 0);
-        }
+        put_fvecs_ones(&b, ds, 4);
     }
-    write_bytes("mixed.fvecs", &b);
-#ifdef XKNN_HAVE_ZLIB
-    write_gz("mixed.fvecs.gz", &b);
-#endif
+    write_bytes_gz("mixed.fvecs", &b);
     b_free(&b);
     probe_err("mixed.fvecs", NULL, XKNN_ERROR_FORMAT, "fvecs: mixed d, row named", "row 2 has d=2", "row 0 has d=3",
               NULL);
@@ -845,11 +863,7 @@ static void test_malformed(void)
      * finds row 1 */
     {
         const int ds[4] = {3, 2, 4, 3};
-        int r, j;
-        for (r = 0; r < 4; r++) {
-            b_u32(&b, (uint32_t)ds[r], 0);
-            for (j = 0; j < ds[r]; j++) b_f32(&b, 1.0f, 0);
-        }
+        put_fvecs_ones(&b, ds, 4);
     }
     write_bytes("mixed2.fvecs", &b);
     b_free(&b);
@@ -862,11 +876,7 @@ static void test_malformed(void)
      * the probe names row 1 */
     {
         const int ds[3] = {3, 8, 2};
-        int r, j;
-        for (r = 0; r < 3; r++) {
-            b_u32(&b, (uint32_t)ds[r], 0);
-            for (j = 0; j < ds[r]; j++) b_f32(&b, 1.0f, 0);
-        }
+        put_fvecs_ones(&b, ds, 3);
     }
     write_bytes("mixed3.fvecs", &b);
     b_free(&b);
@@ -982,7 +992,7 @@ static void test_values(void)
     ref_make_data(DATA_UNIFORM, f, N, D, 16);
     f[13 * D + 2] = NAN;
     make_bin_header(&b, N, D);
-    for (i = 0; i < N * D; i++) b_f32(&b, f[i], 0);
+    b_f32s(&b, f, N * D);
     write_bytes("nan.fbin", &b);
     b_free(&b);
     out = probe_read("nan.fbin", NULL, &info, 10, 10, &err, &st);
@@ -996,53 +1006,33 @@ static void test_values(void)
     f[13 * D + 2] = 0.5f;
     f[30 * D + 4] = -INFINITY;
     make_vecs(&b, N, D, XKNN_ELEM_F32, f);
-    write_bytes("inf.fvecs", &b);
-    b_free(&b);
-    out = probe_read("inf.fvecs", NULL, &info, 0, -1, &err, &st);
-    check_err(st, &err, XKNN_ERROR_INVALID_VALUE, tpath(path, "inf.fvecs"), "-Inf in .fvecs: row and column named",
-              "row 30 column 4 is Inf", NULL, NULL);
-    free(out);
+    write_read_err("inf.fvecs", &b, NULL, XKNN_ERROR_INVALID_VALUE, "-Inf in .fvecs: row and column named",
+                   "row 30 column 4 is Inf", NULL, NULL);
 
     make_bin_header(&b, 2, 3);
     for (i = 0; i < 6; i++) b_u16(&b, i == 4 ? 0x7e00u : 0x3c00u, 0);
-    write_bytes("nan16.bin", &b);
-    b_free(&b);
     o.bin_dtype = XKNN_ELEM_F16;
-    out = probe_read("nan16.bin", &o, &info, 0, -1, &err, &st);
-    check_err(st, &err, XKNN_ERROR_INVALID_VALUE, tpath(path, "nan16.bin"), "f16 NaN: row and column named",
-              "row 1 column 1 is NaN", NULL, NULL);
-    free(out);
+    write_read_err("nan16.bin", &b, &o, XKNN_ERROR_INVALID_VALUE, "f16 NaN: row and column named",
+                   "row 1 column 1 is NaN", NULL, NULL);
 
     make_npy_header(&b, 1, "<f8", 0, "(2, 2)");
     b_f64(&b, 1.0, 0);
     b_f64(&b, 2.0, 0);
     b_f64(&b, 3.0, 0);
     b_f64(&b, 1e300, 0);
-    write_bytes("range.npy", &b);
-    b_free(&b);
-    out = probe_read("range.npy", NULL, &info, 0, -1, &err, &st);
-    check_err(st, &err, XKNN_ERROR_INVALID_VALUE, tpath(path, "range.npy"), "f64 beyond float32 range is refused",
-              "row 1 column 1", "float32 range", NULL);
-    free(out);
+    write_read_err("range.npy", &b, NULL, XKNN_ERROR_INVALID_VALUE, "f64 beyond float32 range is refused",
+                   "row 1 column 1", "float32 range", NULL);
 
     make_idx_header(&b, 0x0D, 2, dims);
     for (i = 0; i < 12; i++) b_f32(&b, i == 7 ? NAN : (float)i, 1);
-    write_bytes("nan.idx", &b);
-    b_free(&b);
-    out = probe_read("nan.idx", NULL, &info, 0, -1, &err, &st);
-    check_err(st, &err, XKNN_ERROR_INVALID_VALUE, tpath(path, "nan.idx"), "big-endian IDX f32 NaN: row and column",
-              "row 2 column 1 is NaN", NULL, NULL);
-    free(out);
+    write_read_err("nan.idx", &b, NULL, XKNN_ERROR_INVALID_VALUE, "big-endian IDX f32 NaN: row and column",
+                   "row 2 column 1 is NaN", NULL, NULL);
 
     make_bin_header(&b, 1, 2);
     b_u32(&b, 16777216u, 0);
     b_u32(&b, 16777217u, 0);
-    write_bytes("inexact.ibin", &b);
-    b_free(&b);
-    out = probe_read("inexact.ibin", NULL, &info, 0, -1, &err, &st);
-    check_err(st, &err, XKNN_ERROR_INVALID_VALUE, tpath(path, "inexact.ibin"),
-              "int32 2^24+1 is refused, not rounded", "row 0 column 1", "16777217", NULL);
-    free(out);
+    write_read_err("inexact.ibin", &b, NULL, XKNN_ERROR_INVALID_VALUE, "int32 2^24+1 is refused, not rounded",
+                   "row 0 column 1", "16777217", NULL);
 
     /* rows outside [0, rows) */
     {
@@ -1164,6 +1154,24 @@ static void test_fmnist(void)
 
 /* ---- result files ------------------------------------------------------------------ */
 
+/* One test line for a result read back with status st: nq x k as wanted, the ids equal
+ * ids and the distances dist's bits, or, for dist NULL, no distances returned. Frees
+ * both buffers and sets them to NULL. */
+static void ok_result_read(xknn_status st, const xknn_error *err, const int64_t *nq, const int64_t *k,
+                           int64_t want_nq, int64_t want_k, int64_t **rid, float **rdist, const int64_t *ids,
+                           const float *dist, const char *what)
+{
+    int good = st == XKNN_SUCCESS && *nq == want_nq && *k == want_k && (dist || *rdist == NULL);
+    int64_t i;
+    for (i = 0; good && i < want_nq * want_k; i++) good = (*rid)[i] == ids[i];
+    ok(good && (!dist || same_bits(*rdist, dist, want_nq * want_k)), "%s", what);
+    if (st != XKNN_SUCCESS) diag("%s", err->message);
+    free(*rid);
+    free(*rdist);
+    *rid = NULL;
+    *rdist = NULL;
+}
+
 static void test_results(void)
 {
     enum { NQ = 23, K = 7 };
@@ -1224,26 +1232,13 @@ static void test_results(void)
         ok(good, "bin result file = header + encoded ids + encoded distances");
     }
     st = xknn_result_read(path, XKNN_RESULT_AUTO, &nq, &k, &rid, &rdist, &err);
-    good = st == XKNN_SUCCESS && nq == NQ && k == K;
-    for (i = 0; good && i < NQ * K; i++) good = rid[i] == ids[i];
-    ok(good && same_bits(rdist, dist, NQ * K), "bin result round trip (ids, distance bits incl. -0 and Inf)");
-    if (st != XKNN_SUCCESS) diag("%s", err.message);
-    free(rid);
-    free(rdist);
-    rid = NULL;
-    rdist = NULL;
+    ok_result_read(st, &err, &nq, &k, NQ, K, &rid, &rdist, ids, dist,
+                   "bin result round trip (ids, distance bits incl. -0 and Inf)");
 
     /* bin64 with ids beyond int32 */
     st = xknn_result_write(tpath(path, "r64.bin"), XKNN_RESULT_BIN64, NQ, K, ids64, dist, &err);
     if (st == XKNN_SUCCESS) st = xknn_result_read(path, XKNN_RESULT_BIN64, &nq, &k, &rid, &rdist, &err);
-    good = st == XKNN_SUCCESS && nq == NQ && k == K;
-    for (i = 0; good && i < NQ * K; i++) good = rid[i] == ids64[i];
-    ok(good && same_bits(rdist, dist, NQ * K), "bin64 result round trip with ids > 2^31-1");
-    if (st != XKNN_SUCCESS) diag("%s", err.message);
-    free(rid);
-    free(rdist);
-    rid = NULL;
-    rdist = NULL;
+    ok_result_read(st, &err, &nq, &k, NQ, K, &rid, &rdist, ids64, dist, "bin64 result round trip with ids > 2^31-1");
     st = xknn_result_read(path, XKNN_RESULT_BIN, &nq, &k, &rid, &rdist, &err);
     check_err(st, &err, XKNN_ERROR_FORMAT, path, "a bin64 file read as bin: size mismatch", "does not match header",
               NULL, NULL);
@@ -1252,12 +1247,7 @@ static void test_results(void)
     /* ivecs */
     st = xknn_result_write(tpath(path, "r.ivecs"), XKNN_RESULT_AUTO, NQ, K, ids, NULL, &err);
     if (st == XKNN_SUCCESS) st = xknn_result_read(path, XKNN_RESULT_AUTO, &nq, &k, &rid, &rdist, &err);
-    good = st == XKNN_SUCCESS && nq == NQ && k == K && rdist == NULL;
-    for (i = 0; good && i < NQ * K; i++) good = rid[i] == ids[i];
-    ok(good, "ivecs result round trip (ids only)");
-    if (st != XKNN_SUCCESS) diag("%s", err.message);
-    free(rid);
-    rid = NULL;
+    ok_result_read(st, &err, &nq, &k, NQ, K, &rid, &rdist, ids, NULL, "ivecs result round trip (ids only)");
     {
         xknn_file_info info;
         float out[NQ * K];

@@ -13,13 +13,7 @@ LO=$3
 MPIRUN=${4:-none}
 PRUNE=$5
 . "$(dirname "$0")/tap.sh"
-tap_begin learn-cli-t 39
-TAP_DIAG=tap_run_diag
-run() { "$@" >"$T/out" 2>"$T/err"; RC=$?; }
-knn() { run "$KNN" "$@"; }
-mknn() { np=$1; shift; run "$MPIRUN" --allow-run-as-root --oversubscribe -np "$np" "$KNN" "$@"; }
-has() { grep -q -F -- "$1" "$2"; }
-count() { grep -c -F -- "$1" "$2"; }
+tap_knn_begin learn-cli-t 39
 no_leftovers() { [ ! -e "$1" ] && [ -z "$(ls "$1".tmp.* 2>/dev/null)" ]; }
 lo() { "$LO" "$@" || { echo "Bail out! learn-oracle $*"; exit 1; }; }
 

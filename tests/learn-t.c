@@ -19,74 +19,80 @@
 
 /* ---- hand-made votes ------------------------------------------------------------- */
 
+/* The ids of k <= 16 hand-written neighbours: 0..k-1. */
+static const int64_t hand_ids[16] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+
+/* A diagnostic line where a call failed. */
+static void diag_failure(xknn_status st, const char *what, const xknn_error *err)
+{
+    if (st != XKNN_SUCCESS) diag("%s: %s", what, err->message);
+}
+
 /* One query's vote over k hand-written neighbours (ids 0..k-1 carry labels lab). */
 static int32_t vote1(int64_t k, const int32_t *lab, const float *dist, xknn_metric metric, xknn_vote vote)
 {
-    int64_t ids[16], j;
     int32_t pred = -12345;
     xknn_error err;
-    for (j = 0; j < k; j++) ids[j] = j;
-    if (xknn_classify(1, k, ids, dist, metric, vote, lab, k, &pred, &err) != XKNN_SUCCESS)
-        diag("xknn_classify: %s", err.message);
+    diag_failure(xknn_classify(1, k, hand_ids, dist, metric, vote, lab, k, &pred, &err), "xknn_classify", &err);
     return pred;
 }
 
 static float regress1(int64_t k, const float *t, const float *dist, xknn_metric metric, xknn_vote vote)
 {
-    int64_t ids[16], j;
     float pred = -12345.0f;
     xknn_error err;
-    for (j = 0; j < k; j++) ids[j] = j;
-    if (xknn_regress(1, k, ids, dist, metric, vote, t, k, &pred, &err) != XKNN_SUCCESS)
-        diag("xknn_regress: %s", err.message);
+    diag_failure(xknn_regress(1, k, hand_ids, dist, metric, vote, t, k, &pred, &err), "xknn_regress", &err);
     return pred;
 }
+
+/* One hand-made vote: k neighbours (ids 0..k-1) with labels lab at distances d (dist
+ * NULL where nodist), and the label it must give. */
+typedef struct {
+    int64_t k;
+    int32_t lab[4];
+    float d[4];
+    int nodist;
+    xknn_metric metric;
+    xknn_vote vote;
+    int32_t want;
+    const char *what;
+} vote_case;
+
+#define E_ XKNN_METRIC_EUCLIDEAN
+#define L_ XKNN_METRIC_L2
+#define U_ XKNN_VOTE_UNIFORM
+#define D_ XKNN_VOTE_DISTANCE
+static const vote_case vote_cases[] = {
+    {4, {7, 3, 7, 3}, {1, 2, 3, 4}, 0, E_, U_, 3, "uniform: a 2-2 tie between classes goes to the smallest label"},
+    {4, {7, 3, 7, 3}, {0}, 1, E_, U_, 3, "uniform: dist may be NULL"},
+    {3, {5, 2, 5}, {0}, 1, E_, U_, 5, "uniform: majority"},
+    {3, {1, 0, 0}, {1, 2, 2}, 0, E_, D_, 0, "distance: equal weight sums (1 vs 1/2 + 1/2) go to the smallest label"},
+    {3, {1, 0, 0}, {1, 4, 4}, 0, L_, D_, 0, "distance with l2: weights 1/sqrt(l2), the same tie"},
+    {3, {2, 1, 1}, {1, 3, 3}, 0, E_, U_, 1, "uniform: 2 votes beat 1"},
+    {3, {2, 1, 1}, {1, 3, 3}, 0, E_, D_, 2, "distance: 1/1 beats 1/3 + 1/3"},
+    {3, {2, 1, 1}, {1, 9, 9}, 0, L_, D_, 2, "distance with l2: 1/sqrt(1) beats 2/sqrt(9)"},
+    {3, {2, 1, 1}, {4, 9, 9}, 0, L_, D_, 1, "distance with l2 = {4, 9, 9}: 1/2 < 1/3 + 1/3 (Euclidean weights)"},
+    {3, {2, 1, 1}, {4, 9, 9}, 0, E_, D_, 2, "the same values as euclidean: 1/4 > 1/9 + 1/9"},
+    {3, {9, 4, 4}, {0, 0.5f, 0.5f}, 0, E_, D_, 9, "distance: a neighbour at distance 0 votes alone"},
+    {3, {9, 4, 4}, {0, 0, 0.1f}, 0, E_, D_, 4,
+     "distance: zero-distance neighbours vote with weight 1 each, tie -> smallest"},
+    {3, {9, 4, 4}, {0, 0.5f, 0.5f}, 0, L_, D_, 9, "distance with l2: the same zero rule"},
+    {3, {INT32_MIN, INT32_MAX, INT32_MAX}, {0}, 1, E_, U_, INT32_MAX, "labels need not be dense: INT32_MAX wins 2-1"},
+    {2, {INT32_MAX, INT32_MIN}, {0}, 1, E_, U_, INT32_MIN, "a 1-1 tie between INT32_MAX and INT32_MIN -> INT32_MIN"},
+};
+#undef E_
+#undef L_
+#undef U_
+#undef D_
 
 static void test_votes(void)
 {
     const xknn_metric E = XKNN_METRIC_EUCLIDEAN, L = XKNN_METRIC_L2;
     const xknn_vote U = XKNN_VOTE_UNIFORM, D = XKNN_VOTE_DISTANCE;
-    {
-        const int32_t lab[4] = {7, 3, 7, 3};
-        const float d[4] = {1, 2, 3, 4};
-        is_int(vote1(4, lab, d, E, U), 3, "uniform: a 2-2 tie between classes goes to the smallest label");
-        is_int(vote1(4, lab, NULL, E, U), 3, "uniform: dist may be NULL");
-    }
-    {
-        const int32_t lab[3] = {5, 2, 5};
-        is_int(vote1(3, lab, NULL, E, U), 5, "uniform: majority");
-    }
-    {
-        const int32_t lab[3] = {1, 0, 0};
-        const float de[3] = {1, 2, 2}, dl[3] = {1, 4, 4};
-        is_int(vote1(3, lab, de, E, D), 0, "distance: equal weight sums (1 vs 1/2 + 1/2) go to the smallest label");
-        is_int(vote1(3, lab, dl, L, D), 0, "distance with l2: weights 1/sqrt(l2), the same tie");
-    }
-    {
-        const int32_t lab[3] = {2, 1, 1};
-        const float de[3] = {1, 3, 3}, dl[3] = {1, 9, 9};
-        is_int(vote1(3, lab, de, E, U), 1, "uniform: 2 votes beat 1");
-        is_int(vote1(3, lab, de, E, D), 2, "distance: 1/1 beats 1/3 + 1/3");
-        is_int(vote1(3, lab, dl, L, D), 2, "distance with l2: 1/sqrt(1) beats 2/sqrt(9)");
-    }
-    {
-        const int32_t lab[3] = {2, 1, 1};
-        const float d[3] = {4, 9, 9};
-        is_int(vote1(3, lab, d, L, D), 1, "distance with l2 = {4, 9, 9}: 1/2 < 1/3 + 1/3 (Euclidean weights)");
-        is_int(vote1(3, lab, d, E, D), 2, "the same values as euclidean: 1/4 > 1/9 + 1/9");
-    }
-    {
-        const int32_t lab[3] = {9, 4, 4};
-        const float d1[3] = {0, 0.5f, 0.5f}, d2[3] = {0, 0, 0.1f};
-        is_int(vote1(3, lab, d1, E, D), 9, "distance: a neighbour at distance 0 votes alone");
-        is_int(vote1(3, lab, d2, E, D), 4, "distance: zero-distance neighbours vote with weight 1 each, tie -> smallest");
-        is_int(vote1(3, lab, d1, L, D), 9, "distance with l2: the same zero rule");
-    }
-    {
-        const int32_t lab[3] = {INT32_MIN, INT32_MAX, INT32_MAX};
-        const int32_t lab2[2] = {INT32_MAX, INT32_MIN};
-        is_int(vote1(3, lab, NULL, E, U), INT32_MAX, "labels need not be dense: INT32_MAX wins 2-1");
-        is_int(vote1(2, lab2, NULL, E, U), INT32_MIN, "a 1-1 tie between INT32_MAX and INT32_MIN -> INT32_MIN");
+    size_t i;
+    for (i = 0; i < sizeof vote_cases / sizeof vote_cases[0]; i++) {
+        const vote_case *c = &vote_cases[i];
+        is_int(vote1(c->k, c->lab, c->nodist ? NULL : c->d, c->metric, c->vote), c->want, "%s", c->what);
     }
     {
         const float t[3] = {1, 2, 4}, d[3] = {1, 2, 4}, dl[3] = {1, 4, 16}, dz[3] = {0, 0, 1};
@@ -397,29 +403,17 @@ static void test_iris(const char *path)
 
 /* ---- condensing and editing against the naive sequential definitions --------------- */
 
-typedef struct {
-    float dist;
-    int64_t id;
-} cand_t;
-
-static int cand_cmp(const void *a, const void *b)
-{
-    const cand_t *x = (const cand_t *)a, *y = (const cand_t *)b;
-    if (x->dist != y->dist) return x->dist < y->dist ? -1 : 1;
-    return x->id < y->id ? -1 : x->id > y->id;
-}
-
 /* Uniform vote of point i's k nearest among the points with mask[j] (j != i). */
 static int32_t naive_knn_vote(const float *x, int64_t n, int64_t d, int metric, const int32_t *labels,
-                              const unsigned char *mask, int64_t i, int64_t k, cand_t *c, int64_t *ids)
+                              const unsigned char *mask, int64_t i, int64_t k, ref_pair *c, int64_t *ids)
 {
     int64_t j, m = 0;
     for (j = 0; j < n; j++)
         if (j != i && mask[j]) {
-            c[m].dist = ref_distance(metric, x + i * d, x + j * d, d);
+            c[m].d = ref_distance(metric, x + i * d, x + j * d, d);
             c[m++].id = j;
         }
-    qsort(c, (size_t)m, sizeof *c, cand_cmp);
+    qsort(c, (size_t)m, sizeof *c, ref_pair_cmp);
     if (m > k) m = k;
     for (j = 0; j < m; j++) ids[j] = c[j].id;
     return naive_vote(m, ids, NULL, labels, 0, 0);
@@ -428,7 +422,7 @@ static int32_t naive_knn_vote(const float *x, int64_t n, int64_t d, int metric, 
 static void naive_condense(const float *x, int64_t n, int64_t d, int metric, const int32_t *labels, int64_t k,
                            unsigned char *keep, int64_t *passes)
 {
-    cand_t *c = malloc((size_t)n * sizeof *c);
+    ref_pair *c = malloc((size_t)n * sizeof *c);
     int64_t *ids = malloc((size_t)n * sizeof *ids), i;
     int changed = 1;
     if (!c || !ids) bail("out of memory");
@@ -451,7 +445,7 @@ static void naive_condense(const float *x, int64_t n, int64_t d, int metric, con
 static void naive_edit(const float *x, int64_t n, int64_t d, int metric, const int32_t *labels, int64_t k,
                        unsigned char *keep)
 {
-    cand_t *c = malloc((size_t)n * sizeof *c);
+    ref_pair *c = malloc((size_t)n * sizeof *c);
     int64_t *ids = malloc((size_t)n * sizeof *ids), i;
     unsigned char *all = malloc((size_t)n);
     if (!c || !ids || !all) bail("out of memory");

@@ -12,16 +12,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common.h"
 #include "ref/ref.h"
 #include "tap/tap.h"
 #include "xknn.h"
 #include "xknn/cuda.h"
 #include "xknn/impl/canonical_math.h"
-
-typedef struct {
-    xknn_metric metric;
-    double p;
-} mcase;
 
 static const mcase real_metrics[] = {
     {XKNN_METRIC_L2, 0},        {XKNN_METRIC_EUCLIDEAN, 0}, {XKNN_METRIC_L1, 0},        {XKNN_METRIC_MINKOWSKI, 1},
@@ -30,9 +26,6 @@ static const mcase real_metrics[] = {
 };
 #define NREAL (int)(sizeof real_metrics / sizeof real_metrics[0])
 
-static const xknn_dtype real_dtypes[] = {XKNN_DTYPE_F32, XKNN_DTYPE_F16, XKNN_DTYPE_BF16, XKNN_DTYPE_U8,
-                                         XKNN_DTYPE_I8};
-#define NDT 5
 
 typedef struct {
     data_kind kind;
@@ -128,10 +121,7 @@ static void run_case(xknn_metric metric, double p, xknn_dtype dtype, const shape
     prm.backend = cur_backend;
     prm.device_memory_budget = cur_budget;
     prm.cuda_context = cur_ctx;
-    prm.metric = metric;
-    prm.p = p;
-    prm.weights = w;
-    prm.weights_count = w ? d : 0;
+    params_metric(&prm, metric, p, w, d);
     prm.query_block = sh->qblock;
     prm.ref_block = sh->rblock;
     prm.cpu_path = cur_path;

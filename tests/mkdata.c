@@ -28,6 +28,7 @@
 #include <string.h>
 
 #include "ref/ref.h"
+#include "tap/tap.h"
 
 static int ends_with(const char *s, const char *suffix)
 {
@@ -50,6 +51,16 @@ static void put_f32(FILE *f, float x)
     uint32_t u;
     memcpy(&u, &x, 4);
     put_u32(f, u);
+}
+
+/* A result as knn_mpi's .bin writes it: nq, k, the ids as int32, the distances. */
+static void put_result(FILE *f, const int64_t *ids, const float *dist, int64_t nq, int64_t k)
+{
+    int64_t i;
+    put_u32(f, (uint32_t)nq);
+    put_u32(f, (uint32_t)k);
+    for (i = 0; i < nq * k; i++) put_u32(f, (uint32_t)(int32_t)ids[i]);
+    for (i = 0; i < nq * k; i++) put_f32(f, dist[i]);
 }
 
 static int kind_of(const char *name, data_kind *k)
@@ -216,16 +227,10 @@ static int cmd_oracle(int argc, char **argv)
             for (j = 0; j < k; j++) put_u32(f, (uint32_t)(int32_t)ids[i * k + j]);
         }
     } else {
-        put_u32(f, (uint32_t)nq);
-        put_u32(f, (uint32_t)k);
-        for (i = 0; i < nq * k; i++) put_u32(f, (uint32_t)(int32_t)ids[i]);
-        for (i = 0; i < nq * k; i++) put_f32(f, dist[i]);
+        put_result(f, ids, dist, nq, k);
     }
     if (fclose(f) != 0) return 3;
-    free(ids);
-    free(dist);
-    free(ref);
-    free(qry);
+    FREE_ALL(ids, dist, ref, qry);
     return 0;
 }
 
@@ -299,7 +304,7 @@ static int cmd_weights(int argc, char **argv)
 static int cmd_oracle2(int argc, char **argv)
 {
     ref_spec spec;
-    int64_t k, n, d, nq = 0, qd, i, dd;
+    int64_t k, n, d, nq = 0, qd, dd;
     void *ref, *qry = NULL;
     float *dist, *w = NULL;
     int64_t *ids;
@@ -374,16 +379,9 @@ static int cmd_oracle2(int argc, char **argv)
         return 3;
     f = fopen(argv[7], "wb");
     if (!f) return 3;
-    put_u32(f, (uint32_t)nq);
-    put_u32(f, (uint32_t)k);
-    for (i = 0; i < nq * k; i++) put_u32(f, (uint32_t)(int32_t)ids[i]);
-    for (i = 0; i < nq * k; i++) put_f32(f, dist[i]);
+    put_result(f, ids, dist, nq, k);
     if (fclose(f) != 0) return 3;
-    free(ids);
-    free(dist);
-    free(ref);
-    free(qry);
-    free(w);
+    FREE_ALL(ids, dist, ref, qry, w);
     return 0;
 }
 

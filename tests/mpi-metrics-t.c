@@ -13,6 +13,7 @@
 
 #include <mpi.h>
 
+#include "common.h"
 #include "ref/ref.h"
 #include "tap/tap.h"
 #include "xknn.h"
@@ -29,9 +30,9 @@ typedef struct {
     int64_t n, nq, d, k; /* nq = 0: self-join; k = 0: n (n - 1 self) */
     int64_t qb;          /* config query_block */
     int uneven;          /* 1: the last rank holds nothing (P > 1) */
-} mcase;
+} dcase;
 
-static const mcase cases[] = {
+static const dcase cases[] = {
     {XKNN_METRIC_IP, 0, XKNN_DTYPE_F32, DATA_GAUSSIAN, 211, 45, 17, 9, 8, 0},
     {XKNN_METRIC_IP, 0, XKNN_DTYPE_I8, DATA_INTEGER, 150, 0, 6, 0, 16, 1},
     {XKNN_METRIC_COSINE, 0, XKNN_DTYPE_I8, DATA_DUPLICATES, 120, 0, 9, 7, 11, 0},
@@ -51,7 +52,7 @@ static int all_ok(int mine)
     return all;
 }
 
-static void slice(const mcase *c, int r, int64_t *row0, int64_t *rows)
+static void slice(const dcase *c, int r, int64_t *row0, int64_t *rows)
 {
     if (c->uneven && size > 1) {
         if (r == size - 1) {
@@ -65,7 +66,7 @@ static void slice(const mcase *c, int r, int64_t *row0, int64_t *rows)
     }
 }
 
-static void run_case(const mcase *c)
+static void run_case(const dcase *c)
 {
     const int self = c->nq == 0;
     const int64_t nq = self ? c->n : c->nq, d = c->d;
@@ -100,15 +101,8 @@ static void run_case(const mcase *c)
         for (b = 0; b < d; b++) w[b] = (float)((int)(ref_rand_u64(&s) % 5) - 1) * 0.5f;
     }
     slice(c, rank, &row0, &rows);
-    mref.data = all + row0 * rb;
-    mref.rows = rows;
-    mref.cols = d;
-    mref.ld = 0;
-    mref.dtype = c->dtype;
-    p.metric = c->metric;
-    p.p = c->p;
-    p.weights = w;
-    p.weights_count = w ? d : 0;
+    mref = (xknn_matrix)XKNN_MATRIX_TYPED(all + row0 * rb, rows, d, c->dtype);
+    params_metric(&p, c->metric, c->p, w, d);
     p.backend = backend;
     cfg.query_block = c->qb;
     if (rank == 0) {
@@ -139,13 +133,7 @@ static void run_case(const mcase *c)
         all_ok(good);
     }
     if (ctx) xknn_mpi_destroy(ctx);
-    free(all);
-    free(qry);
-    free(w);
-    free(ids);
-    free(dist);
-    free(wids);
-    free(wdist);
+    FREE_ALL(all, qry, w, ids, dist, wids, wdist);
 }
 
 /* every rank gets the same status and a message containing `part` */
@@ -176,11 +164,7 @@ static void error_cases(void)
     for (i = 0; i < n * d; i++) all[i] = (float)(i % 7);
     all[(n - 1) * d + 2] = -1.0f; /* last row, held by the last rank */
     xknn_mpi_slice(n, rank, size, &row0, &rows);
-    mref.data = all + row0 * d;
-    mref.rows = rows;
-    mref.cols = d;
-    mref.ld = 0;
-    mref.dtype = XKNN_DTYPE_F32;
+    mref = (xknn_matrix)XKNN_MATRIX_F32(all + row0 * d, rows, d);
     xknn_mpi_create(MPI_COMM_WORLD, &cfg, &ctx, &err);
 
     p.metric = XKNN_METRIC_HELLINGER;

@@ -10,9 +10,7 @@ KNN=$1
 MK=$2
 MPIRUN=${3:-none}
 . "$(dirname "$0")/tap.sh"
-tap_begin npz-t 14
-TAP_DIAG=tap_run_diag
-run() { "$@" >"$T/out" 2>"$T/err"; RC=$?; }
+tap_knn_begin npz-t 14
 knn_np() { # knn_np NP ARGS...
     np=$1; shift
     if [ "$np" -eq 1 ]; then run "$KNN" -q "$@"

@@ -8,10 +8,7 @@ KNN=$1
 MK=$2
 MPIRUN=${3:-none}
 . "$(dirname "$0")/tap.sh"
-tap_begin progress-t 3
-TAP_DIAG=tap_run_diag
-run() { "$@" >"$T/out" 2>"$T/err"; RC=$?; }
-mknn() { run "$MPIRUN" --allow-run-as-root --oversubscribe -np 2 "$KNN" "$@"; }
+tap_knn_begin progress-t 3
 lines() { grep -c '^knn_mpi: [0-9]*/[0-9]* queries (.*%), [0-9]* queries/s, ETA .*, [0-9]* s elapsed$' "$T/err"; }
 
 if [ "$MPIRUN" = none ]; then
@@ -25,7 +22,7 @@ mk data gaussian 20000 64 5 "$T/ref.fbin"
 mk data gaussian 90000 64 6 "$T/q.fbin"
 mk data gaussian 24000 64 7 "$T/q24k.fbin"
 
-mknn --progress -k 10 -o "$T/r.bin" "$T/ref.fbin" "$T/q.fbin"
+mknn 2 --progress -k 10 -o "$T/r.bin" "$T/ref.fbin" "$T/q.fbin"
 n=$(lines)
 WHY="$n progress lines"
 [ "$RC" -eq 0 ] && [ "$n" -ge 2 ]
@@ -35,7 +32,7 @@ WHY="$n lines in ${el:-?} s"
 [ -n "$el" ] && [ "$n" -ge $(((el - 1) / 2)) ]
 ok $? "a line every 2 s: $n lines for a run of ${el:-?} s (at least (s - 1) / 2: reading and writing)"
 
-mknn --progress -q -k 10 -o "$T/r.bin" "$T/ref.fbin" "$T/q24k.fbin"
+mknn 2 --progress -q -k 10 -o "$T/r.bin" "$T/ref.fbin" "$T/q24k.fbin"
 WHY="$(lines) progress lines under -q"
 [ "$RC" -eq 0 ] && [ "$(grep -c '' "$T/err")" -eq 0 ]
 ok $? "mpirun -np 2 --progress -q: nothing on stderr"

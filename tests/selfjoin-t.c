@@ -8,14 +8,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common.h"
 #include "ref/ref.h"
 #include "tap/tap.h"
 #include "xknn.h"
-
-typedef struct {
-    xknn_metric metric;
-    double p;
-} mcase;
 
 static const mcase metrics[] = {
     {XKNN_METRIC_L2, 0},        {XKNN_METRIC_EUCLIDEAN, 0}, {XKNN_METRIC_L1, 0},          {XKNN_METRIC_MINKOWSKI, 3},
@@ -24,8 +20,6 @@ static const mcase metrics[] = {
 };
 #define NMETRICS (int)(sizeof metrics / sizeof metrics[0])
 
-static const xknn_dtype dtypes[] = {XKNN_DTYPE_F32, XKNN_DTYPE_F16, XKNN_DTYPE_BF16, XKNN_DTYPE_U8, XKNN_DTYPE_I8};
-#define NDT 5
 
 typedef struct {
     data_kind kind;
@@ -49,34 +43,35 @@ static float *make_weights(int64_t d, uint64_t seed)
     return w;
 }
 
-/* One self-join: symmetric (auto) and plain against the oracle: 2 tests. */
-static void check(const mcase *mc, xknn_dtype dt, const shape *sh, xknn_cpu_path path, const char *what)
+/* The oracle's self-join of x (n x d of dt; made nonnegative first for hellinger) with
+ * mc's metric (exponent 2 where mc has none) and weights w: k per row into wi, wd. */
+static void oracle_self(const mcase *mc, xknn_dtype dt, void *x, int64_t n, int64_t d, int64_t k, const float *w,
+                        int64_t *wi, float *wd)
 {
-    const int64_t n = sh->n, d = sh->d, k = sh->k > 0 ? sh->k : n - 1;
-    void *x = ref_make_typed(sh->kind, (int)dt, n, d, 1000 + (uint64_t)sh->n * 7 + (uint64_t)mc->metric);
-    float *w = mc->metric == XKNN_METRIC_WHAMMING ? make_weights(d, 77) : NULL;
-    int64_t *wi = (int64_t *)malloc((size_t)(n * k) * sizeof(int64_t));
-    int64_t *si = (int64_t *)malloc((size_t)(n * k) * sizeof(int64_t));
-    int64_t *pi = (int64_t *)malloc((size_t)(n * k) * sizeof(int64_t));
-    float *wd = (float *)malloc((size_t)(n * k) * sizeof(float));
-    float *sd = (float *)malloc((size_t)(n * k) * sizeof(float));
-    float *pd = (float *)malloc((size_t)(n * k) * sizeof(float));
-    xknn_params p = XKNN_PARAMS_INIT;
-    xknn_matrix m = XKNN_MATRIX_TYPED(x, n, d, dt);
     ref_spec rs;
-    xknn_error e1, e2;
-    xknn_status s1, s2;
     if (mc->metric == XKNN_METRIC_HELLINGER) ref_make_nonnegative((int)dt, x, n * ref_row_elems((int)dt, d));
     rs.metric = (int)mc->metric;
     rs.dtype = (int)dt;
     rs.p = mc->p > 0 ? mc->p : 2.0;
     rs.weights = w;
     ref_knn_ex(&rs, x, n, ref_row_elems((int)dt, d), NULL, n, 0, d, k, 1, 0, 0, wi, wd);
+}
+
+/* One self-join: symmetric (auto) and plain against the oracle: 2 tests. */
+static void check(const mcase *mc, xknn_dtype dt, const shape *sh, xknn_cpu_path path, const char *what)
+{
+    const int64_t n = sh->n, d = sh->d, k = sh->k > 0 ? sh->k : n - 1;
+    void *x = ref_make_typed(sh->kind, (int)dt, n, d, 1000 + (uint64_t)sh->n * 7 + (uint64_t)mc->metric);
+    float *w = mc->metric == XKNN_METRIC_WHAMMING ? make_weights(d, 77) : NULL;
+    int64_t *wi = i64_alloc(n, k), *si = i64_alloc(n, k), *pi = i64_alloc(n, k);
+    float *wd = f32_alloc(n, k), *sd = f32_alloc(n, k), *pd = f32_alloc(n, k);
+    xknn_params p = XKNN_PARAMS_INIT;
+    xknn_matrix m = XKNN_MATRIX_TYPED(x, n, d, dt);
+    xknn_error e1, e2;
+    xknn_status s1, s2;
+    oracle_self(mc, dt, x, n, d, k, w, wi, wd);
     p.backend = XKNN_BACKEND_CPU;
-    p.metric = mc->metric;
-    p.p = mc->p;
-    p.weights = w;
-    p.weights_count = w ? d : 0;
+    params_metric(&p, mc->metric, mc->p, w, d);
     p.cpu_path = path;
     p.query_block = sh->tile;
     s1 = xknn_search(&p, &m, NULL, k, si, sd, &e1);
@@ -90,14 +85,7 @@ static void check(const mcase *mc, xknn_dtype dt, const shape *sh, xknn_cpu_path
                  (long long)d, (long long)k, (long long)sh->tile, what);
     is_knn_equal(pi, pd, wi, wd, n, k, "%s %s %s n=%lld k=%lld%s: plain == oracle", xknn_metric_name(mc->metric),
                  xknn_dtype_name(dt), ref_data_name(sh->kind), (long long)n, (long long)k, what);
-    free(pd);
-    free(sd);
-    free(wd);
-    free(pi);
-    free(si);
-    free(wi);
-    free(w);
-    free(x);
+    FREE_ALL(pd, sd, wd, pi, si, wi, w, x);
 }
 
 /* xknn_search_pair over blocks [0, 20), [20, 21), [21, 57) of 57 rows: all pairs i <= j
@@ -109,22 +97,14 @@ static void check_pair(const mcase *mc, xknn_dtype dt, int64_t k, int bounded, i
     const int64_t n = 57, d = 9, cut[4] = {0, 20, 21, 57};
     const size_t eb = (size_t)ref_elem_bytes((int)dt), row = (size_t)ref_row_elems((int)dt, d) * eb;
     unsigned char *x = (unsigned char *)ref_make_typed(DATA_DUPLICATES, (int)dt, n, d, 4242);
-    int64_t *wi = (int64_t *)malloc((size_t)(n * k) * sizeof(int64_t));
-    int64_t *ids = (int64_t *)malloc((size_t)(n * k) * sizeof(int64_t));
-    float *wd = (float *)malloc((size_t)(n * k) * sizeof(float));
-    float *dist = (float *)malloc((size_t)(n * k) * sizeof(float));
+    int64_t *wi = i64_alloc(n, k), *ids = i64_alloc(n, k);
+    float *wd = f32_alloc(n, k), *dist = f32_alloc(n, k);
     const int neg = mc->metric == XKNN_METRIC_IP;
     xknn_params p = XKNN_PARAMS_INIT;
-    ref_spec rs;
     xknn_error e;
     int i, j, bad = 0;
     int64_t t;
-    if (mc->metric == XKNN_METRIC_HELLINGER) ref_make_nonnegative((int)dt, x, n * ref_row_elems((int)dt, d));
-    rs.metric = (int)mc->metric;
-    rs.dtype = (int)dt;
-    rs.p = mc->p > 0 ? mc->p : 2.0;
-    rs.weights = NULL;
-    ref_knn_ex(&rs, x, n, ref_row_elems((int)dt, d), NULL, n, 0, d, k, 1, 0, 0, wi, wd);
+    oracle_self(mc, dt, x, n, d, k, NULL, wi, wd);
     for (t = 0; t < n * k; t++) {
         ids[t] = -1;
         dist[t] = neg ? -INFINITY : INFINITY;
@@ -150,11 +130,7 @@ static void check_pair(const mcase *mc, xknn_dtype dt, int64_t k, int bounded, i
     is_knn_equal(ids, dist, wi, wd, n, k, "xknn_search_pair %s %s k=%lld over blocks 20+1+36%s%s == oracle",
                  xknn_metric_name(mc->metric), xknn_dtype_name(dt), (long long)k,
                  bounded ? ", bounds at the k-th distances" : "", checked ? ", values_checked" : "");
-    free(dist);
-    free(wd);
-    free(ids);
-    free(wi);
-    free(x);
+    FREE_ALL(dist, wd, ids, wi, x);
 }
 
 int main(void)
@@ -173,7 +149,7 @@ int main(void)
     for (mi = 0; mi < NMETRICS; mi++) {
         const int bin = metrics[mi].metric == XKNN_METRIC_HAMMING || metrics[mi].metric == XKNN_METRIC_WHAMMING;
         for (di = 0; di < (bin ? 1 : NDT); di++)
-            for (si = 0; si < NSHAPES; si++) check(&metrics[mi], bin ? XKNN_DTYPE_BIN : dtypes[di], &shapes[si], XKNN_CPU_PATH_AUTO, "");
+            for (si = 0; si < NSHAPES; si++) check(&metrics[mi], bin ? XKNN_DTYPE_BIN : real_dtypes[di], &shapes[si], XKNN_CPU_PATH_AUTO, "");
     }
     for (si = 0; si < NSHAPES; si++) {
         check(&l2, XKNN_DTYPE_F32, &shapes[si], XKNN_CPU_PATH_LOOP, " (loop)");

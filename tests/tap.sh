@@ -14,6 +14,14 @@
 # a pass says the bug is not reproduced any more. skip [COUNT] REASON prints COUNT
 # (default 1) skipped lines. diag TEXT prints a comment line. tap_end checks the count
 # against the plan and returns the verdict.
+#
+# The knn_mpi scripts' prologue: tap_knn_begin NAME PLAN is tap_begin with tap_run_diag.
+# run CMD... leaves stdout, stderr and the exit status in $T/out, $T/err and RC; knn
+# ARGS... runs $KNN so, mknn NP ARGS... runs $KNN on NP ranks of $MPIRUN. has TEXT FILE
+# holds when FILE has TEXT; count TEXT FILE prints the lines of FILE holding it. A script
+# may define its own run (and the others) after sourcing this file. one_message KEYS DIR
+# holds when $T/err has exactly one "knn_mpi: " line, holding each of the '|'-separated
+# KEYS, and DIR is empty; else WHY says what is wrong.
 
 tap_begin() { # tap_begin NAME PLAN
     T=$(mktemp -d "${TMPDIR:-/tmp}/$1.XXXXXX") || exit 1
@@ -24,6 +32,27 @@ tap_begin() { # tap_begin NAME PLAN
     FAILED=0
     TAP_DIAG=tap_why
     echo "1..$PLAN"
+}
+tap_knn_begin() { # tap_knn_begin NAME PLAN
+    tap_begin "$1" "$2"
+    TAP_DIAG=tap_run_diag
+}
+run() { "$@" >"$T/out" 2>"$T/err"; RC=$?; }
+knn() { run "$KNN" "$@"; }
+mknn() { np=$1; shift; run "$MPIRUN" --allow-run-as-root --oversubscribe -np "$np" "$KNN" "$@"; }
+has() { grep -q -F -- "$1" "$2"; }
+count() { grep -c -F -- "$1" "$2"; }
+one_message() { # one_message KEYS DIR
+    n=$(grep -c '^knn_mpi: ' "$T/err")
+    [ "$n" -eq 1 ] || { WHY="$n 'knn_mpi: ' lines on stderr, want 1"; return 1; }
+    line=$(grep '^knn_mpi: ' "$T/err")
+    oldifs=$IFS; IFS='|'
+    for key in $1; do
+        case "$line" in *"$key"*) ;; *) IFS=$oldifs; WHY="message lacks '$key'"; return 1 ;; esac
+    done
+    IFS=$oldifs
+    left=$(ls -A "$2")
+    [ -z "$left" ] || { WHY="left in the output directory: $left"; return 1; }
 }
 mk() { "$MK" "$@" >/dev/null || { echo "Bail out! mkdata $*"; exit 1; }; }
 tap_why() {

@@ -18,12 +18,7 @@ float ref_distance(int metric, const float *a, const float *b, int64_t d)
     return metric == REF_EUCLIDEAN ? (float)sqrt(acc) : (float)acc;
 }
 
-typedef struct {
-    float d;
-    int64_t id;
-} ref_pair;
-
-static int ref_cmp(const void *pa, const void *pb)
+int ref_pair_cmp(const void *pa, const void *pb)
 {
     const ref_pair *a = (const ref_pair *)pa, *b = (const ref_pair *)pb;
     if (a->d != b->d) return a->d < b->d ? -1 : 1;
@@ -34,16 +29,12 @@ int ref_knn(int metric, const float *ref, int64_t n, int64_t ldr, const float *q
             int64_t d, int64_t k, int exclude_self, int64_t ref_off, int64_t query_off, int64_t *ids,
             float *dist)
 {
-    ref_pair *all = (ref_pair *)malloc((size_t)(n > 0 ? n : 1) * sizeof(ref_pair));
+    ref_pair *all;
     int64_t i, j;
+    if (!query) /* the self-join: ref against itself, each query's own id excluded */
+        return ref_knn(metric, ref, n, ldr, ref, n, ldr, d, k, 1, ref_off, ref_off, ids, dist);
+    all = (ref_pair *)malloc((size_t)(n > 0 ? n : 1) * sizeof(ref_pair));
     if (!all) return -1;
-    if (!query) {
-        query = ref;
-        nq = n;
-        ldq = ldr;
-        exclude_self = 1;
-        query_off = ref_off;
-    }
     for (i = 0; i < nq; i++) {
         int64_t m = 0;
         for (j = 0; j < n; j++) {
@@ -52,7 +43,7 @@ int ref_knn(int metric, const float *ref, int64_t n, int64_t ldr, const float *q
             all[m].id = ref_off + j;
             m++;
         }
-        qsort(all, (size_t)m, sizeof(ref_pair), ref_cmp);
+        qsort(all, (size_t)m, sizeof(ref_pair), ref_pair_cmp);
         for (j = 0; j < k; j++) {
             ids[i * k + j] = j < m ? all[j].id : -1;
             if (dist) dist[i * k + j] = j < m ? all[j].d : INFINITY;
@@ -252,13 +243,8 @@ int ref_knn_ex(const ref_spec *s, const void *ref, int64_t n, int64_t ldr, const
     const int eb = ref_elem_bytes(s->dtype);
     const int neg = s->metric == REF_IP;
     int fail = 0;
-    if (!query) {
-        query = ref;
-        nq = n;
-        ldq = ldr;
-        exclude_self = 1;
-        query_off = ref_off;
-    }
+    if (!query) /* the self-join: ref against itself, each query's own id excluded */
+        return ref_knn_ex(s, ref, n, ldr, ref, n, ldr, d, k, 1, ref_off, ref_off, ids, dist);
     /* Queries are independent: spread over OpenMP threads (each with its own list of all
      * n pairs); every query's list is the same as in one thread. */
 #ifdef _OPENMP
@@ -283,7 +269,7 @@ int ref_knn_ex(const ref_spec *s, const void *ref, int64_t n, int64_t ldr, const
                 all[m].id = ref_off + j;
                 m++;
             }
-            qsort(all, (size_t)m, sizeof(ref_pair), ref_cmp);
+            qsort(all, (size_t)m, sizeof(ref_pair), ref_pair_cmp);
             for (j = 0; j < k; j++) {
                 ids[i * k + j] = j < m ? all[j].id : -1;
                 if (dist) dist[i * k + j] = j < m ? (neg ? -all[j].d : all[j].d) : (neg ? -INFINITY : INFINITY);

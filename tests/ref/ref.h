@@ -26,6 +26,10 @@ int ref_knn(int metric, const float *ref, int64_t n, int64_t ldr, const float *q
             int64_t d, int64_t k, int exclude_self, int64_t ref_off, int64_t query_off, int64_t *ids,
             float *dist);
 
+/* One candidate of a query; ref_pair_cmp (for qsort) orders by (d, id). */
+typedef struct { float d; int64_t id; } ref_pair;
+int ref_pair_cmp(const void *pa, const void *pb);
+
 /* The canonical distance, written independently of the library. */
 float ref_distance(int metric, const float *a, const float *b, int64_t d);
 

@@ -8,6 +8,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+void free_all(void *const *p, int n)
+{
+    int i;
+    for (i = 0; i < n; i++) free(p[i]);
+}
+
 static int tap_planned = -1, tap_run = 0, tap_failed = 0;
 
 void plan(int n)

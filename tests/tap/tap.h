@@ -27,6 +27,10 @@ void diag(const char *fmt, ...) TAP_PRINTF(1, 2);
 void skip(int n, const char *fmt, ...) TAP_PRINTF(2, 3);
 TAP_NORETURN void skip_all(const char *fmt, ...) TAP_PRINTF(1, 2);
 TAP_NORETURN void bail(const char *fmt, ...) TAP_PRINTF(1, 2);
+/* free() each of the n pointers p[0..n-1] (NULL ones too); FREE_ALL(a, b, ...) frees
+ * its arguments. */
+void free_all(void *const *p, int n);
+#define FREE_ALL(...) free_all((void *[]){__VA_ARGS__}, (int)(sizeof((void *[]){__VA_ARGS__}) / sizeof(void *)))
 /* Ends the test: exit status 0 when every planned test ran and passed. */
 int tap_done(void);
 
