@@ -53,6 +53,69 @@ static xknn_status scan_on_host(const xknn__job **job, xknn__job *copy, Err er)
     return st;
 }
 
+/* host_search's plan and buffers: the references resident where they fit the budget,
+ * else streamed in chunks; an allocation failure shrinks the budget and plans again. */
+static xknn_status plan_alloc(const xknn__job *job, xknn_cuda_context *ctx, size_t budget, int self_res, Plan *out,
+                              HostBuffers &hb, int *resident, int64_t *chunk_out, Err er)
+{
+    const xknn_params *prm = &job->params;
+    const int64_t n = job->n, nq = job->nq, d = job->d, k = job->k;
+    const size_t row_bytes = (size_t)d * sizeof(float);
+    const size_t per_q_out = (size_t)k * sizeof(int64_t) + (job->dist ? (size_t)k * sizeof(float) : 0);
+    Plan &plan = *out;
+    size_t min_needed = 0;
+    int64_t chunk = 0;
+    int have_plan = 0;
+    xknn_status st = XKNN_SUCCESS;
+    for (int attempt = 0; attempt < 6 && !have_plan; ++attempt) {
+        const size_t B = (size_t)((double)budget * pow(0.75, attempt));
+        const size_t ref_bytes = (size_t)n * row_bytes;
+        cudaError_t e = cudaSuccess;
+        *resident = 0;
+        if (B > ref_bytes &&
+            plan_fit(ctx, prm, n, nq, d, k, n, B - ref_bytes, per_q_out + (self_res ? 0 : row_bytes), 0, &plan,
+                     &min_needed)) {
+            *resident = 1;
+        } else {
+            int found = 0;
+            size_t min_stream = 0;
+            for (chunk = min64(n, max64(1, (int64_t)(B / 3 / (2 * row_bytes)))); chunk >= 1; chunk /= 2) {
+                const size_t cbytes = 2 * (size_t)chunk * row_bytes;
+                if (cbytes < B && plan_fit(ctx, prm, n, nq, d, k, chunk, B - cbytes, per_q_out + row_bytes, 1, &plan,
+                                           &min_stream)) {
+                    found = 1;
+                    break;
+                }
+                if (chunk == 1) break;
+            }
+            if (!found) {
+                plan_fit(ctx, prm, n, nq, d, k, 1, 0, per_q_out + row_bytes, 1, &plan, &min_stream);
+                return failf(er, XKNN_ERROR_OUT_OF_MEMORY,
+                             "cuda backend: device memory budget of %zu bytes is below the minimum of %zu bytes "
+                             "(n=%lld, d=%lld, k=%lld: one query, a 4-reference tile, %lld candidate slots, "
+                             "two 1-row reference chunks)%s",
+                             B, min_stream + 2 * row_bytes, (long long)n, (long long)d, (long long)k,
+                             (long long)(2 * min64(k, n) + kCapSlack),
+                             attempt ? " after allocation failures shrank it" : "");
+            }
+        }
+        if (*resident) {
+            e = hb.alloc((void **)&hb.dR, (size_t)n * row_bytes);
+        } else {
+            e = hb.alloc((void **)&hb.dChunk[0], (size_t)chunk * row_bytes);
+            if (e == cudaSuccess) e = hb.alloc((void **)&hb.dChunk[1], (size_t)chunk * row_bytes);
+        }
+        if (e == cudaSuccess && !(*resident && self_res)) e = hb.alloc((void **)&hb.dQ, (size_t)plan.QS * row_bytes);
+        if (e == cudaSuccess) e = hb.alloc((void **)&hb.dIds, (size_t)plan.QS * k * sizeof(int64_t));
+        if (e == cudaSuccess && job->dist) e = hb.alloc((void **)&hb.dDist, (size_t)plan.QS * k * sizeof(float));
+        if (e == cudaSuccess) e = hb.alloc(&hb.dWs, plan.bytes);
+        have_plan = alloc_outcome(hb, e, er, &st);
+        if (have_plan < 0) return st;
+    }
+    *chunk_out = chunk;
+    return have_plan ? XKNN_SUCCESS : fail_alloc_kept_failing(er, budget, plan.bytes);
+}
+
 xknn_status host_search(const xknn__job *job, Err er)
 {
     xknn__job scanned;
@@ -75,7 +138,7 @@ xknn_status host_search(const xknn__job *job, Err er)
     Plan plan;
     Run run;
     size_t budget = 0, min_needed = 0;
-    int resident = 0, have_plan = 0, dev_check = 0;
+    int resident = 0, dev_check = 0;
     int64_t chunk = 0;
     int piece = 0;
     unsigned long long stats[kStatCount];
@@ -131,57 +194,7 @@ xknn_status host_search(const xknn__job *job, Err er)
     hb.pool = ctx->pool;
     hb.s = sc;
 
-    /* Plan and allocate; an allocation failure shrinks the budget and plans again. */
-    for (int attempt = 0; attempt < 6 && !have_plan; ++attempt) {
-        const size_t B = (size_t)((double)budget * pow(0.75, attempt));
-        const size_t ref_bytes = (size_t)n * row_bytes;
-        cudaError_t e = cudaSuccess;
-        resident = 0;
-        if (B > ref_bytes &&
-            plan_fit(ctx, prm, n, nq, d, k, n, B - ref_bytes, per_q_out + (self_res ? 0 : row_bytes), 0, &plan,
-                     &min_needed)) {
-            resident = 1;
-        } else {
-            int found = 0;
-            size_t min_stream = 0;
-            for (chunk = min64(n, max64(1, (int64_t)(B / 3 / (2 * row_bytes)))); chunk >= 1; chunk /= 2) {
-                const size_t cbytes = 2 * (size_t)chunk * row_bytes;
-                if (cbytes < B && plan_fit(ctx, prm, n, nq, d, k, chunk, B - cbytes, per_q_out + row_bytes, 1, &plan,
-                                           &min_stream)) {
-                    found = 1;
-                    break;
-                }
-                if (chunk == 1) break;
-            }
-            if (!found) {
-                plan_fit(ctx, prm, n, nq, d, k, 1, 0, per_q_out + row_bytes, 1, &plan, &min_stream);
-                st = failf(er, XKNN_ERROR_OUT_OF_MEMORY,
-                           "cuda backend: device memory budget of %zu bytes is below the minimum of %zu bytes "
-                           "(n=%lld, d=%lld, k=%lld: one query, a 4-reference tile, %lld candidate slots, "
-                           "two 1-row reference chunks)%s",
-                           B, min_stream + 2 * row_bytes, (long long)n, (long long)d, (long long)k,
-                           (long long)(2 * min64(k, n) + kCapSlack),
-                           attempt ? " after allocation failures shrank it" : "");
-                goto cleanup;
-            }
-        }
-        if (resident) {
-            e = hb.alloc((void **)&hb.dR, (size_t)n * row_bytes);
-        } else {
-            e = hb.alloc((void **)&hb.dChunk[0], (size_t)chunk * row_bytes);
-            if (e == cudaSuccess) e = hb.alloc((void **)&hb.dChunk[1], (size_t)chunk * row_bytes);
-        }
-        if (e == cudaSuccess && !(resident && self_res)) e = hb.alloc((void **)&hb.dQ, (size_t)plan.QS * row_bytes);
-        if (e == cudaSuccess) e = hb.alloc((void **)&hb.dIds, (size_t)plan.QS * k * sizeof(int64_t));
-        if (e == cudaSuccess && job->dist) e = hb.alloc((void **)&hb.dDist, (size_t)plan.QS * k * sizeof(float));
-        if (e == cudaSuccess) e = hb.alloc(&hb.dWs, plan.bytes);
-        have_plan = alloc_outcome(hb, e, er, &st);
-        if (have_plan < 0) goto cleanup;
-    }
-    if (!have_plan) {
-        st = fail_alloc_kept_failing(er, budget, plan.bytes);
-        goto cleanup;
-    }
+    XKNN__TRY(plan_alloc(job, ctx, budget, self_res, &plan, hb, &resident, &chunk, er));
     if (prm->verbose) print_plan(ctx, plan, resident ? "resident references" : "streamed references", budget, chunk);
 
     if (!resident) {
