@@ -26,7 +26,9 @@ t_start=$SECONDS
 ninja -C "$BUILD" > "$OUT/suite-build.txt" 2>&1 || { tail -30 "$OUT/suite-build.txt"; exit 1; }
 echo "=== built in $((SECONDS - t_start)) s"
 GPUS=${GPUS:-$(nvidia-smi -L | sed -n 's/^GPU \([0-9]*\):.*/\1/p' | tr '\n' ' ')}
-all=$(meson test -C "$BUILD" --no-rebuild --list --suite cuda 2>/dev/null | sed -n "s|^xknn:[a-z]* / ||p")
+all=$(meson introspect --tests "$BUILD" | python3 -c 'import json, sys
+for t in json.load(sys.stdin):
+    if any(s.split(":")[-1] == "cuda" for s in t["suite"]): print(t["name"])')
 Q=$(mktemp)
 for n in $FIRST; do echo "$all" | grep -qx "$n" && echo "$n"; done > "$Q"
 for n in $all $NAMES; do grep -qx "$n" "$Q" || echo "$n" >> "$Q"; done
