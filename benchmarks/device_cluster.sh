@@ -34,7 +34,7 @@ mkdir -p "$OUT/cluster" "$WORK"
 exec > >(tee -a "$OUT/cluster.txt") 2>&1
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 NCCL_NVLS_ENABLE=0
 has() { case " $STEPS " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
-mpi() { mpirun --allow-run-as-root --oversubscribe --bind-to none --mca btl_vader_single_copy_mechanism cma "$@"; }
+MPIRUN="mpirun --allow-run-as-root --oversubscribe --bind-to none --mca btl_vader_single_copy_mechanism cma"
 spin=()
 load_on() { for _ in $(seq "$(nproc)"); do (while :; do :; done) & spin+=($!); done; sleep 1; }
 load_off() { [ ${#spin[@]} -gt 0 ] && kill "${spin[@]}" 2>/dev/null; spin=(); }
@@ -58,7 +58,7 @@ if has scaling; then
             size="--n $N_STRONG"; [ $kind = weak ] && size="--n-per-rank $N_WEAK"
             j=$OUT/cluster/scaling_${kind}_np$p.json
             # shellcheck disable=SC2086 # size: two words
-            timeout 400 mpi -np "$p" "$BUILD/benchmarks/bench_scaling" --backend cuda $size --nq 10k --d 128 --k 100 \
+            timeout 400 $MPIRUN -np "$p" "$BUILD/benchmarks/bench_scaling" --backend cuda $size --nq 10k --d 128 --k 100 \
                 --repeats "$REPEATS" --mode both --json "$j" > "$WORK/scaling.log" 2>&1 || echo "scaling $kind np$p FAILED"
             grep -E '^# resident index|^# PASS|^# FAIL' "$WORK/scaling.log"
             python3 - "$j" "$kind" "$p" <<'PY'
@@ -87,7 +87,7 @@ PY
 files_row() { # files_row NAME NP REF QUERY
     local j=$OUT/cluster/files_$1_np$2.json
     cat "$3" "$4" > /dev/null # in the page cache
-    timeout 300 mpi -np "$2" "$KNN" "$3" "$4" -k 100 --backend cuda -q -o "$WORK/out.bin" --json "$j" ||
+    timeout 300 $MPIRUN -np "$2" "$KNN" "$3" "$4" -k 100 --backend cuda -q -o "$WORK/out.bin" --json "$j" ||
         echo "files $1 np$2 FAILED"
     python3 - "$j" "$1" "$2" <<'PY'
 import json, sys
@@ -115,7 +115,7 @@ fi
 
 ring_row() { # ring_row NP LABEL
     local j=$OUT/cluster/ring_$2_np$1.json
-    timeout 200 mpi -np "$1" "$KNN" "$WORK/ring.fbin" -k 16 --backend cuda -q -o "$WORK/ring_out.bin" --json "$j" ||
+    timeout 200 $MPIRUN -np "$1" "$KNN" "$WORK/ring.fbin" -k 16 --backend cuda -q -o "$WORK/ring_out.bin" --json "$j" ||
         echo "ring np$1 $2 FAILED (or over 200 s)"
     python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(f'ring {sys.argv[2]} ranks={sys.argv[3]} self-join phase {d[\"time_s\"][\"query_phase\"]:.2f} s, total {d[\"time_s\"][\"total\"]:.2f} s')" "$j" "$2" "$1" 2>/dev/null
     rm -f "$WORK/ring_out.bin"
