@@ -321,6 +321,15 @@ XKNN_API xknn_status xknn_check_input(const xknn_params *params, const char *wha
  * 8 MiB). */
 XKNN_API int xknn_thread_budget(void);
 
+/* The element type in which to search stored rows of type ref against rows of type query
+ * (cols elements a row) with metric on backend (as resolved: cpu or cuda): float32 where
+ * the stored type has no exact fast path of its own for the metric (l2/euclidean on
+ * anything but u8/i8 within XKNN_INT8_EXACT_MAX_D on the CPU backend) and where ref and
+ * query differ; else ref itself. Widening to float32 is exact, so the results are those
+ * of the stored type either way. */
+XKNN_API xknn_dtype xknn_search_dtype(xknn_backend backend, xknn_metric metric, xknn_dtype ref, xknn_dtype query,
+                                      int64_t cols);
+
 /* 1 if the backend is compiled into this library (0 for an unknown value). */
 XKNN_API int xknn_backend_built(xknn_backend backend);
 /* 1 if a CUDA device is usable now (0 when not built or no device). */
@@ -540,6 +549,16 @@ xknn_params xknn_params_default(void)
 {
     xknn_params p = XKNN_PARAMS_INIT;
     return p;
+}
+
+xknn_dtype xknn_search_dtype(xknn_backend backend, xknn_metric metric, xknn_dtype ref, xknn_dtype query, int64_t cols)
+{
+    const int int8 = ref == XKNN_DTYPE_U8 || ref == XKNN_DTYPE_I8;
+    if (ref != query) return XKNN_DTYPE_F32;
+    if ((metric == XKNN_METRIC_L2 || metric == XKNN_METRIC_EUCLIDEAN) &&
+        (!int8 || cols > XKNN_INT8_EXACT_MAX_D || backend != XKNN_BACKEND_CPU))
+        return XKNN_DTYPE_F32;
+    return ref;
 }
 
 int xknn_backend_built(xknn_backend backend)

@@ -721,10 +721,7 @@ static xknn_status knn__plan(knn_run *r, xknn_error *err)
     if ((st = knn__agree(r, st, err)) != XKNN_SUCCESS) return st;
 
     /* The searched dtype (rank 0 decides: it alone probed QUERY): bits for --bits and
-     * --binarize; the files' own type, except float32 (widening is exact, so the results
-     * are those of the stored type) for l2/euclidean when the stored type has no faster
-     * path of its own (f16, the CUDA backend, or u8/i8 beyond XKNN_INT8_EXACT_MAX_D),
-     * and when REF and QUERY differ in type. */
+     * --binarize, else the library's rule (xknn_search_dtype). */
     if (r->rank == 0) {
         const xknn_dtype rn = xknn_file_native_dtype(&r->rinfo);
         const xknn_dtype qn = o->query ? xknn_file_native_dtype(&r->qinfo) : rn;
@@ -740,13 +737,9 @@ static xknn_status knn__plan(knn_run *r, xknn_error *err)
             r->dtype = XKNN_DTYPE_BIN;
         } else if (o->binarize) {
             r->dtype = XKNN_DTYPE_BIN;
-        } else if (rn != qn ||
-                   ((o->metric == XKNN_METRIC_L2 || o->metric == XKNN_METRIC_EUCLIDEAN) &&
-                    (!(rn == XKNN_DTYPE_U8 || rn == XKNN_DTYPE_I8) || r->rinfo.cols > XKNN_INT8_EXACT_MAX_D ||
-                     strcmp(r->backend_used, "cpu") != 0))) {
-            r->dtype = XKNN_DTYPE_F32;
         } else {
-            r->dtype = rn;
+            r->dtype = xknn_search_dtype(strcmp(r->backend_used, "cpu") ? XKNN_BACKEND_CUDA : XKNN_BACKEND_CPU,
+                                         o->metric, rn, qn, r->rinfo.cols);
         }
     }
     if ((st = knn__agree(r, st, err)) != XKNN_SUCCESS) return st;

@@ -318,6 +318,10 @@ xknn_status mma_pass(const Run &r, const float *Q, int64_t ldq, int64_t qs, int 
 xknn_status block_pass(const Run &r, const float *Q, int64_t ldq, int64_t qs, int exclude, int64_t self_local0,
                        const float *R, int64_t ldr, int64_t nr, int64_t r_local0, Err er);
 xknn_status block_finish(const Run &r, int64_t qs, int64_t *ids, float *dist, int64_t id_offset, Err er);
+/* a block's final selection parameters (block_finish, host_generic, host_imma) */
+FinalParams final_params(const xknn_cuda_context *ctx, const float *tau, const int *cnt, Cand *cand, long long *mcount,
+                         unsigned long long *stats, int64_t S, int64_t cap, int64_t kk, int64_t *ids, float *dist,
+                         int64_t k, int64_t id_offset, int encoded, int negate);
 FusedParams fused_params(const Plan &p, void *ws, const float *Q, int64_t ldq, int64_t qs, const float *R,
                          int64_t ldr, int exclude, int64_t self_local0, int64_t *ids, float *dist, int64_t id_offset);
 int rescue_blocks(const xknn_cuda_context *ctx, int64_t qs);
@@ -403,6 +407,13 @@ xknn_status cpu_pair(const xknn__job *job, xknn_cuda_context *ctx, const xknn__s
                      Err er);
 xknn_status pair_split(const xknn__job *job, xknn_cuda_context *ctx, int staged, size_t budget,
                        const xknn__sym_side *a, const xknn__sym_side *b, Err er);
+/* the run's statistics to the host (with verbose, the device times between the phase
+ * events); the end of a host_pair/host_sym call: streams done, events destroyed, buffers
+ * released */
+xknn_status run_stats_fetch(const Run &run, const cudaEvent_t ev[4], int verbose, cudaStream_t sc,
+                            unsigned long long stats[kStatCount], float ms[3], Err er);
+void host_call_end(xknn_cuda_context *ctx, cudaStream_t sc, const cudaEvent_t ev[4], const cudaEvent_t *fin,
+                   HostBuffers &hb);
 
 /* ---- entry.cu: validation and the host-array search */
 xknn_status check_sizes(Err er, const xknn_params *prm, int64_t n, int64_t nq, int64_t d, int64_t k, int64_t ldr,

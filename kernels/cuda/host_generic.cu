@@ -8,11 +8,6 @@
 
 namespace xknn_cuda {
 
-/* Defined in pipeline.cu: the final selection's parameters of a block. */
-FinalParams final_params(const xknn_cuda_context *ctx, const float *tau, const int *cnt, Cand *cand, long long *mcount,
-                         unsigned long long *stats, int64_t S, int64_t cap, int64_t kk, int64_t *ids, float *dist,
-                         int64_t k, int64_t id_offset, int encoded, int negate);
-
 /* ---- generic path: every other metric and dtype (generic.cu) ------------------------ */
 /* 1 when the job is not f32 l2/euclidean/ip/cosine, the metrics the certified fast paths
  * cover (ip and cosine only on the tensor-core path: host_search sends them back here

@@ -8,11 +8,6 @@
 
 namespace xknn_cuda {
 
-/* Defined in pipeline.cu: the final selection's parameters of a block. */
-FinalParams final_params(const xknn_cuda_context *ctx, const float *tau, const int *cnt, Cand *cand, long long *mcount,
-                         unsigned long long *stats, int64_t S, int64_t cap, int64_t kk, int64_t *ids, float *dist,
-                         int64_t k, int64_t id_offset, int encoded, int negate);
-
 /* ---- exact int8 tensor-core path (imma.cu) ---------------------------------------- */
 /* Padded row bytes when the job takes the int8 tensor-core path, else 0: u8/i8 with l2,
  * euclidean or ip, d <= XKNN_INT8_EXACT_MAX_D, or hamming on bit-packed rows (b1 tensor

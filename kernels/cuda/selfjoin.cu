@@ -85,14 +85,6 @@ const char *plan_sym(const xknn_cuda_context *ctx, const xknn__job *job, size_t 
     return NULL;
 }
 
-/* Defined in pair.cu: the run's statistics to the host, and with verbose the device
- * times between the phase events; the end of a host call (streams done, events
- * destroyed, buffers released). */
-xknn_status run_stats_fetch(const Run &run, const cudaEvent_t ev[4], int verbose, cudaStream_t sc,
-                            unsigned long long stats[kStatCount], float ms[3], Err er);
-void host_call_end(xknn_cuda_context *ctx, cudaStream_t sc, const cudaEvent_t ev[4], const cudaEvent_t *fin,
-                   HostBuffers &hb);
-
 /* One host_sym call: its arguments, plan, buffers and what its phases hand on. */
 struct SymCall {
     SymCall(const xknn__job *job_, xknn_cuda_context *ctx_, int staged_, size_t budget_, Err er_, int64_t *mir_ids_,
