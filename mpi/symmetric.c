@@ -224,7 +224,7 @@ static void xknn__sym_pad(int64_t *ids, float *dist, int64_t count, int neg, int
     int64_t i;
     (void)threads;
 #ifdef _OPENMP
-    if (threads <= 0) threads = omp_get_max_threads();
+    if (threads <= 0) threads = xknn_thread_budget();
 #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && parts > 1)
 #endif
     for (i = 0; i < parts; i++) {
@@ -472,7 +472,7 @@ static void xknn__sym_merge(const xknn__cands *a, const xknn__cands *b, const xk
     int64_t i;
     (void)threads;
 #ifdef _OPENMP
-    if (threads <= 0) threads = omp_get_max_threads();
+    if (threads <= 0) threads = xknn_thread_budget();
 #pragma omp parallel for schedule(dynamic, 4) num_threads(threads) if (threads > 1 && parts > 1)
 #endif
     for (i = 0; i < parts; i++) {
@@ -642,7 +642,7 @@ static void xknn__ring_options(xknn__ring *R, const xknn_params *params)
     if (R->threaded) {
         int nt = R->p.num_threads;
 #ifdef _OPENMP
-        if (nt <= 0) nt = omp_get_max_threads();
+        if (nt <= 0) nt = xknn_thread_budget();
 #endif
         R->pw.num_threads = nt > 1 ? nt - 1 : 1;
     }
@@ -1146,7 +1146,7 @@ static int xknn__ring_merge_threads(const xknn__ring *R)
     const char *menv = xknn__knob(XKNN__KNOB_MPI_SYM_MERGE_THREADS);
     int mt = 1;
 #if defined(XKNN_MPI_HAVE_CUDA) && defined(_OPENMP)
-    if (R->kctx) mt = (R->p.num_threads > 0 ? R->p.num_threads : omp_get_max_threads()) / 2;
+    if (R->kctx) mt = (R->p.num_threads > 0 ? R->p.num_threads : xknn_thread_budget()) / 2;
 #endif
     (void)R;
     if (menv && atoi(menv) > 0) mt = atoi(menv);

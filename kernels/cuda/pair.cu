@@ -46,7 +46,7 @@ xknn_status merge_lists(int64_t *ids, float *dist, const int64_t *nids, const fl
                         int ip, int threads, Err er)
 {
 #ifdef _OPENMP
-    if (threads <= 0) threads = omp_get_max_threads();
+    if (threads <= 0) threads = xknn_thread_budget();
 #endif
     if (threads < 1) threads = 1;
     int64_t *mid = (int64_t *)malloc((size_t)threads * (size_t)k * sizeof(int64_t));
