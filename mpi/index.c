@@ -65,6 +65,30 @@ static xknn_status xknn__index_check(const xknn_mpi_index *x, const xknn_matrix 
     return st == XKNN_SUCCESS ? st : xknn__mpi_fail(err, st, "rank %d: %s", x->ctx->rank, e.message);
 }
 
+/* The fields every index starts with: the context, the parameters (Minkowski's p
+ * defaulting to 2) and the slice's first global row; the rest zero. */
+static void xknn__index_init(xknn_mpi_index *x, xknn_mpi_context *ctx, const xknn_params *params,
+                             int64_t ref_offset)
+{
+    memset(x, 0, sizeof *x);
+    x->ctx = ctx;
+    x->p = params ? *params : xknn_params_default();
+    if (x->p.metric == XKNN_METRIC_MINKOWSKI && x->p.p == 0.0) x->p.p = 2.0;
+    x->ref_offset = ref_offset;
+}
+
+/* Fills a borrowed index on the caller's memory (no allocation, no communication):
+ * trust = 1 takes the slice's values as checked. */
+static void xknn__index_lend(xknn_mpi_index *x, xknn_mpi_context *ctx, const xknn_params *params,
+                             const xknn_matrix *ref, int64_t ref_offset, int trust)
+{
+    xknn__index_init(x, ctx, params, ref_offset);
+    if (ref) x->slice = *ref;
+    x->lent_ref = ref != NULL;
+    x->borrowed = 1;
+    x->held.checked = trust;
+}
+
 xknn_status xknn_mpi_index_create(xknn_mpi_context *ctx, const xknn_params *params, const xknn_matrix *ref,
                                   int64_t ref_offset, xknn_mpi_index **index, xknn_error *err)
 {
@@ -75,15 +99,12 @@ xknn_status xknn_mpi_index_create(xknn_mpi_context *ctx, const xknn_params *para
     *index = NULL;
     lerr.status = XKNN_SUCCESS;
     lerr.message[0] = '\0';
-    x = (xknn_mpi_index *)calloc(1, sizeof *x);
+    x = (xknn_mpi_index *)malloc(sizeof *x);
     if (!x) st = xknn__mpi_fail(&lerr, XKNN_ERROR_OUT_OF_MEMORY, "rank %d: out of memory", ctx->rank);
     if (x) {
-        x->ctx = ctx;
+        xknn__index_init(x, ctx, params, ref_offset);
         x->allocated = 1;
-        x->p = params ? *params : xknn_params_default();
-        if (x->p.metric == XKNN_METRIC_MINKOWSKI && x->p.p == 0.0) x->p.p = 2.0;
         if (x->p.device < 0) x->p.device = ctx->device;
-        x->ref_offset = ref_offset;
         if (ref && ref->rows > 0) {
             if (ref_offset < 0)
                 st = xknn__mpi_fail(&lerr, XKNN_ERROR_INVALID_ARGUMENT, "rank %d: ref_offset=%lld: need >= 0",
@@ -110,22 +131,6 @@ xknn_status xknn_mpi_index_create(xknn_mpi_context *ctx, const xknn_params *para
     *index = x;
     if (err) *err = lerr;
     return st;
-}
-
-/* Fills a borrowed index on the caller's memory (no allocation, no communication):
- * trust = 1 takes the slice's values as checked. */
-static void xknn__index_lend(xknn_mpi_index *x, xknn_mpi_context *ctx, const xknn_params *params,
-                             const xknn_matrix *ref, int64_t ref_offset, int trust)
-{
-    memset(x, 0, sizeof *x);
-    x->ctx = ctx;
-    x->p = params ? *params : xknn_params_default();
-    if (x->p.metric == XKNN_METRIC_MINKOWSKI && x->p.p == 0.0) x->p.p = 2.0;
-    if (ref) x->slice = *ref;
-    x->lent_ref = ref != NULL;
-    x->ref_offset = ref_offset;
-    x->borrowed = 1;
-    x->held.checked = trust;
 }
 
 xknn_status xknn_mpi_index_search(xknn_mpi_index *index, const xknn_matrix *query, int query_root, int64_t k,
