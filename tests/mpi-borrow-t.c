@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "ref/ref.h"
+#include "mpi_agree.h"
 #include "tap/tap.h"
 #include "xknn.h"
 #include "xknn_mpi.h"
@@ -22,24 +23,6 @@ static int rank, size;
 static xknn_mpi_context *ctx;
 static float all[N * D], qry[NQ * D];
 static int64_t row0, rows;
-
-/* Every rank's status and message equal, the status want and the message holding key. */
-static void same_everywhere(xknn_status st, const xknn_error *e, xknn_status want, const char *key, const char *what)
-{
-    int mine = (int)st, lo = 0, hi = 0, same;
-    char first[sizeof e->message];
-    memcpy(first, e->message, sizeof first);
-    MPI_Allreduce(&mine, &lo, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-    MPI_Allreduce(&mine, &hi, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-    MPI_Bcast(first, (int)sizeof first, MPI_CHAR, 0, MPI_COMM_WORLD);
-    same = strcmp(first, e->message) == 0;
-    MPI_Allreduce(MPI_IN_PLACE, &same, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-    if (rank == 0) {
-        const int good = lo == hi && st == want && same && (!key || strstr(e->message, key));
-        ok(good, "%s: status %s and one message on every rank", what, xknn_status_string(want));
-        if (!good) diag("got %d..%d: %s", lo, hi, e->message);
-    }
-}
 
 static void same_bytes(int self, int values_checked)
 {

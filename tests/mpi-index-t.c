@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "ref/ref.h"
+#include "mpi_agree.h"
 #include "tap/tap.h"
 #include "xknn.h"
 #include "xknn_mpi.h"
@@ -77,24 +78,6 @@ static void compare(xknn_mpi_index *ix, xknn_metric m, int64_t k, const char *wh
        "%s: %s k=%lld: the index gives xknn_mpi_search's bytes", what, xknn_metric_name(m), (long long)k);
     is_knn_equal(ids, dist, want, wdist, NQ, k, "%s: %s k=%lld equals the oracle", what, xknn_metric_name(m),
                  (long long)k);
-}
-
-/* Every rank's status and message equal (one test on rank 0). */
-static void same_everywhere(xknn_status st, const xknn_error *e, xknn_status want, const char *key, const char *what)
-{
-    int mine = (int)st, lo = 0, hi = 0, same = 1;
-    char first[sizeof e->message];
-    memcpy(first, e->message, sizeof first);
-    MPI_Allreduce(&mine, &lo, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-    MPI_Allreduce(&mine, &hi, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-    MPI_Bcast(first, (int)sizeof first, MPI_CHAR, 0, MPI_COMM_WORLD);
-    same = strcmp(first, e->message) == 0;
-    MPI_Allreduce(MPI_IN_PLACE, &same, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-    if (rank == 0) {
-        ok(lo == hi && st == want && same && strstr(e->message, key), "%s: status %s and one message on every rank",
-           what, xknn_status_string(want));
-        if (!(lo == hi && st == want && same && strstr(e->message, key))) diag("got %d..%d: %s", lo, hi, e->message);
-    }
 }
 
 /* Rows [1, 3) of every slice of at least 3 rows replaced: in `all` for every slice (each
