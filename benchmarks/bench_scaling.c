@@ -157,11 +157,9 @@ static int parse_opts(int argc, char **argv, opts *o, int rank)
             else if (s && !strcmp(s, "cuda")) o->backend = XKNN_BACKEND_CUDA;
             else BAD("--backend: cpu or cuda");
         } else if (!strcmp(a, "--path")) {
+            static const char *const paths[] = {"auto", "fp32", "tf32", NULL}; /* xknn_params.cuda_path */
             const char *s = VALUE();
-            if (s && !strcmp(s, "auto")) o->path = 0;
-            else if (s && !strcmp(s, "fp32")) o->path = 1;
-            else if (s && !strcmp(s, "tf32")) o->path = 2;
-            else BAD("--path: auto, fp32 or tf32");
+            if (!s || (o->path = bench_find_word(s, paths)) < 0) BAD("--path: auto, fp32 or tf32");
         } else if (!strcmp(a, "--data")) {
             const char *s = VALUE();
             if (!s || (o->data = bench_data_from_name(s)) == BENCH_DATA_COUNT) BAD("--data: uniform or clusters");
@@ -182,11 +180,9 @@ static int parse_opts(int argc, char **argv, opts *o, int rank)
         } else if (!strcmp(a, "--verbose")) {
             o->verbose = 1;
         } else if (!strcmp(a, "--mode")) {
+            static const char *const modes[] = {"one-shot", "resident", "both", NULL}; /* modes 1, 2, 3 */
             const char *m = VALUE();
-            if (m && !strcmp(m, "one-shot")) o->modes = 1;
-            else if (m && !strcmp(m, "resident")) o->modes = 2;
-            else if (m && !strcmp(m, "both")) o->modes = 3;
-            else BAD("--mode: one-shot, resident or both");
+            if (!m || (o->modes = bench_find_word(m, modes) + 1) < 1) BAD("--mode: one-shot, resident or both");
         } else {
             if (rank == 0) usage(stderr);
             BAD("unknown option '%s'", a);
