@@ -16,12 +16,13 @@
 #pragma GCC diagnostic ignored "-Wunused-parameter"
 #endif
 
+static const char kNotBuilt[] = "backend cuda: this xknn was built without CUDA (reconfigure with -Dcuda=enabled)";
+
 static xknn_status xknn__cuda_not_built(xknn_error *err)
 {
     if (err) {
         err->status = XKNN_ERROR_NOT_BUILT;
-        snprintf(err->message, sizeof err->message,
-                 "backend cuda: this xknn was built without CUDA (reconfigure with -Dcuda=enabled)");
+        snprintf(err->message, sizeof err->message, "%s", kNotBuilt);
     }
     return XKNN_ERROR_NOT_BUILT;
 }
@@ -87,7 +88,7 @@ xknn_status xknn__softknn_cuda_create(int device, const uint64_t *x, const float
                                       int64_t ld, xknn__sk_cuda **out, char *msg, size_t msg_size)
 {
     if (out) *out = NULL;
-    if (msg && msg_size) snprintf(msg, msg_size, "backend cuda: this xknn was built without CUDA (reconfigure with -Dcuda=enabled)");
+    if (msg && msg_size) snprintf(msg, msg_size, "%s", kNotBuilt);
     return XKNN_ERROR_NOT_BUILT;
 }
 
@@ -99,3 +100,33 @@ xknn_status xknn__softknn_cuda_eval(xknn__sk_cuda *s, const xknn__sk_job *job)
         snprintf(job->msg, job->msg_size, "backend cuda: this xknn was built without CUDA");
     return XKNN_ERROR_NOT_BUILT;
 }
+
+/* Resident reference rows (xknn__cuda_resident_*, kernels/cuda/resident.cu): nothing
+ * opens, so the distributed layer keeps its host path. */
+xknn__cuda_resident *xknn__cuda_resident_open(const xknn_params *params, int device, const xknn_matrix *ref,
+                                              int64_t qb, int64_t k, char *why, size_t why_size)
+{
+    if (why && why_size) snprintf(why, why_size, "%s", kNotBuilt);
+    return NULL;
+}
+
+int xknn__cuda_resident_reserve(xknn__cuda_resident *r, const xknn_params *params, int64_t qb, int64_t k, char *why,
+                                size_t why_size)
+{
+    if (why && why_size) snprintf(why, why_size, "%s", kNotBuilt);
+    return -1;
+}
+
+xknn_status xknn__cuda_resident_update(xknn__cuda_resident *r, int64_t row0, const xknn_matrix *rows, xknn_error *err)
+{
+    return xknn__cuda_not_built(err);
+}
+
+xknn_status xknn__cuda_resident_search(xknn__cuda_resident *r, const xknn_params *params, const float *q,
+                                       int64_t rows, int64_t *ids, float *dist, void (*poll)(void *), void *poll_arg,
+                                       xknn_error *err)
+{
+    return xknn__cuda_not_built(err);
+}
+
+void xknn__cuda_resident_close(xknn__cuda_resident *r) {}
