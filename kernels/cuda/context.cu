@@ -93,6 +93,7 @@ xknn_status host_begin(const xknn__job *job, DeviceScope &scope, xknn_cuda_conte
         const xknn_status cs = xknn_cuda_context_create(prm->device, own_ctx, &tmp_err);
         if (cs != XKNN_SUCCESS) return failf(er, cs, "%s", tmp_err.message);
         *ctx = *own_ctx;
+        (*ctx)->copy_pool_none = 1; /* one call's context: no helper threads to start */
     }
     XKNN__CUDA_CHECK(scope.enter((*ctx)->device));
     *budget = budget_of(prm, (*ctx)->pool, er, &st);
@@ -186,6 +187,7 @@ void xknn_cuda_context_destroy(xknn_cuda_context *ctx)
     if (scope.enter(ctx->device) == cudaSuccess) {
         /* (first: a copy still running reads the kept lists) */
         copier_destroy(ctx->copier);
+        pool_destroy(ctx->copy_pool);
         for (int i = 0; i < 8; ++i) kept_free(ctx->kept[i]);
         for (int i = 0; i < 4; ++i) {
             if (ctx->lists[i].ids) cudaFree(ctx->lists[i].ids);

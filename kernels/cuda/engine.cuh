@@ -77,6 +77,10 @@ struct xknn_cuda_context {
     /* finite.cu's two check words (references, queries) on the device; pinned host
      * words: their copy, then a search's kStatCount counters. Made with the staging ring */
     unsigned long long *finite_dev, *finite_host;
+    /* pool_copy's helper threads (made by the first staged copy that can use them;
+     * copy_pool_none: none could be had) */
+    struct xknn_cuda_pool *copy_pool;
+    int copy_pool_none;
     /* sync_stream's event (blocking sync), one waiter at a time (sync_lock) */
     cudaEvent_t sync_ev;
     pthread_mutex_t sync_lock;
@@ -337,8 +341,14 @@ size_t budget_of(const xknn_params *prm, cudaMemPool_t pool, Err er, xknn_status
 xknn_status host_begin(const xknn__job *job, DeviceScope &scope, xknn_cuda_context **ctx,
                        xknn_cuda_context **own_ctx, size_t *budget, Err er);
 
+/* ---- pool.cu: the context's copy helpers (threads: params.num_threads, 0: the budget) */
+int pool_helpers(xknn_cuda_context *ctx, int threads);
+void pool_copy(xknn_cuda_context *ctx, char *dst, const char *src, int64_t rows, size_t row_bytes, size_t ld_bytes,
+               int threads);
+void pool_destroy(struct xknn_cuda_pool *p);
+
 /* ---- staging.cu: pinned staging, kept rows, list mirrors, results to the host */
-size_t stage_piece(void);
+size_t stage_piece(xknn_cuda_context *ctx, int threads);
 cudaError_t stage_make(xknn_cuda_context *ctx);
 void host_rows_copy(char *dst, const char *src, int64_t rows, size_t row_bytes, size_t ld_bytes, int threads);
 xknn_status stage_bytes(xknn_cuda_context *ctx, char *dev, const char *host, int64_t rows, size_t row_bytes,
@@ -354,7 +364,7 @@ bool mirror_of(const xknn_cuda_context *ctx, const int64_t *ids, int64_t rows, i
 xknn_status mirror_begin(xknn_cuda_context *ctx, int i, const xknn__sym_side *s, int64_t k, int pad, int ip,
                          size_t *budget, int threads, Err er);
 xknn_status mirror_end(xknn_cuda_context *ctx, int i, int download, int threads, Err er);
-/* (grain: bytes a piece; 0: stage_piece(), the pipeline's latency grain; bulk copies of
+/* (grain: bytes a piece; 0: stage_piece(ctx, threads), the pipeline's latency grain; bulk copies of
  * whole list sets pass kStagePiece) */
 xknn_status results_out(xknn_cuda_context *ctx, int staged, int64_t *ids_host, const int64_t *ids_dev,
                         float *dist_host, const float *dist_dev, size_t count, int threads, cudaStream_t s,

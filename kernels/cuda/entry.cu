@@ -250,10 +250,10 @@ xknn_status host_search(const xknn__job *job, Err er)
                 const int b = (int)(c & 1);
                 const int64_t rows = min64(chunk, n - r0);
                 /* the previous copy out of pinned[b] is complete: refill it on the host
-                 * (on the step policy's threads: a chunk may be large) */
+                 * (pool_copy: a chunk may be large) */
                 XKNN__CUDA_CHECK(cudaEventSynchronize(h2d_done[b]));
-                host_rows_copy((char *)hb.pinned[b], (const char *)(job->ref + r0 * job->ldr), rows, row_bytes,
-                               (size_t)job->ldr * sizeof(float), prm->num_threads);
+                pool_copy(ctx, (char *)hb.pinned[b], (const char *)(job->ref + r0 * job->ldr), rows, row_bytes,
+                          (size_t)job->ldr * sizeof(float), prm->num_threads);
                 /* device buffer b is free once the pass that used it is done */
                 XKNN__CUDA_CHECK(cudaStreamWaitEvent(sx, use_done[b], 0));
                 XKNN__CUDA_CHECK(cudaMemcpyAsync(hb.dChunk[b], hb.pinned[b], (size_t)rows * row_bytes,

@@ -13,11 +13,15 @@ namespace xknn_cuda {
 
 /* ---- pinned staging ------------------------------------------------------------------
  * Pieces of stage_piece() bytes alternate between two pinned buffers of kStagePiece
- * bytes; the host copies a piece in (on the threads the step policy gives: a piece is
- * small, so the calling thread), the copy stream moves it to the device, and the buffer
- * is reused once its copy has completed (its event, a blocking one: the host sleeps). */
-/* Bytes per piece of the staging pipeline */
-size_t stage_piece(void) { return kStageGrain; }
+ * bytes; the host copies a piece in (pool_copy: the calling thread and the context's
+ * copy helpers), the copy stream moves it to the device, and the buffer is reused once
+ * its copy has completed (its event, a blocking one: the host sleeps). */
+/* Bytes per piece of the staging pipeline: whole buffers where helpers share the host's
+ * copies (one wake-up a piece), else kStageGrain (more overlap for a lone thread) */
+size_t stage_piece(xknn_cuda_context *ctx, int threads)
+{
+    return pool_helpers(ctx, threads) > 0 ? kStagePiece : kStageGrain;
+}
 
 cudaError_t stage_make(xknn_cuda_context *ctx)
 {
@@ -73,7 +77,7 @@ xknn_status stage_bytes(xknn_cuda_context *ctx, char *dev, const char *host, int
                         size_t ld_bytes, int threads, int *piece, Err er, size_t grain)
 {
     xknn_status st = XKNN_SUCCESS;
-    if (!grain) grain = stage_piece();
+    if (!grain) grain = stage_piece(ctx, threads);
     const int64_t per = max64(1, (int64_t)(grain / row_bytes));
     for (int64_t r0 = 0; r0 < rows; r0 += per) {
         const int64_t nr = min64(per, rows - r0);
@@ -85,7 +89,7 @@ xknn_status stage_bytes(xknn_cuda_context *ctx, char *dev, const char *host, int
             continue;
         }
         XKNN__CUDA_CHECK(cudaEventSynchronize(ctx->stage_done[b]));
-        host_rows_copy(ctx->stage[b], host + r0 * ld_bytes, nr, row_bytes, ld_bytes, threads);
+        pool_copy(ctx, ctx->stage[b], host + r0 * ld_bytes, nr, row_bytes, ld_bytes, threads);
         XKNN__CUDA_CHECK(cudaMemcpyAsync(dev + r0 * row_bytes, ctx->stage[b], (size_t)nr * row_bytes,
                                          cudaMemcpyHostToDevice, ctx->copy_stream));
         XKNN__CUDA_CHECK(cudaEventRecord(ctx->stage_done[b], ctx->copy_stream));
@@ -299,7 +303,7 @@ xknn_status results_out(xknn_cuda_context *ctx, int staged, int64_t *ids_host, c
             XKNN__CUDA_CHECK(cudaMemcpyAsync(dst[i], src[i], bytes[i], cudaMemcpyDeviceToHost, s));
             continue;
         }
-        if (!grain) grain = stage_piece();
+        if (!grain) grain = stage_piece(ctx, threads);
         for (size_t o = 0; o < bytes[i]; o += grain) {
             const size_t len = bytes[i] - o < grain ? bytes[i] - o : grain;
             const int b = (*piece)++ & 1;
@@ -308,7 +312,7 @@ xknn_status results_out(xknn_cuda_context *ctx, int staged, int64_t *ids_host, c
             XKNN__CUDA_CHECK(cudaEventRecord(ctx->stage_done[b], s));
             if (pend_dst) {
                 XKNN__CUDA_CHECK(cudaEventSynchronize(ctx->stage_done[pend_b]));
-                host_rows_copy(pend_dst, ctx->stage[pend_b], 1, pend_len, pend_len, threads);
+                pool_copy(ctx, pend_dst, ctx->stage[pend_b], 1, pend_len, pend_len, threads);
             }
             pend_dst = dst[i] + o;
             pend_len = len;
@@ -317,7 +321,7 @@ xknn_status results_out(xknn_cuda_context *ctx, int staged, int64_t *ids_host, c
     }
     if (pend_dst) {
         XKNN__CUDA_CHECK(cudaEventSynchronize(ctx->stage_done[pend_b]));
-        host_rows_copy(pend_dst, ctx->stage[pend_b], 1, pend_len, pend_len, threads);
+        pool_copy(ctx, pend_dst, ctx->stage[pend_b], 1, pend_len, pend_len, threads);
     }
     XKNN__CUDA_CHECK(sync_stream(ctx, s));
 cleanup:

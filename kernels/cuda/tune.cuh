@@ -56,6 +56,14 @@ static const int64_t kFfmaCarryRatio = 16384;
  * overlap more, larger ones pay less per copy: 512 KiB balances the two). */
 static const size_t kStagePiece = (size_t)4 << 20, kStageGrain = (size_t)512 << 10;
 
+/* ---- the copy helpers (pool_copy) ----------------------------------------------------
+ * At most kPoolHelpers helper threads beside the caller (eight copying threads reach the
+ * host memory's copy bandwidth); chunks of kPoolChunk bytes, small enough that a helper
+ * the scheduler stops mid-chunk leaves the caller little to wait for. With helpers, the
+ * staging pieces are kStagePiece bytes: one wake-up of the helpers a piece. */
+static const int kPoolHelpers = 7;
+static const size_t kPoolChunk = (size_t)128 << 10;
+
 /* ---- the copier (xknn_cuda_copy_lists_start) -----------------------------------------
  * kJobs tickets in flight at most; two pinned buffers of kCopierBuf bytes for pageable
  * destinations. */
