@@ -321,6 +321,13 @@ XKNN_API xknn_status xknn_check_input(const xknn_params *params, const char *wha
  * 8 MiB). */
 XKNN_API int xknn_thread_budget(void);
 
+/* Not collective. Tells the library that `ranks` processes of one program share this
+ * node's CPUs (xknn_mpi_create calls it with its node's rank count). While the affinity
+ * mask holds every online CPU (the ranks are not bound) and OMP_NUM_THREADS is unset,
+ * xknn_thread_budget then returns this process's share, online CPUs / ranks (at least
+ * 1), instead of every CPU for each rank. ranks <= 1: no sharing (the default). */
+XKNN_API void xknn_thread_share(int ranks);
+
 /* The element type in which to search stored rows of type ref against rows of type query
  * (cols elements a row) with metric on backend (as resolved: cpu or cuda): float32 where
  * the stored type has no exact fast path of its own for the metric (l2/euclidean on
@@ -598,6 +605,33 @@ static int xknn__row_nonfinite(const float *row, int64_t cols)
     return bad != 0;
 }
 
+#if defined(_OPENMP)
+/* The online CPUs (0 where unknown), read once: a benign race, every thread reads the
+ * same */
+static int xknn__online_cpus(void)
+{
+    static volatile int online = -1;
+    if (online < 0) {
+        int c = 0;
+        char line[256];
+        FILE *f = fopen("/sys/devices/system/cpu/online", "r");
+        if (f && fgets(line, sizeof line, f)) /* ranges: "0-63" or "0-3,8-11" */
+            for (char *p = line; *p && *p != '\n';) {
+                char *e;
+                const long a = strtol(p, &e, 10);
+                long b = a;
+                if (e == p) break;
+                if (*e == '-') b = strtol(e + 1, &e, 10);
+                c += (int)(b - a + 1);
+                p = *e == ',' ? e + 1 : e;
+            }
+        if (f) fclose(f);
+        online = c;
+    }
+    return online;
+}
+#endif
+
 /* ceil(quota / period) of the cgroup CPU limit, 0 when there is none or it cannot be
  * read: cgroup v2 (the process's own group from /proc/self/cgroup, then the root), v1. */
 static int xknn__cgroup_cpus(void)
@@ -629,6 +663,10 @@ static int xknn__cgroup_cpus(void)
     return quota > 0 && period > 0 ? (int)((quota + period - 1) / period) : 0;
 }
 
+/* xknn_thread_share's rank count (1: no sharing) */
+static volatile int xknn__share_ranks = 1;
+void xknn_thread_share(int ranks) { xknn__share_ranks = ranks > 1 ? ranks : 1; }
+
 int xknn_thread_budget(void)
 {
     /* the quota, read once (-1: not yet): a benign race, every thread computes the same */
@@ -639,9 +677,14 @@ int xknn_thread_budget(void)
      * exceed the mask and the mask may shrink later (taskset -p, sched_setaffinity):
      * omp_get_num_procs() is the mask now under libgomp (the start's under libomp). A
      * minimum, so the mask is never counted twice. */
-    const int procs = omp_get_num_procs();
+    const int procs = omp_get_num_procs(), share = xknn__share_ranks;
     n = omp_get_max_threads();
     if (procs > 0 && procs < n) n = procs;
+    /* unbound ranks of one node: each its share (a bound rank's mask is its share) */
+    if (share > 1 && !getenv("OMP_NUM_THREADS")) {
+        const int online = xknn__online_cpus();
+        if (online > 0 && procs >= online && online / share < n) n = online / share;
+    }
 #endif
     if (cgroup < 0) cgroup = xknn__cgroup_cpus();
     if (cgroup > 0 && cgroup < n) n = cgroup;

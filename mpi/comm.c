@@ -182,6 +182,7 @@ xknn_status xknn_mpi_create(MPI_Comm comm, const xknn_mpi_config *config, xknn_m
     if (rc == MPI_SUCCESS) rc = MPI_Comm_size(local, &ctx->local_size);
     if (local != MPI_COMM_NULL) MPI_Comm_free(&local);
     if (rc != MPI_SUCCESS) st = xknn__mpi_error(rank, &lerr, rc, "MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)");
+    if (rc == MPI_SUCCESS) xknn_thread_share(ctx->local_size); /* the node's CPUs are shared */
 
     if (st == XKNN_SUCCESS && cfg.device < -1)
         st = xknn__mpi_fail(&lerr, XKNN_ERROR_INVALID_ARGUMENT, "rank %d: config device=%d: need -1 or a device ordinal",

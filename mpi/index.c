@@ -52,6 +52,10 @@ static xknn_status xknn__index_copy(xknn_mpi_index *x, const xknn_matrix *ref, x
     if (!x->rows)
         return xknn__mpi_fail(err, XKNN_ERROR_OUT_OF_MEMORY, "rank %d: out of memory for the index's slice "
                               "(%.1f MiB)", rank, (double)(ref->rows * rb) / 1048576.0);
+    /* on the budget's threads: a slice is GBs, and its pages are touched here first */
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) num_threads(xknn_thread_budget()) if (ref->rows * rb >= (64 << 20))
+#endif
     for (i = 0; i < ref->rows; i++)
         memcpy(x->rows + i * rb, (const unsigned char *)ref->data + i * ldb, (size_t)rb);
     return XKNN_SUCCESS;

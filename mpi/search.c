@@ -300,13 +300,16 @@ done:
     return st;
 }
 
-static int64_t xknn__pick_query_block(int64_t cfg, int64_t nq, int64_t row_bytes, int64_t k, int P)
+static int64_t xknn__pick_query_block(int64_t cfg, int64_t nq, int64_t row_bytes, int64_t k)
 {
     int64_t qb;
     if (cfg > 0) {
         qb = cfg;
     } else {
-        qb = (nq + 4 * (int64_t)P - 1) / (4 * (int64_t)P);
+        /* every rank searches every block at once, so more blocks a rank add no
+         * parallelism, only per-block costs: four blocks overlap the broadcast and the
+         * reduction with the search whatever P is */
+        qb = (nq + 3) / 4;
         if (qb < 64) qb = 64;
         if (qb > 2048) qb = 2048;
         while (qb > 1 && (double)qb * (double)(2 * row_bytes + 4 * k * 12) > 256.0 * 1024 * 1024) qb /= 2;
@@ -488,7 +491,7 @@ static void xknn__run_plan(xknn__search *S)
             break;
         }
     S->row_bytes = xknn_row_bytes(S->dtype, S->d);
-    S->qb = xknn__pick_query_block(S->ctx->config.query_block, S->nq, S->row_bytes, S->k, S->P);
+    S->qb = xknn__pick_query_block(S->ctx->config.query_block, S->nq, S->row_bytes, S->k);
     S->it.self = S->self;
     S->it.P = S->P;
     S->it.nq = S->nq;

@@ -94,6 +94,31 @@ static int child_omp2(void)
     return tap_done();
 }
 
+/* Child without OMP_NUM_THREADS: ranks sharing the node (xknn_thread_share) take their
+ * share while the mask holds every online CPU; a narrower mask is already a share */
+static int child_share(void)
+{
+    cpu_set_t set;
+    const long online = sysconf(_SC_NPROCESSORS_ONLN);
+    const int full = xknn_thread_budget();
+    int share;
+    plan(3);
+    if (sched_getaffinity(0, sizeof set, &set) != 0) bail("sched_getaffinity failed");
+    xknn_thread_share(2);
+    share = xknn_thread_budget();
+    if (CPU_COUNT(&set) == online) {
+        const int want = online / 2 < full ? (int)(online / 2) : full;
+        is_int(share, want > 0 ? want : 1, "2 ranks on %ld unbound CPUs: each takes its share", online);
+    } else {
+        is_int(share, full, "2 ranks, a mask of %d of %ld CPUs: the mask is the share", CPU_COUNT(&set), online);
+    }
+    xknn_thread_share((int)online * 4);
+    ok(xknn_thread_budget() >= 1, "more ranks than CPUs: still one thread each (%d)", xknn_thread_budget());
+    xknn_thread_share(1);
+    is_int(xknn_thread_budget(), full, "no sharing again: the whole budget");
+    return tap_done();
+}
+
 /* Runs cmd; its TAP lines come back as diagnostics, its verdict as one test here. */
 static void run_child(const char *cmd, int tests, const char *what)
 {
@@ -146,7 +171,8 @@ int main(int argc, char **argv)
     int cpus, i;
     if (argc > 2 && !strcmp(argv[1], "--one-cpu")) return child(argv[2]);
     if (argc > 1 && !strcmp(argv[1], "--omp2")) return child_omp2();
-    plan(9);
+    if (argc > 1 && !strcmp(argv[1], "--share")) return child_share();
+    plan(10);
     if (sched_getaffinity(0, sizeof set, &set) != 0) bail("sched_getaffinity failed");
     all = set;
     cpus = CPU_COUNT(&set);
@@ -159,6 +185,8 @@ int main(int argc, char **argv)
     search(0, ids, dist);
     snprintf(cmd, sizeof cmd, "env OMP_NUM_THREADS=2 '%s' --omp2", argv[0]);
     run_child(cmd, 1, "OMP_NUM_THREADS=2");
+    snprintf(cmd, sizeof cmd, "env -u OMP_NUM_THREADS '%s' --share", argv[0]);
+    run_child(cmd, 3, "ranks sharing the node");
     {
         const unsigned long long bits = bits_of(ids, dist, 300 * 8);
         for (i = 0; i < CPU_SETSIZE && !CPU_ISSET(i, &set); i++) {

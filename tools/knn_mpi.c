@@ -14,9 +14,6 @@
  * Exit codes: 0 ok, 1 usage, 2 input, 3 resource, 4 internal; every rank exits with the
  * same code, and only rank 0 prints.
  */
-#if defined(__linux__)
-#define _GNU_SOURCE /* sched_getaffinity: the cores a rank may run on */
-#endif
 #define _POSIX_C_SOURCE 200809L
 
 #include <errno.h>
@@ -1314,21 +1311,12 @@ int main(int argc, char **argv)
         r->comm = r->ctx ? xknn_mpi_comm(r->ctx) : MPI_COMM_WORLD;
         if (st != XKNN_SUCCESS) goto report;
         knn_outs_attach(&r->outs, r->ctx, r->comm);
-        /* Ranks that share a node share its cores: without --threads or OMP_NUM_THREADS,
-         * each takes its share (OpenMP's default of every core per rank oversubscribes
-         * them, and each parallel region then waits out scheduler ticks). */
-        if (r->o.threads == 0 && !getenv("OMP_NUM_THREADS") && xknn_mpi_local_size(r->ctx) > 1) {
-            long share = sysconf(_SC_NPROCESSORS_ONLN) / xknn_mpi_local_size(r->ctx);
-#if defined(__linux__)
-            cpu_set_t set; /* a rank bound to fewer cores (mpirun --bind-to core) gets those */
-            if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) < share) share = CPU_COUNT(&set);
-#endif
-            r->params.num_threads = share > 1 ? (int)share : 1;
+        /* Ranks that share a node share its cores: xknn_mpi_create told the library
+         * (xknn_thread_share), whose budget is then this rank's share; the command's
+         * own parallel regions take the same */
 #if defined(_OPENMP)
-            /* (and every parallel region of this thread without a count of its own) */
-            omp_set_num_threads(r->params.num_threads);
+        if (r->o.threads == 0) omp_set_num_threads(xknn_thread_budget());
 #endif
-        }
     }
 #endif
 
