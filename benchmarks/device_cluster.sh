@@ -9,7 +9,7 @@
 #   build    release, CUDA, gpu_arch 90, in $BUILD (bench_scaling, knn_mpi, bench_knn)
 #   scaling  bench_scaling --mode both (one-shot, then a resident index) with 1, 2, 4 ...
 #            ranks (a GPU each): strong n = $N_STRONG, weak $N_WEAK per rank; nq 10k,
-#            d = 128, k = 100
+#            d = 128, k = 100 (RANKS_STRONG, RANKS_WEAK: other rank lists for either)
 #   files    knn_mpi end to end on .fbin files in the page cache: the W1 files (1M x 128,
 #            10k queries) on one GPU, and $N_FILE x 128 on 1, 2, 4 ... ranks (k = 100);
 #            total, read and search seconds and read GB/s per rank from --json
@@ -54,7 +54,9 @@ KNN=$BUILD/tools/knn_mpi
 
 if has scaling; then
     for kind in strong weak; do
-        for p in $RANKS; do
+        ranks=${RANKS_STRONG:-$RANKS}
+        [ $kind = weak ] && ranks=${RANKS_WEAK:-$RANKS}
+        for p in $ranks; do
             size="--n $N_STRONG"; [ $kind = weak ] && size="--n-per-rank $N_WEAK"
             j=$OUT/cluster/scaling_${kind}_np$p.json
             # shellcheck disable=SC2086 # size: two words

@@ -22,7 +22,7 @@ mkdir -p "$OUT"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 t_start=$SECONDS
 [ -f "$BUILD/build.ninja" ] || meson setup "$BUILD" -Dbuildtype=release -Dcuda=enabled -Dgpu_arch=90 \
-    -Dexamples=false > "$OUT/suite-setup.txt" 2>&1 || { tail -20 "$OUT/suite-setup.txt"; exit 1; }
+    -Dexamples=true > "$OUT/suite-setup.txt" 2>&1 || { tail -20 "$OUT/suite-setup.txt"; exit 1; }
 ninja -C "$BUILD" > "$OUT/suite-build.txt" 2>&1 || { tail -30 "$OUT/suite-build.txt"; exit 1; }
 echo "=== built in $((SECONDS - t_start)) s"
 GPUS=${GPUS:-$(nvidia-smi -L | sed -n 's/^GPU \([0-9]*\):.*/\1/p' | tr '\n' ' ')}

@@ -10,7 +10,14 @@
  * that has not started; it waits only for chunks a helper is copying at that moment. On
  * an idle machine the helpers take most of the chunks and the copy runs at the memory's
  * speed. Idle helpers sleep on a condition variable: nothing spins.
+ *
+ * A helper descheduled in the middle of a chunk still makes the caller wait for it. When
+ * that wait was long (kPoolLate: a scheduler slice, not a chunk's copy), the machine is
+ * busy: the copies of the next kPoolRest seconds run on the caller alone, then helpers
+ * are tried again.
  */
+#include <time.h>
+
 #include <atomic>
 #include <new>
 
@@ -36,6 +43,7 @@ struct xknn_cuda_pool {
     std::atomic<uint64_t> claim;
     std::atomic<int64_t> left; /* chunks not copied yet                        */
     std::atomic<int> waiting;  /* the caller sleeps on progress                */
+    double rest_until;         /* the caller's: no helpers before this time      */
     /* the job; written before its generation is published, read after a claim */
     char *dst;
     const char *src;
@@ -44,6 +52,13 @@ struct xknn_cuda_pool {
 };
 
 namespace {
+
+double now_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
 
 void copy_rows(char *dst, const char *src, int64_t rows, size_t row_bytes, size_t ld_bytes)
 {
@@ -148,7 +163,7 @@ int pool_helpers(xknn_cuda_context *ctx, int threads)
 {
     if (!ctx || threads == 1) return 0;
     const xknn_cuda_pool *p = pool_get(ctx);
-    const int h = p ? p->nth : 0;
+    const int h = p && (p->rest_until == 0.0 || now_s() >= p->rest_until) ? p->nth : 0;
     return threads > 1 && threads - 1 < h ? threads - 1 : h;
 }
 
@@ -183,13 +198,17 @@ void pool_copy(xknn_cuda_context *ctx, char *dst, const char *src, int64_t rows,
     pthread_cond_broadcast(&p->wake);
     pthread_mutex_unlock(&p->mu);
     pool_work(p, g);
+    p->rest_until = 0.0;
     if (p->left.load() > 0) {
         /* only chunks a helper is copying now are left: sleep until the last is done */
+        const double t0 = now_s();
         pthread_mutex_lock(&p->mu);
         p->waiting.store(1);
         while (p->left.load() > 0) pthread_cond_wait(&p->progress, &p->mu);
         p->waiting.store(0);
         pthread_mutex_unlock(&p->mu);
+        const double t1 = now_s();
+        if (t1 - t0 > kPoolLate) p->rest_until = t1 + kPoolRest;
     }
 }
 

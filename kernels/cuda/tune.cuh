@@ -63,6 +63,10 @@ static const size_t kStagePiece = (size_t)4 << 20, kStageGrain = (size_t)512 << 
  * staging pieces are kStagePiece bytes: one wake-up of the helpers a piece. */
 static const int kPoolHelpers = 7;
 static const size_t kPoolChunk = (size_t)128 << 10;
+/* A wait for a helper's chunk longer than kPoolLate seconds (a chunk copies in about
+ * 20 us; a descheduled thread waits a scheduler slice, milliseconds) rests the helpers
+ * for kPoolRest seconds */
+static const double kPoolLate = 200e-6, kPoolRest = 0.1;
 
 /* ---- the copier (xknn_cuda_copy_lists_start) -----------------------------------------
  * kJobs tickets in flight at most; two pinned buffers of kCopierBuf bytes for pageable
