@@ -561,6 +561,8 @@ typedef struct knn_run {
     xknn_params params;
     const char *backend_used;
     double t_read, t_bcast, t_search, t_reduce, t_write, t_total, t_query; /* max over ranks */
+    double t_setup;         /* start to the read: MPI_Init, contexts, outputs (max) */
+    double t_devwait;       /* after the read, waiting for the device warm-up (max) */
     int64_t query_block, blocks;
     const char *transfer;
     unsigned char *wbuf;    /* the sink's encoding buffer                         */
@@ -1133,8 +1135,9 @@ static xknn_status knn__write_json(knn_run *r, double qps, xknn_error *err)
             r->params.num_threads, (long long)r->query_block, (long long)r->blocks, r->transfer);
     fprintf(f,
             "  \"time_s\": {\"read\": %.6f, \"broadcast\": %.6f, \"search\": %.6f, \"reduce\": %.6f, "
-            "\"write\": %.6f, \"query_phase\": %.6f, \"total\": %.6f},\n",
-            r->t_read, r->t_bcast, r->t_search, r->t_reduce, r->t_write, r->t_query, r->t_total);
+            "\"write\": %.6f, \"query_phase\": %.6f, \"setup\": %.6f, \"device_wait\": %.6f, \"total\": %.6f},\n",
+            r->t_read, r->t_bcast, r->t_search, r->t_reduce, r->t_write, r->t_query, r->t_setup, r->t_devwait,
+            r->t_total);
     {
         /* the rows read by all ranks over the slowest rank's read phase */
         const double bytes = (double)r->n * (double)r->rinfo.row_bytes +
@@ -1381,21 +1384,29 @@ int main(int argc, char **argv)
         warm.cx = NULL;
         if (r->o.backend != XKNN_BACKEND_CPU && warm.device >= 0 && xknn_backend_built(XKNN_BACKEND_CUDA))
             warming = pthread_create(&wth, NULL, knn__warm_device, &warm) == 0;
+        r->t_setup = knn__now() - t_begin;
         st = knn__read(r, &err);
         if (warming) {
+            const double t0 = knn__now();
             pthread_join(wth, NULL);
             r->params.cuda_context = r->cuctx = warm.cx;
+            r->t_devwait = knn__now() - t0;
         }
     }
 #else
+    r->t_setup = knn__now() - t_begin;
     st = knn__read(r, &err);
 #endif
     if (st != XKNN_SUCCESS) goto report;
     {
-        double v[1];
+        double v[3];
         v[0] = r->t_read;
-        knn__max_doubles(r, v, 1);
+        v[1] = r->t_setup;
+        v[2] = r->t_devwait;
+        knn__max_doubles(r, v, 3);
         r->t_read = v[0];
+        r->t_setup = v[1];
+        r->t_devwait = v[2];
     }
     r->params.weights = r->weights;
     r->params.weights_count = r->weights ? r->dsearch : 0;
