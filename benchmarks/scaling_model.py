@@ -4,7 +4,7 @@
 
     python3 benchmarks/scaling_model.py RUNS.json [RUNS.json ...] [--n 400M] [--weak-n 50M]
                                         [--ranks 1,2,4,8,64,512] [--net-gbs 25] [--net-us 5]
-                                        [--gpus-per-node 8] [--json model.json]
+                                        [--gpus-per-node 8] [--mode resident] [--json model.json]
 
 Model (one query set of nq queries, d dimensions, k neighbours, P ranks, one GPU each):
 
@@ -26,6 +26,10 @@ assumed: --net-gbs GB/s per rank and --net-us microseconds latency per message (
 cluster you project for). Reading the inputs is outside the model (file systems differ);
 bench_scaling generates each slice in place.
 
+--mode picks the rows of one kind of search: resident (an index created once; its
+searches move only queries and candidates) or one-shot (each search stages the slice);
+runs from before the modes existed count as one-shot.
+
 Every row of the printed table says whether it was measured or projected.
 """
 import argparse
@@ -44,7 +48,7 @@ def parse_size(s):
     return int(float(s))
 
 
-def load_rows(paths):
+def load_rows(paths, mode):
     rows = []
     for _, run in json_runs(paths):
         if run.get("program") != "bench_scaling":
@@ -53,7 +57,7 @@ def load_rows(paths):
         if meta.get("backend") != "cuda":
             continue
         for r in run.get("rows", []):
-            if r.get("status") != "ok" or r.get("wrong", 0):
+            if r.get("status") != "ok" or r.get("wrong", 0) or r.get("mode", "one-shot") != mode:
                 continue
             rows.append(dict(scaling=meta.get("scaling"), ranks=r["ranks"], n=r["n"], nq=r["nq"], d=r["d"],
                              k=r["k"], search=r["search_ms"] / 1e3, bcast=r["broadcast_ms"] / 1e3,
@@ -110,14 +114,16 @@ def main():
     ap.add_argument("--gpus-per-node", type=int, default=8)
     ap.add_argument("--net-gbs", type=float, default=25.0, help="inter-node GB/s per rank (assumed)")
     ap.add_argument("--net-us", type=float, default=5.0, help="inter-node latency per message, us (assumed)")
+    ap.add_argument("--mode", default="resident", choices=("resident", "one-shot"),
+                    help="the rows to fit (default resident)")
     ap.add_argument("--json", help="write the fitted model and the projections here")
     a = ap.parse_args()
 
-    rows = load_rows(a.runs)
+    rows = load_rows(a.runs, a.mode)
     model = fit(rows)
     n, wn, nq = parse_size(a.n), parse_size(a.weak_n), parse_size(a.nq)
     ranks = [int(x) for x in a.ranks.split(",")]
-    print(f"# scaling model fitted to {len(rows)} measured rows "
+    print(f"# scaling model of {a.mode} searches fitted to {len(rows)} measured rows "
           f"(commits {sorted(set(r['commit'] for r in rows))}, {rows[0]['device']})")
     print(f"# S(m) = {model['s0'] * 1e3:.1f} ms + m*nq*d*2 / {model['rate'] / 1e12:.1f} TFLOP/s; "
           f"per tree level inside a node {model['level_intra'] * 1e3:.1f} ms (bcast + reduce); "
