@@ -81,6 +81,17 @@ static void xknn__index_init(xknn_mpi_index *x, xknn_mpi_context *ctx, const xkn
     x->ref_offset = ref_offset;
 }
 
+/* An index's memory for create and borrow, lerr cleared; NULL with *st and lerr set
+ * when there is none (the caller still reaches the agreement). */
+static xknn_mpi_index *xknn__index_alloc(const xknn_mpi_context *ctx, xknn_error *lerr, xknn_status *st)
+{
+    xknn_mpi_index *x = (xknn_mpi_index *)malloc(sizeof *x);
+    lerr->status = XKNN_SUCCESS;
+    lerr->message[0] = '\0';
+    if (!x) *st = xknn__mpi_fail(lerr, XKNN_ERROR_OUT_OF_MEMORY, "rank %d: out of memory", ctx->rank);
+    return x;
+}
+
 /* Fills a borrowed index on the caller's memory (no allocation, no communication):
  * trust = 1 takes the slice's values as checked. */
 static void xknn__index_lend(xknn_mpi_index *x, xknn_mpi_context *ctx, const xknn_params *params,
@@ -101,10 +112,7 @@ xknn_status xknn_mpi_index_create(xknn_mpi_context *ctx, const xknn_params *para
     xknn_error lerr;
     if (!ctx || !index) return xknn__mpi_fail(err, XKNN_ERROR_INVALID_ARGUMENT, "xknn_mpi_index_create: NULL argument");
     *index = NULL;
-    lerr.status = XKNN_SUCCESS;
-    lerr.message[0] = '\0';
-    x = (xknn_mpi_index *)malloc(sizeof *x);
-    if (!x) st = xknn__mpi_fail(&lerr, XKNN_ERROR_OUT_OF_MEMORY, "rank %d: out of memory", ctx->rank);
+    x = xknn__index_alloc(ctx, &lerr, &st);
     if (x) {
         xknn__index_init(x, ctx, params, ref_offset);
         x->allocated = 1;
@@ -165,12 +173,8 @@ xknn_status xknn_mpi_index_borrow(xknn_mpi_context *ctx, const xknn_params *para
     xknn_error lerr;
     if (!ctx || !index) return xknn__mpi_fail(err, XKNN_ERROR_INVALID_ARGUMENT, "xknn_mpi_index_borrow: NULL argument");
     *index = NULL;
-    lerr.status = XKNN_SUCCESS;
-    lerr.message[0] = '\0';
-    x = (xknn_mpi_index *)malloc(sizeof *x);
-    if (!x) {
-        st = xknn__mpi_fail(&lerr, XKNN_ERROR_OUT_OF_MEMORY, "rank %d: out of memory", ctx->rank);
-    } else {
+    x = xknn__index_alloc(ctx, &lerr, &st);
+    if (x) {
         xknn__index_lend(x, ctx, params, ref, ref_offset, params && params->values_checked);
         x->allocated = 1;
         /* vouched-for values skip the scan, not the metric's checks (dtype pair, p,
