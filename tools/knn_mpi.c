@@ -1132,7 +1132,8 @@ static xknn_status knn__write_json(knn_run *r, double qps, xknn_error *err)
     fprintf(f, "  \"dtype\": \"%s\",\n  \"d_searched\": %lld,\n", xknn_dtype_name(r->dtype), (long long)r->dsearch);
     if (r->o.metric == XKNN_METRIC_MINKOWSKI) fprintf(f, "  \"p\": %.17g,\n", r->params.p);
     fprintf(f, "  \"threads\": %d,\n  \"query_block\": %lld,\n  \"blocks\": %lld,\n  \"transfer\": \"%s\",\n",
-            r->params.num_threads, (long long)r->query_block, (long long)r->blocks, r->transfer);
+            r->params.num_threads > 0 ? r->params.num_threads : xknn_thread_budget(), (long long)r->query_block,
+            (long long)r->blocks, r->transfer);
     fprintf(f,
             "  \"time_s\": {\"read\": %.6f, \"broadcast\": %.6f, \"search\": %.6f, \"reduce\": %.6f, "
             "\"write\": %.6f, \"query_phase\": %.6f, \"setup\": %.6f, \"device_wait\": %.6f, \"total\": %.6f},\n",
