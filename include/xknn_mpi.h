@@ -320,8 +320,11 @@ XKNN_API xknn_status xknn_mpi_search_gather(xknn_mpi_context *ctx, const xknn_pa
 typedef struct xknn_mpi_index xknn_mpi_index;
 
 /* Collective. Arguments as xknn_mpi_search's params, ref and ref_offset (host memory;
- * the caller may free ref after the call). Memory per rank: the slice in host memory,
- * and on the device where it is resident. *index is NULL on failure (agreed). */
+ * the caller may free ref after the call). The index keeps params as given for every
+ * search, query_id_offset and exclude_self included (a caller whose query roots take
+ * turns asks for k + 1 and drops each query's own id). Memory per rank: the slice in
+ * host memory, and on the device where it is resident. *index is NULL on failure
+ * (agreed). */
 XKNN_API xknn_status xknn_mpi_index_create(xknn_mpi_context *ctx, const xknn_params *params,
                                            const xknn_matrix *ref, int64_t ref_offset, xknn_mpi_index **index,
                                            xknn_error *err);
