@@ -16,8 +16,6 @@
  * busy: the copies of the next kPoolRest seconds run on the caller alone, then helpers
  * are tried again.
  */
-#include <time.h>
-
 #include <atomic>
 #include <new>
 
@@ -53,22 +51,6 @@ struct xknn_cuda_pool {
 
 namespace {
 
-double now_s(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
-void copy_rows(char *dst, const char *src, int64_t rows, size_t row_bytes, size_t ld_bytes)
-{
-    if (ld_bytes == row_bytes) {
-        memcpy(dst, src, (size_t)rows * row_bytes);
-        return;
-    }
-    for (int64_t i = 0; i < rows; ++i) memcpy(dst + i * (int64_t)row_bytes, src + i * (int64_t)ld_bytes, row_bytes);
-}
-
 /* Chunk index claimed in generation g, or -1 when none is left (or g is over) */
 int64_t pool_claim(xknn_cuda_pool *p, uint64_t g)
 {
@@ -85,8 +67,8 @@ void pool_work(xknn_cuda_pool *p, uint64_t g)
 {
     for (int64_t c; (c = pool_claim(p, g)) >= 0;) {
         const int64_t r0 = c * p->chunk_rows, nr = min64(p->chunk_rows, p->rows - r0);
-        copy_rows(p->dst + r0 * (int64_t)p->row_bytes, p->src + r0 * (int64_t)p->ld_bytes, nr, p->row_bytes,
-                  p->ld_bytes);
+        host_rows_copy(p->dst + r0 * (int64_t)p->row_bytes, p->src + r0 * (int64_t)p->ld_bytes, nr, p->row_bytes,
+                       p->ld_bytes, 1);
         if (p->left.fetch_sub(1) == 1 && p->waiting.load()) {
             pthread_mutex_lock(&p->mu);
             pthread_cond_signal(&p->progress);
@@ -163,7 +145,7 @@ int pool_helpers(xknn_cuda_context *ctx, int threads)
 {
     if (!ctx || threads == 1) return 0;
     const xknn_cuda_pool *p = pool_get(ctx);
-    const int h = p && (p->rest_until == 0.0 || now_s() >= p->rest_until) ? p->nth : 0;
+    const int h = p && (p->rest_until == 0.0 || wall_seconds() >= p->rest_until) ? p->nth : 0;
     return threads > 1 && threads - 1 < h ? threads - 1 : h;
 }
 
@@ -201,13 +183,13 @@ void pool_copy(xknn_cuda_context *ctx, char *dst, const char *src, int64_t rows,
     p->rest_until = 0.0;
     if (p->left.load() > 0) {
         /* only chunks a helper is copying now are left: sleep until the last is done */
-        const double t0 = now_s();
+        const double t0 = wall_seconds();
         pthread_mutex_lock(&p->mu);
         p->waiting.store(1);
         while (p->left.load() > 0) pthread_cond_wait(&p->progress, &p->mu);
         p->waiting.store(0);
         pthread_mutex_unlock(&p->mu);
-        const double t1 = now_s();
+        const double t1 = wall_seconds();
         if (t1 - t0 > kPoolLate) p->rest_until = t1 + kPoolRest;
     }
 }
