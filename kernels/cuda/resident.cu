@@ -19,6 +19,9 @@ struct xknn__cuda_resident {
     int device;
     float *dR, *dQ, *dDist;
     int64_t *dIds;
+    void *hOut;           /* pinned: a block's ids then distances on their way back, so
+                           * the copy is asynchronous (into pageable memory the driver
+                           * returns only once the kernel and the copy are done) */
     void *ws;
     size_t ws_bytes;
     cudaStream_t stream;
@@ -107,11 +110,14 @@ int resident_buffers(xknn__cuda_resident *r, const xknn_params *params, int64_t 
     if (r->dDist) cudaFree(r->dDist);
     if (r->dIds) cudaFree(r->dIds);
     if (r->dQ) cudaFree(r->dQ);
-    r->ws = NULL, r->dDist = NULL, r->dIds = NULL, r->dQ = NULL;
+    if (r->hOut) cudaFreeHost(r->hOut);
+    r->ws = NULL, r->dDist = NULL, r->dIds = NULL, r->dQ = NULL, r->hOut = NULL;
     r->qb = r->k = r->cap_k = 0;
     if (ce == cudaSuccess) ce = cudaMalloc((void **)&r->dQ, (size_t)qb * row);
     if (ce == cudaSuccess) ce = cudaMalloc((void **)&r->dIds, (size_t)(qb * k) * sizeof(int64_t));
     if (ce == cudaSuccess) ce = cudaMalloc((void **)&r->dDist, (size_t)(qb * k) * sizeof(float));
+    if (ce == cudaSuccess)
+        ce = cudaHostAlloc(&r->hOut, (size_t)(qb * k) * (sizeof(int64_t) + sizeof(float)), cudaHostAllocDefault);
     if (ce == cudaSuccess && r->budget) {
         const size_t used = (size_t)r->n * row + (size_t)qb * (row + (size_t)k * (sizeof(int64_t) + sizeof(float)));
         p.device_memory_budget = r->budget > used ? r->budget - used : 1;
@@ -171,6 +177,7 @@ void xknn__cuda_resident_close(xknn__cuda_resident *r)
         if (r->dDist) cudaFree(r->dDist);
         if (r->dIds) cudaFree(r->dIds);
         if (r->dQ) cudaFree(r->dQ);
+        if (r->hOut) cudaFreeHost(r->hOut);
         if (r->dR) cudaFree(r->dR);
         if (r->done) cudaEventDestroy(r->done);
         if (r->stream) cudaStreamDestroy(r->stream);
@@ -309,14 +316,17 @@ xknn_status xknn__cuda_resident_search(xknn__cuda_resident *r, const xknn_params
         if (ce == cudaSuccess) {
             st = xknn_cuda_search(r->ctx, params, &refm, &qm, r->k, r->dIds, dist ? r->dDist : NULL, r->ws,
                                   r->ws_bytes, err, r->stream);
+            const size_t ib = (size_t)(rows * r->k) * sizeof(int64_t), fb = (size_t)(rows * r->k) * sizeof(float);
+            char *h = (char *)r->hOut;
             if (st == XKNN_SUCCESS) {
-                ce = cudaMemcpyAsync(ids, r->dIds, (size_t)(rows * r->k) * sizeof(int64_t), cudaMemcpyDeviceToHost,
-                                     r->stream);
-                if (ce == cudaSuccess && dist)
-                    ce = cudaMemcpyAsync(dist, r->dDist, (size_t)(rows * r->k) * sizeof(float),
-                                         cudaMemcpyDeviceToHost, r->stream);
+                ce = cudaMemcpyAsync(h, r->dIds, ib, cudaMemcpyDeviceToHost, r->stream);
+                if (ce == cudaSuccess && dist) ce = cudaMemcpyAsync(h + ib, r->dDist, fb, cudaMemcpyDeviceToHost, r->stream);
             }
             if (ce == cudaSuccess) ce = resident_wait(r, poll, poll_arg);
+            if (st == XKNN_SUCCESS && ce == cudaSuccess) {
+                memcpy(ids, h, ib);
+                if (dist) memcpy(dist, h + ib, fb);
+            }
         }
     }
     if (st == XKNN_SUCCESS && ce != cudaSuccess)
