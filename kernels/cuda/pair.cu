@@ -233,8 +233,8 @@ xknn_status run_stats_fetch(const Run &run, const cudaEvent_t ev[4], int verbose
 {
     xknn_status st = XKNN_SUCCESS;
     XKNN__CUDA_CHECK(sync_stream(NULL, sc)); /* (asleep: a pageable copy would spin on the passes) */
+    /* into pageable memory: returns once the bytes are there */
     XKNN__CUDA_CHECK(cudaMemcpyAsync(stats, run.stats, kStatCount * sizeof *stats, cudaMemcpyDeviceToHost, sc));
-    XKNN__CUDA_CHECK(sync_stream(NULL, sc));
     if (verbose)
         for (int i = 0; i < 3; ++i) XKNN__CUDA_CHECK(cudaEventElapsedTime(&ms[i], ev[i], ev[i + 1]));
 cleanup:
