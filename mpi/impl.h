@@ -128,11 +128,14 @@ typedef struct xknn__resident xknn__resident;
  * the caller then searches each block with xknn_search on host arrays. Not collective. */
 xknn__resident *xknn__resident_open(const xknn_params *params, int device, const xknn_matrix *ref, int64_t qb,
                                     int64_t k, char *why, size_t why_size);
-/* Searches one block of host queries (rows x d) against the resident slice; results
- * (rows x k, global ids) land in host memory. Synchronous; while the GPU works, poll
- * (if not NULL) is called repeatedly with poll_arg. Not collective. */
-xknn_status xknn__resident_search(xknn__resident *r, const xknn_params *params, const float *q, int64_t rows,
-                                  int64_t *ids, float *dist, void (*poll)(void *), void *poll_arg, xknn_error *err);
+/* Starts the search of one block of host queries (rows x d, q reusable on return)
+ * against the resident slice on the GPU and returns; _finish waits for it (poll, if not
+ * NULL, called repeatedly with poll_arg meanwhile) and writes its lists (rows x k, global
+ * ids) into host memory. One block in flight at a time. Not collective. */
+xknn_status xknn__resident_start(xknn__resident *r, const xknn_params *params, const float *q, int64_t rows,
+                                 xknn_error *err);
+xknn_status xknn__resident_finish(xknn__resident *r, int64_t *ids, float *dist, void (*poll)(void *), void *poll_arg,
+                                  xknn_error *err);
 void xknn__resident_close(xknn__resident *r);
 /* What an index keeps of its slice between searches (mpi/index.c). */
 typedef struct xknn__slice_state {

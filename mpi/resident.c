@@ -59,8 +59,14 @@ xknn__resident *xknn__resident_open(const xknn_params *params, int device, const
     return r;
 }
 
-xknn_status xknn__resident_search(xknn__resident *r, const xknn_params *params, const float *q, int64_t rows,
-                                  int64_t *ids, float *dist, void (*poll)(void *), void *poll_arg, xknn_error *err)
+xknn_status xknn__resident_start(xknn__resident *r, const xknn_params *params, const float *q, int64_t rows,
+                                 xknn_error *err)
 {
-    return xknn__cuda_resident_search(r->dev, params, q, rows, ids, dist, poll, poll_arg, err);
+    return xknn__cuda_resident_start(r->dev, params, q, rows, err);
+}
+
+xknn_status xknn__resident_finish(xknn__resident *r, int64_t *ids, float *dist, void (*poll)(void *), void *poll_arg,
+                                  xknn_error *err)
+{
+    return xknn__cuda_resident_finish(r->dev, ids, dist, poll, poll_arg, err);
 }

@@ -597,8 +597,8 @@ static int xknn__run_bcast(xknn__search *S, const xknn__block *b, unsigned char 
     return MPI_Ibcast(buf, (int)(b->rows * S->row_bytes), MPI_BYTE, b->src, S->ctx->comm, &S->breq);
 }
 
-/* Local top k of the current block with global ids; padding when there is nothing to
- * search (or after a failure). */
+/* Local top k of the current block with global ids on the host path (xknn_search);
+ * padding when there is nothing to search (or after a failure). */
 static void xknn__run_search_block(xknn__search *S, const xknn_matrix *refm, const unsigned char *qcur,
                                    int64_t qoff_user, xknn__cands *mine)
 {
@@ -611,12 +611,8 @@ static void xknn__run_search_block(xknn__search *S, const xknn_matrix *refm, con
         xknn_matrix qm = XKNN_MATRIX_TYPED(qcur, cur->rows, S->d, S->dtype);
         xknn_error e;
         xknn_status s;
-        MPI_Request pending = S->breq; /* the next block's broadcast progresses meanwhile */
         S->p.query_id_offset = (S->self ? 0 : qoff_user) + cur->q0;
-        s = S->resident ? xknn__resident_search(S->resident, &S->p, (const float *)(const void *)qcur, cur->rows,
-                                                mine->ids, mine->dist, xknn__progress, &pending, &e)
-                        : xknn_search(&S->p, refm, &qm, k, mine->ids, mine->dist, &e);
-        S->breq = pending;
+        s = xknn_search(&S->p, refm, &qm, k, mine->ids, mine->dist, &e);
         S->evals += cur->rows * S->nloc;
         if (s != XKNN_SUCCESS) {
             S->st = xknn__mpi_fail(&S->lerr, s, "rank %d: %s", S->rank, e.message);
@@ -695,30 +691,15 @@ static int xknn__run_error_flag(xknn__search *S, int64_t b)
     return 0;
 }
 
-/* Block b: its queries (the next block then goes in flight), the local search, the tree
- * reduction to the rotating owner, delivery, the error flag. Returns 0 to go on. */
-static int xknn__run_block(xknn__search *S, int64_t b, const xknn_matrix *refm, int64_t qoff_user)
+/* Block b (S->cur) after its local search (mine): the tree reduction to the rotating
+ * owner, delivery, the error flag; S->cur becomes S->nxt. Returns 0 to go on. */
+static int xknn__run_deliver(xknn__search *S, int64_t b, xknn__cands mine)
 {
-    unsigned char *qcur = S->qbuf[b & 1];
     const int owner = (int)(b % S->P);
     const xknn__cands *res = NULL;
-    xknn__cands mine = S->cand, sp = S->spare;
-    double t0 = MPI_Wtime();
-    int rc = MPI_Wait(&S->breq, MPI_STATUS_IGNORE);
-    if (rc == MPI_SUCCESS && b + 1 < S->nblocks) {
-        xknn__next_block(&S->it, &S->nxt);
-        rc = xknn__run_bcast(S, &S->nxt, S->qbuf[(b + 1) & 1]);
-    }
-    S->tm.broadcast += MPI_Wtime() - t0;
-    if (rc != MPI_SUCCESS) {
-        S->st = xknn__mpi_error(S->rank, &S->lerr, rc, "MPI_Wait/MPI_Ibcast (query block)");
-        S->mpi_broken = 1;
-        return -1;
-    }
-    xknn__run_search_block(S, refm, qcur, qoff_user, &mine);
-    /* merge to the owner, then deliver */
-    t0 = MPI_Wtime();
-    rc = xknn__tree_reduce(S->ctx, owner, S->cur.rows, S->k, S->neg, &mine, &S->recvb, &sp, S->staging, &res);
+    xknn__cands sp = S->spare;
+    const double t0 = MPI_Wtime();
+    int rc = xknn__tree_reduce(S->ctx, owner, S->cur.rows, S->k, S->neg, &mine, &S->recvb, &sp, S->staging, &res);
     if (rc == MPI_SUCCESS && S->out->gather_root >= 0) rc = xknn__run_gather_block(S, owner, res);
     S->tm.reduce += MPI_Wtime() - t0;
     if (rc != MPI_SUCCESS) {
@@ -735,6 +716,101 @@ static int xknn__run_block(xknn__search *S, int64_t b, const xknn_matrix *refm, 
     if (xknn__run_error_flag(S, b) != 0) return -1;
     S->cur = S->nxt;
     return 0;
+}
+
+/* Waits for block b's broadcast and sends block b + 1's (into *next). Returns 0, or -1
+ * with the MPI error recorded. */
+static int xknn__run_block_queries(xknn__search *S, int64_t b, xknn__block *next)
+{
+    const double t0 = MPI_Wtime();
+    int rc = MPI_Wait(&S->breq, MPI_STATUS_IGNORE);
+    if (rc == MPI_SUCCESS && b + 1 < S->nblocks) {
+        xknn__next_block(&S->it, next);
+        rc = xknn__run_bcast(S, next, S->qbuf[(b + 1) & 1]);
+    }
+    S->tm.broadcast += MPI_Wtime() - t0;
+    if (rc != MPI_SUCCESS) {
+        S->st = xknn__mpi_error(S->rank, &S->lerr, rc, "MPI_Wait/MPI_Ibcast (query block)");
+        S->mpi_broken = 1;
+        return -1;
+    }
+    return 0;
+}
+
+/* Block b on the host path: its queries (the next block then goes in flight), the local
+ * search, delivery. Returns 0 to go on. */
+static int xknn__run_block(xknn__search *S, int64_t b, const xknn_matrix *refm, int64_t qoff_user)
+{
+    if (xknn__run_block_queries(S, b, &S->nxt) != 0) return -1;
+    xknn__run_search_block(S, refm, S->qbuf[b & 1], qoff_user, &S->cand);
+    return xknn__run_deliver(S, b, S->cand);
+}
+
+/* The resident path's block b (blk[b % 3]): its queries here and block b + 1's sent, then
+ * its search enqueued on the GPU. 1: a search is in flight; 0: none (nothing to search,
+ * or this rank failed: its lists are padding); -1: MPI is broken. */
+static int xknn__resident_begin(xknn__search *S, int64_t b, xknn__block *blk, int64_t qoff_user)
+{
+    const xknn__block *cur = &blk[b % 3];
+    xknn_error e;
+    xknn_status s;
+    double t0;
+    if (xknn__run_block_queries(S, b, &blk[(b + 1) % 3]) != 0) return -1;
+    if (S->st != XKNN_SUCCESS || S->nloc == 0) return 0;
+    t0 = MPI_Wtime();
+    S->p.query_id_offset = (S->self ? 0 : qoff_user) + cur->q0;
+    s = xknn__resident_start(S->resident, &S->p, (const float *)(const void *)S->qbuf[b & 1], cur->rows, &e);
+    S->tm.search += MPI_Wtime() - t0;
+    if (s != XKNN_SUCCESS) {
+        S->st = xknn__mpi_fail(&S->lerr, s, "rank %d: %s", S->rank, e.message);
+        return 0;
+    }
+    S->evals += cur->rows * S->nloc;
+    return 1;
+}
+
+/* The resident path's block: its lists into S->cand once the GPU is done (the next
+ * block's broadcast progressing meanwhile), or padding. */
+static void xknn__resident_end(xknn__search *S, const xknn__block *cur, int inflight)
+{
+    xknn__cands *mine = &S->cand;
+    if (inflight > 0) {
+        MPI_Request pending = S->breq;
+        xknn_error e;
+        const double t0 = MPI_Wtime();
+        const xknn_status s = xknn__resident_finish(S->resident, mine->ids, mine->dist, xknn__progress, &pending, &e);
+        S->breq = pending;
+        S->tm.search += MPI_Wtime() - t0;
+        if (s != XKNN_SUCCESS) {
+            S->st = xknn__mpi_fail(&S->lerr, s, "rank %d: %s", S->rank, e.message);
+            inflight = 0;
+        }
+    }
+    if (inflight <= 0) xknn__lists_pad(mine->ids, mine->dist, cur->rows * S->k, S->neg);
+}
+
+/* The blocks on a resident slice: block b + 1's search runs on the GPU while block b's
+ * lists are reduced and delivered, so the GPU does not wait for the reduction. The
+ * collectives keep one order on every rank: block b + 2's broadcast, then block b's
+ * reduction and error flag. */
+static void xknn__run_resident_blocks(xknn__search *S, int64_t qoff_user)
+{
+    xknn__block blk[3];
+    int64_t b;
+    int inflight, next;
+    blk[0] = S->cur;
+    inflight = xknn__resident_begin(S, 0, blk, qoff_user);
+    for (b = 0; b < S->nblocks && inflight >= 0; b++, inflight = next) {
+        xknn__resident_end(S, &blk[b % 3], inflight);
+        next = b + 1 < S->nblocks ? xknn__resident_begin(S, b + 1, blk, qoff_user) : 0;
+        if (next < 0) break;
+        S->cur = blk[b % 3];
+        S->nxt = blk[(b + 1) % 3];
+        if (xknn__run_deliver(S, b, S->cand) != 0) {
+            xknn__resident_end(S, &blk[(b + 1) % 3], next); /* (its device work done) */
+            break;
+        }
+    }
 }
 
 /* The pipeline: the slice resident on the GPU where it can be, the first block's
@@ -779,8 +855,11 @@ static void xknn__run_pipeline(xknn__search *S)
         S->st = xknn__mpi_error(S->rank, &S->lerr, rc, "MPI_Ibcast");
         S->mpi_broken = 1;
     }
-    for (b = 0; b < S->nblocks && !S->mpi_broken; b++)
-        if (xknn__run_block(S, b, &refm, qoff_user) != 0) break;
+    if (S->resident && !S->mpi_broken)
+        xknn__run_resident_blocks(S, qoff_user);
+    else
+        for (b = 0; b < S->nblocks && !S->mpi_broken; b++)
+            if (xknn__run_block(S, b, &refm, qoff_user) != 0) break;
     if (S->breq != MPI_REQUEST_NULL) MPI_Wait(&S->breq, MPI_STATUS_IGNORE);
     if (S->freq != MPI_REQUEST_NULL) MPI_Wait(&S->freq, MPI_STATUS_IGNORE);
 }

@@ -27,6 +27,7 @@ struct xknn__cuda_resident {
     cudaStream_t stream;
     cudaEvent_t done;     /* blocking-sync: a waiting thread sleeps                      */
     int64_t n, d, qb, k;  /* the buffers' capacity in queries; the current search's k  */
+    int64_t pend;         /* rows of the search _start left in flight (0: none)        */
     int64_t cap_k;        /* the buffers' capacity in results a query                   */
     size_t budget;        /* the caller's device memory budget (0: none)                */
 };
@@ -296,43 +297,59 @@ xknn__cuda_resident *xknn__cuda_resident_open(const xknn_params *params, int dev
     return NULL;
 }
 
-xknn_status xknn__cuda_resident_search(xknn__cuda_resident *r, const xknn_params *params, const float *q,
-                                       int64_t rows, int64_t *ids, float *dist, void (*poll)(void *), void *poll_arg,
-                                       xknn_error *err)
+xknn_status xknn__cuda_resident_start(xknn__cuda_resident *r, const xknn_params *params, const float *q,
+                                      int64_t rows, xknn_error *err)
 {
     const size_t row = (size_t)r->d * sizeof(float);
     xknn_matrix refm = XKNN_MATRIX_F32(r->dR, r->n, r->d), qm = XKNN_MATRIX_F32(r->dQ, rows, r->d);
     xknn_status st = XKNN_SUCCESS;
     cudaError_t ce;
 
+    r->pend = 0;
     if (rows > r->qb)
         return finish_err(err, failf(err_of(err), XKNN_ERROR_INTERNAL, "device slice: block of %lld rows exceeds %lld",
                                      (long long)rows, (long long)r->qb));
     {
         DeviceScope sc;
         ce = sc.enter(r->device);
-        if (ce == cudaSuccess)
-            ce = cudaMemcpyAsync(r->dQ, q, (size_t)rows * row, cudaMemcpyHostToDevice, r->stream);
+        /* (from pageable q: returns once q is staged, so the caller may reuse it) */
+        if (ce == cudaSuccess) ce = cudaMemcpyAsync(r->dQ, q, (size_t)rows * row, cudaMemcpyHostToDevice, r->stream);
         if (ce == cudaSuccess) {
-            st = xknn_cuda_search(r->ctx, params, &refm, &qm, r->k, r->dIds, dist ? r->dDist : NULL, r->ws,
-                                  r->ws_bytes, err, r->stream);
             const size_t ib = (size_t)(rows * r->k) * sizeof(int64_t), fb = (size_t)(rows * r->k) * sizeof(float);
             char *h = (char *)r->hOut;
-            if (st == XKNN_SUCCESS) {
-                ce = cudaMemcpyAsync(h, r->dIds, ib, cudaMemcpyDeviceToHost, r->stream);
-                if (ce == cudaSuccess && dist) ce = cudaMemcpyAsync(h + ib, r->dDist, fb, cudaMemcpyDeviceToHost, r->stream);
-            }
-            if (ce == cudaSuccess) ce = resident_wait(r, poll, poll_arg);
-            if (st == XKNN_SUCCESS && ce == cudaSuccess) {
-                memcpy(ids, h, ib);
-                if (dist) memcpy(dist, h + ib, fb);
-            }
+            st = xknn_cuda_search(r->ctx, params, &refm, &qm, r->k, r->dIds, r->dDist, r->ws, r->ws_bytes, err,
+                                  r->stream);
+            if (st == XKNN_SUCCESS) ce = cudaMemcpyAsync(h, r->dIds, ib, cudaMemcpyDeviceToHost, r->stream);
+            if (st == XKNN_SUCCESS && ce == cudaSuccess)
+                ce = cudaMemcpyAsync(h + ib, r->dDist, fb, cudaMemcpyDeviceToHost, r->stream);
         }
+        if (st != XKNN_SUCCESS || ce != cudaSuccess) (void)sync_stream(r->ctx, r->stream); /* none left in flight */
     }
     if (st == XKNN_SUCCESS && ce != cudaSuccess)
         st = finish_err(err, failf(err_of(err), XKNN_ERROR_DEVICE, "cuda backend (device slice): %s",
                                    cudaGetErrorString(ce)));
+    if (st == XKNN_SUCCESS) r->pend = rows;
     return st;
+}
+
+xknn_status xknn__cuda_resident_finish(xknn__cuda_resident *r, int64_t *ids, float *dist, void (*poll)(void *),
+                                       void *poll_arg, xknn_error *err)
+{
+    const int64_t rows = r->pend;
+    cudaError_t ce;
+    r->pend = 0;
+    {
+        DeviceScope sc;
+        ce = sc.enter(r->device);
+        if (ce == cudaSuccess) ce = resident_wait(r, poll, poll_arg);
+    }
+    if (ce != cudaSuccess)
+        return finish_err(err, failf(err_of(err), XKNN_ERROR_DEVICE, "cuda backend (device slice): %s",
+                                     cudaGetErrorString(ce)));
+    const size_t ib = (size_t)(rows * r->k) * sizeof(int64_t);
+    if (ids) memcpy(ids, r->hOut, ib);
+    if (dist) memcpy(dist, (const char *)r->hOut + ib, (size_t)(rows * r->k) * sizeof(float));
+    return XKNN_SUCCESS;
 }
 
 } // extern "C"

@@ -122,9 +122,14 @@ xknn_status xknn__cuda_resident_update(xknn__cuda_resident *r, int64_t row0, con
     return xknn__cuda_not_built(err);
 }
 
-xknn_status xknn__cuda_resident_search(xknn__cuda_resident *r, const xknn_params *params, const float *q,
-                                       int64_t rows, int64_t *ids, float *dist, void (*poll)(void *), void *poll_arg,
-                                       xknn_error *err)
+xknn_status xknn__cuda_resident_start(xknn__cuda_resident *r, const xknn_params *params, const float *q,
+                                      int64_t rows, xknn_error *err)
+{
+    return xknn__cuda_not_built(err);
+}
+
+xknn_status xknn__cuda_resident_finish(xknn__cuda_resident *r, int64_t *ids, float *dist, void (*poll)(void *),
+                                       void *poll_arg, xknn_error *err)
 {
     return xknn__cuda_not_built(err);
 }

@@ -127,13 +127,15 @@ XKNN_API int xknn_cuda_path_for(const xknn_params *params, int64_t n, int64_t nq
  * _reserve grows the buffers for blocks of qb queries and k results (they keep the
  * largest seen; k is this search's): 0, or -1 with the reason in why.
  * _update copies rows (f32, rows->ld or dense) over resident rows [row0, row0 + rows).
- * _search searches rows host queries q (dense, d floats a row) against the resident
- * rows with params (xknn_cuda_search's contract); ids and dist (NULL: none) receive
- * rows x k in host memory. While the device works, poll (if not NULL) is called with
- * poll_arg between short sleeps; the wait itself sleeps (a blocking-sync event).
+ * _start searches rows host queries q (dense, d floats a row; reusable on return)
+ * against the resident rows with params (xknn_cuda_search's contract), enqueued on the
+ * handle's stream, and returns; _finish waits for that search and writes its ids and
+ * dist (NULL: none) as rows x k in host memory. While the device works, poll (if not
+ * NULL) is called with poll_arg between short sleeps; the wait itself sleeps (a
+ * blocking-sync event). One search in flight a handle; a _start that failed leaves none.
  * _close frees all (NULL: nothing).
- * Built without CUDA: _open and _reserve say so in why, _search and _update return
- * NOT_BUILT.
+ * Built without CUDA: _open and _reserve say so in why, _start, _finish and _update
+ * return NOT_BUILT.
  */
 typedef struct xknn__cuda_resident xknn__cuda_resident;
 XKNN_API xknn__cuda_resident *xknn__cuda_resident_open(const xknn_params *params, int device, const xknn_matrix *ref,
@@ -142,9 +144,10 @@ XKNN_API int xknn__cuda_resident_reserve(xknn__cuda_resident *r, const xknn_para
                                          char *why, size_t why_size);
 XKNN_API xknn_status xknn__cuda_resident_update(xknn__cuda_resident *r, int64_t row0, const xknn_matrix *rows,
                                                 xknn_error *err);
-XKNN_API xknn_status xknn__cuda_resident_search(xknn__cuda_resident *r, const xknn_params *params, const float *q,
-                                                int64_t rows, int64_t *ids, float *dist, void (*poll)(void *),
-                                                void *poll_arg, xknn_error *err);
+XKNN_API xknn_status xknn__cuda_resident_start(xknn__cuda_resident *r, const xknn_params *params, const float *q,
+                                               int64_t rows, xknn_error *err);
+XKNN_API xknn_status xknn__cuda_resident_finish(xknn__cuda_resident *r, int64_t *ids, float *dist,
+                                                void (*poll)(void *), void *poll_arg, xknn_error *err);
 XKNN_API void xknn__cuda_resident_close(xknn__cuda_resident *r);
 
 #ifdef __cplusplus
