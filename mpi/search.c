@@ -349,6 +349,8 @@ typedef struct xknn__search {
     xknn__resident *resident;
     xknn__resident *kept; /* an index's resident slice: used, never closed here      */
     int ref_checked;      /* an index's slice: its values were checked when they came */
+    unsigned char *host_ref, *host_query; /* device rows brought to host memory, and */
+    xknn_matrix ref_h, query_h;           /* their matrices (freed at the end)       */
 } xknn__search;
 
 /* Local checks (no communication): the slice, the metric, the query root's queries, the
@@ -367,6 +369,12 @@ static void xknn__run_check_local(xknn__search *S)
         if (st == XKNN_SUCCESS && S->ref_offset < 0)
             st = xknn__mpi_fail(lerr, XKNN_ERROR_INVALID_ARGUMENT, "rank %d: ref_offset=%lld: need >= 0", rank,
                                 (long long)S->ref_offset);
+        /* device rows that this search reads on the host: the one-shot searches' (they
+         * stage the slice themselves) and a self-join's (the ring pairs host rows) */
+        if (st == XKNN_SUCCESS && (S->self || !S->kept) && xknn__on_device(ref)) {
+            st = xknn__rows_to_host(rank, ref, &S->host_ref, &S->ref_h, lerr);
+            if (st == XKNN_SUCCESS) S->ref = ref = &S->ref_h;
+        }
     }
     if (st == XKNN_SUCCESS && ((int)S->p.metric < 0 || S->p.metric >= XKNN_METRIC_COUNT))
         st = xknn__mpi_fail(lerr, XKNN_ERROR_INVALID_ARGUMENT, "rank %d: unknown metric %d", rank, (int)S->p.metric);
@@ -379,6 +387,10 @@ static void xknn__run_check_local(xknn__search *S)
                                 rank, (long long)query->rows);
         else
             st = xknn__check_arg(rank, "query", query, lerr);
+        if (st == XKNN_SUCCESS && xknn__on_device(query)) { /* MPI broadcasts host memory */
+            st = xknn__rows_to_host(rank, query, &S->host_query, &S->query_h, lerr);
+            if (st == XKNN_SUCCESS) S->query = query = &S->query_h;
+        }
     }
     if (st == XKNN_SUCCESS && S->out->gather_root == rank && !S->out->ids)
         st = xknn__mpi_fail(lerr, XKNN_ERROR_INVALID_ARGUMENT, "rank %d: gather ids is NULL on the gather root", rank);
@@ -911,6 +923,8 @@ static void xknn__run_finish(xknn__search *S)
     free(S->qbuf[0]);
     free(S->order);
     free(S->tab);
+    free(S->host_query);
+    free(S->host_ref);
 }
 
 static xknn_status xknn__run(xknn_mpi_context *ctx, const xknn_params *params, const xknn_matrix *ref,
