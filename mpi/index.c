@@ -41,7 +41,7 @@ struct xknn_mpi_index {
 };
 
 /* This rank's dense host copy of ref (host or device memory). */
-static xknn_status xknn__index_copy(xknn_mpi_index *x, const xknn_matrix *ref, xknn_error *err)
+static xknn_status xknn__index_copy(xknn_mpi_index *x, const xknn_matrix *ref, int dev, xknn_error *err)
 {
     const int rank = x->ctx->rank;
     xknn_status st;
@@ -56,7 +56,7 @@ static xknn_status xknn__index_copy(xknn_mpi_index *x, const xknn_matrix *ref, x
         return xknn__mpi_fail(err, XKNN_ERROR_OUT_OF_MEMORY, "rank %d: out of memory for the index's slice "
                               "(%.1f MiB)", rank,
                               (double)(ref->rows * xknn_row_bytes(ref->dtype, ref->cols)) / 1048576.0);
-    st = xknn__rows_copy(x->rows, ref, &e);
+    st = xknn__rows_copy(x->rows, ref, dev, &e);
     return st == XKNN_SUCCESS ? st : xknn__mpi_fail(err, st, "rank %d: %s", rank, e.message);
 }
 
@@ -77,7 +77,7 @@ static xknn_status xknn__index_from_device(xknn_mpi_index *x, const xknn_matrix 
  * (rank prefixed). */
 static xknn_status xknn__index_check(const xknn_mpi_index *x, const xknn_matrix *m, int64_t row0, xknn_error *err)
 {
-    return xknn__rows_check(x->ctx->rank, &x->p, "reference", m, row0, err);
+    return xknn__rows_check(x->ctx->rank, &x->p, "reference", m, xknn__on_device(x->ctx, &x->p, m), row0, err);
 }
 
 /* The fields every index starts with: the context, the parameters (Minkowski's p
@@ -134,10 +134,10 @@ xknn_status xknn_mpi_index_create(xknn_mpi_context *ctx, const xknn_params *para
             if (ref_offset < 0)
                 st = xknn__mpi_fail(&lerr, XKNN_ERROR_INVALID_ARGUMENT, "rank %d: ref_offset=%lld: need >= 0",
                                     ctx->rank, (long long)ref_offset);
-            if (st == XKNN_SUCCESS && (!xknn__on_device(ref) ||
-                                       xknn__index_from_device(x, ref, why, sizeof why) != XKNN_SUCCESS)) {
-                st = xknn__index_copy(x, ref, &lerr);
-                tried = xknn__on_device(ref);
+            const int dev = st == XKNN_SUCCESS && xknn__on_device(ctx, &x->p, ref);
+            if (st == XKNN_SUCCESS && (!dev || xknn__index_from_device(x, ref, why, sizeof why) != XKNN_SUCCESS)) {
+                st = xknn__index_copy(x, ref, dev, &lerr);
+                tried = dev;
             }
             if (st == XKNN_SUCCESS) st = xknn__index_check(x, &x->slice, ref_offset, &lerr);
         }
@@ -249,7 +249,8 @@ xknn_status xknn_mpi_index_update(xknn_mpi_index *index, int64_t row0, const xkn
     st = xknn_mpi_agree(index->ctx, st, &lerr);
     if (st == XKNN_SUCCESS) { /* agreed: every rank is here */
         if (n > 0 && index->rows)
-            st = xknn__rows_copy(index->rows + row0 * xknn_row_bytes(s->dtype, s->cols), rows, &lerr);
+            st = xknn__rows_copy(index->rows + row0 * xknn_row_bytes(s->dtype, s->cols), rows,
+                                 xknn__on_device(index->ctx, &index->p, rows), &lerr);
         if (n > 0 && st == XKNN_SUCCESS && index->held.resident)
             st = xknn__resident_update(index->held.resident, row0, rows, &lerr);
         st = xknn_mpi_agree(index->ctx, st, &lerr); /* the device copies */

@@ -80,9 +80,11 @@ const void *xknn__resident_rows(const xknn__resident *r)
     return xknn__cuda_resident_rows(r->dev);
 }
 
-int xknn__on_device(const xknn_matrix *m)
+int xknn__on_device(const xknn_mpi_context *ctx, const xknn_params *p, const xknn_matrix *m)
 {
-    return m && m->data && xknn__cuda_pointer_device(m->data) >= 0;
+    /* (the probe would start a CUDA context on a rank that uses none) */
+    if (!m || !m->data || ctx->device < 0 || (p && p->backend == XKNN_BACKEND_CPU)) return 0;
+    return xknn__cuda_pointer_device(m->data) >= 0;
 }
 
 /* Bytes of a row of m, and between its rows. */
@@ -93,11 +95,11 @@ static void xknn__row_geometry(const xknn_matrix *m, int64_t *rb, int64_t *ldb)
     *ldb = (m->ld ? m->ld : el) * (*rb / el);
 }
 
-xknn_status xknn__rows_copy(void *dst, const xknn_matrix *m, xknn_error *err)
+xknn_status xknn__rows_copy(void *dst, const xknn_matrix *m, int dev, xknn_error *err)
 {
     int64_t rb, ldb, i;
     xknn__row_geometry(m, &rb, &ldb);
-    if (xknn__on_device(m) || xknn__cuda_pointer_device(dst) >= 0)
+    if (dev)
         return xknn__cuda_copy_rows(dst, (size_t)rb, m->data, (size_t)ldb, (size_t)rb, m->rows, err);
     /* on the budget's threads: a slice is GBs, and its pages are touched here first */
 #ifdef _OPENMP
@@ -108,7 +110,7 @@ xknn_status xknn__rows_copy(void *dst, const xknn_matrix *m, xknn_error *err)
     return XKNN_SUCCESS;
 }
 
-xknn_status xknn__rows_to_host(int rank, const xknn_matrix *m, unsigned char **buf, xknn_matrix *out,
+xknn_status xknn__rows_to_host(int rank, const xknn_matrix *m, int dev, unsigned char **buf, xknn_matrix *out,
                                xknn_error *err)
 {
     int64_t rb, ldb;
@@ -119,7 +121,7 @@ xknn_status xknn__rows_to_host(int rank, const xknn_matrix *m, unsigned char **b
     if (!*buf)
         return xknn__mpi_fail(err, XKNN_ERROR_OUT_OF_MEMORY, "rank %d: out of memory for a host copy of device "
                               "rows (%.1f MiB)", rank, (double)(m->rows * rb) / 1048576.0);
-    st = xknn__rows_copy(*buf, m, &e);
+    st = xknn__rows_copy(*buf, m, dev, &e);
     if (st != XKNN_SUCCESS) {
         free(*buf);
         *buf = NULL;
@@ -131,15 +133,15 @@ xknn_status xknn__rows_to_host(int rank, const xknn_matrix *m, unsigned char **b
     return XKNN_SUCCESS;
 }
 
-xknn_status xknn__rows_check(int rank, const xknn_params *p, const char *what, const xknn_matrix *m, int64_t row0,
-                             xknn_error *err)
+xknn_status xknn__rows_check(int rank, const xknn_params *p, const char *what, const xknn_matrix *m, int dev,
+                             int64_t row0, xknn_error *err)
 {
     xknn_matrix one = *m, h;
     unsigned char *buf = NULL;
     int64_t bad = -1, r = 0;
     xknn_error e;
     xknn_status st;
-    if (m->rows <= 0 || !xknn__on_device(m)) {
+    if (m->rows <= 0 || !dev) {
         st = xknn_check_input(p, what, m, row0, &e);
         return st == XKNN_SUCCESS ? st : xknn__mpi_fail(err, st, "rank %d: %s", rank, e.message);
     }
@@ -152,7 +154,7 @@ xknn_status xknn__rows_check(int rank, const xknn_params *p, const char *what, c
         one.data = (const unsigned char *)m->data + r * (m->ld ? m->ld : m->cols) * (int64_t)sizeof(float);
         one.rows = 1;
     }
-    st = xknn__rows_to_host(rank, &one, &buf, &h, err);
+    st = xknn__rows_to_host(rank, &one, 1, &buf, &h, err);
     if (st != XKNN_SUCCESS) return st;
     st = xknn_check_input(p, what, &h, row0 + r, &e);
     free(buf);

@@ -371,8 +371,8 @@ static void xknn__run_check_local(xknn__search *S)
                                 (long long)S->ref_offset);
         /* device rows that this search reads on the host: the one-shot searches' (they
          * stage the slice themselves) and a self-join's (the ring pairs host rows) */
-        if (st == XKNN_SUCCESS && (S->self || !S->kept) && xknn__on_device(ref)) {
-            st = xknn__rows_to_host(rank, ref, &S->host_ref, &S->ref_h, lerr);
+        if (st == XKNN_SUCCESS && (S->self || !S->kept) && xknn__on_device(S->ctx, &S->p, ref)) {
+            st = xknn__rows_to_host(rank, ref, 1, &S->host_ref, &S->ref_h, lerr);
             if (st == XKNN_SUCCESS) S->ref = ref = &S->ref_h;
         }
     }
@@ -387,8 +387,8 @@ static void xknn__run_check_local(xknn__search *S)
                                 rank, (long long)query->rows);
         else
             st = xknn__check_arg(rank, "query", query, lerr);
-        if (st == XKNN_SUCCESS && xknn__on_device(query)) { /* MPI broadcasts host memory */
-            st = xknn__rows_to_host(rank, query, &S->host_query, &S->query_h, lerr);
+        if (st == XKNN_SUCCESS && xknn__on_device(S->ctx, &S->p, query)) { /* MPI broadcasts host memory */
+            st = xknn__rows_to_host(rank, query, 1, &S->host_query, &S->query_h, lerr);
             if (st == XKNN_SUCCESS) S->query = query = &S->query_h;
         }
     }
