@@ -116,17 +116,6 @@ static xknn_status xknn__check_arg(int rank, const char *what, const xknn_matrix
     return XKNN_SUCCESS;
 }
 
-/* What the metric allows (NaN/Inf, negatives for hellinger, metric/dtype pair, p,
- * weights), naming the rank, the global row and the column. */
-static xknn_status xknn__check_values(int rank, const xknn_params *p, const char *what, const xknn_matrix *m,
-                                      int64_t row_offset, xknn_error *err)
-{
-    xknn_error e;
-    xknn_status st = xknn_check_input(p, what, m, row_offset, &e);
-    if (st != XKNN_SUCCESS) return xknn__mpi_fail(err, st, "rank %d: %s", rank, e.message);
-    return XKNN_SUCCESS;
-}
-
 /* Global checks on the allgathered table: identical inputs on every rank give an
  * identical verdict and message, with no further communication. */
 static xknn_status xknn__check_table(const int64_t *tab, int P, int *order, int *norder, int64_t *n_out,
@@ -395,9 +384,9 @@ static void xknn__run_check_local(xknn__search *S)
     if (st == XKNN_SUCCESS && S->out->gather_root == rank && !S->out->ids)
         st = xknn__mpi_fail(lerr, XKNN_ERROR_INVALID_ARGUMENT, "rank %d: gather ids is NULL on the gather root", rank);
     if (st == XKNN_SUCCESS && S->nloc > 0 && !S->ref_checked)
-        st = xknn__check_values(rank, &S->p, "reference", ref, S->ref_offset, lerr);
+        st = xknn__rows_check(rank, &S->p, "reference", ref, 0, S->ref_offset, lerr);
     if (st == XKNN_SUCCESS && !S->self && rank == S->query_root)
-        st = xknn__check_values(rank, &S->p, "query", query, 0, lerr);
+        st = xknn__rows_check(rank, &S->p, "query", query, 0, 0, lerr);
     S->st = st;
 }
 
