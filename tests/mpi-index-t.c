@@ -141,7 +141,10 @@ static void compare_self(xknn_mpi_index *ix, xknn_metric m, int64_t k)
     xknn_mpi_output o1 = XKNN_MPI_OUTPUT_INIT, o2 = XKNN_MPI_OUTPUT_INIT;
     xknn_error e1, e2;
     xknn_status s1, s2;
+    o1.gather_root = o2.gather_root = 0;
     o1.ids = ids, o1.dist = dist, o2.ids = ids2, o2.dist = dist2;
+    memset(ids, 0x5a, sizeof ids); /* unlike patterns: a gather that wrote nothing fails */
+    memset(ids2, 0xa5, sizeof ids2);
     s1 = xknn_mpi_index_self_join(ix, k, &o1, NULL, &e1);
     s2 = xknn_mpi_self_join(ctx, &p, rowss[rank] > 0 ? &mine : NULL, row0s[rank], k, &o2, NULL, &e2);
     if (rank != 0) return;
