@@ -3,7 +3,7 @@
  * xknn_mpi.h -- distributed exact k-nearest-neighbour search over MPI, C99 public API.
  *
  * WHAT IT DOES
- *   Every rank holds a slice of the reference set (host memory, any size, empty
+ *   Every rank holds a slice of the reference set (host or device memory, any size, empty
  *   allowed); the queries live on one root rank, or are the references themselves
  *   (self-join: the all-kNN graph). Queries are broadcast in blocks (non-blocking, the
  *   next block in flight while the current one is searched); each rank searches its
@@ -18,8 +18,10 @@
  *   - No result storage beyond one block: results go to a caller's sink callback on the
  *     owner rank, block by block; memory per rank is O(query_block * (k + d)) unless
  *     you ask for a gather of everything on one rank.
- *   - No device buffers yet: slices, queries and results are host memory, and so are
- *     the candidate lists that travel between ranks (see TRANSFER MODES).
+ *   - Results and the candidate lists that travel between ranks are host memory (see
+ *     TRANSFER MODES). Slices, update rows and queries may be device memory on a rank
+ *     with a GPU and a backend other than cpu (the index below keeps a device slice on
+ *     the GPU; other calls bring device rows to host memory where they read them).
  *   - No global state; no MPI type but MPI_Comm in this header.
  *   - No progress thread: the next block's MPI_Ibcast overlaps the current search only
  *     as far as the MPI library moves it without being called (small blocks go
@@ -316,11 +318,16 @@ XKNN_API xknn_status xknn_mpi_search_gather(xknn_mpi_context *ctx, const xknn_pa
  * backend, l2 or euclidean on float32, room on the device) and its values checked once;
  * xknn_mpi_index_update replaces rows. Every search then moves only queries and
  * candidates, with the ids and distance bits of xknn_mpi_search on the same rows.
+ * Device memory (a rank with a GPU, backend cuda or auto): a slice there goes device to
+ * device to the GPU copy alone, its values checked on the device, where the device path
+ * applies (else it is copied to host memory); update rows there likewise; queries there
+ * are copied to the query root's host memory for the broadcast. A self-join of a slice
+ * held on the GPU alone copies it to host memory for the call.
  */
 typedef struct xknn_mpi_index xknn_mpi_index;
 
-/* Collective. Arguments as xknn_mpi_search's params, ref and ref_offset (host memory;
- * the caller may free ref after the call). The index keeps params as given for every
+/* Collective. Arguments as xknn_mpi_search's params, ref and ref_offset (host or device
+ * memory; the caller may free ref after the call). The index keeps params as given for every
  * search, query_id_offset and exclude_self included (a caller whose query roots take
  * turns asks for k + 1 and drops each query's own id). Memory per rank: the slice in
  * host memory, and on the device where it is resident. *index is NULL on failure
@@ -353,8 +360,8 @@ XKNN_API xknn_status xknn_mpi_index_self_join(xknn_mpi_index *index, int64_t k, 
 XKNN_API xknn_status xknn_mpi_index_search_gather(xknn_mpi_index *index, const xknn_matrix *query,
                                                   int query_root, int64_t k, int gather_root, int64_t *ids,
                                                   float *dist, xknn_error *err);
-/* Collective. Rows [row0, row0 + rows->rows) of this rank's slice replaced by rows (host,
- * the slice's d and dtype; NULL or 0 rows: this rank changes nothing); their values are
+/* Collective. Rows [row0, row0 + rows->rows) of this rank's slice replaced by rows (host
+ * or device memory, the slice's d and dtype; NULL or 0 rows: this rank changes nothing); their values are
  * checked (INVALID_VALUE names the global row). On failure no rank changed its slice
  * unless the failure came from the device copy (DEVICE): destroy the index then. */
 XKNN_API xknn_status xknn_mpi_index_update(xknn_mpi_index *index, int64_t row0, const xknn_matrix *rows,

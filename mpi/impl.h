@@ -153,8 +153,26 @@ xknn_status xknn__search_held(xknn_mpi_context *ctx, const xknn_params *params, 
  * stays). 0 on success, else -1 with the reason. Not collective. */
 int xknn__resident_reserve(xknn__resident *r, const xknn_params *params, int64_t qb, int64_t k, char *why,
                            size_t why_size);
-/* Replaces rows [row0, row0 + rows->rows) of the resident slice (host float32 rows).
- * Synchronous. Not collective. */
+/* Replaces rows [row0, row0 + rows->rows) of the resident slice (float32 rows, host or
+ * device memory). Synchronous. Not collective. */
 xknn_status xknn__resident_update(xknn__resident *r, int64_t row0, const xknn_matrix *rows, xknn_error *err);
+/* The resident rows' device memory (dense). */
+const void *xknn__resident_rows(const xknn__resident *r);
+
+/* Caller matrices in device memory (mpi/resident.c). _on_device: 1 where m's rows lie
+ * in a GPU's memory; asked only where the rank has a device and params' backend is not
+ * cpu (elsewhere 0: the question would start a CUDA context). The others take dev, m's
+ * answer. _rows_copy: m's rows into dense host memory dst (host-to-host on the budget's
+ * threads). _to_host: a dense host copy of m in *buf (malloc'ed; the caller frees it),
+ * described by *out. _check: xknn_check_input's verdict and message on m wherever it
+ * lies, rows named from row0: device f32 rows are scanned for NaN/Inf on the device and
+ * the first offending row (or row 0, for the metric's own checks) is checked on the
+ * host; other device rows on a host copy. Not collective. */
+int xknn__on_device(const xknn_mpi_context *ctx, const xknn_params *p, const xknn_matrix *m);
+xknn_status xknn__rows_copy(void *dst, const xknn_matrix *m, int dev, xknn_error *err);
+xknn_status xknn__rows_to_host(int rank, const xknn_matrix *m, int dev, unsigned char **buf, xknn_matrix *out,
+                               xknn_error *err);
+xknn_status xknn__rows_check(int rank, const xknn_params *p, const char *what, const xknn_matrix *m, int dev,
+                             int64_t row0, xknn_error *err);
 
 #endif /* XKNN_MPI_IMPL_H */

@@ -15,7 +15,10 @@
  *            params->values_checked) and keeps the slice on the GPU for its own
  *            duration, exactly as the one-shot search always did. A search that
  *            succeeded checked the slice: later ones skip the scan.
- * Either way a search gives the same ids and distance bits.
+ * Either way a search gives the same ids and distance bits. A slice in device memory
+ * goes to the GPU copy alone, device to device, and is checked there, where the device
+ * path applies; else to host memory. Queries in device memory come to the root's host
+ * memory for the broadcast (mpi/search.c).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,7 +30,8 @@ struct xknn_mpi_index {
     xknn_mpi_context *ctx;
     xknn_params p;        /* the caller's parameters (minkowski's p resolved)         */
     xknn_matrix slice;    /* this rank's rows, dense: data is rows below              */
-    unsigned char *rows;  /* host memory owned here; NULL when borrowed               */
+    unsigned char *rows;  /* host memory owned here; NULL when borrowed or when the
+                             slice came from device memory and lives on the GPU alone */
     int64_t ref_offset;
     xknn__slice_state held;
     int borrowed;         /* slice is the caller's ref (see the head of this file)    */
@@ -36,37 +40,44 @@ struct xknn_mpi_index {
     int allocated;        /* 1: calloc'ed (destroy frees it); 0: on a caller's stack  */
 };
 
-/* This rank's dense host copy of ref (rows x d, ld = the row's elements). */
-static xknn_status xknn__index_copy(xknn_mpi_index *x, const xknn_matrix *ref, xknn_error *err)
+/* This rank's dense host copy of ref (host or device memory). */
+static xknn_status xknn__index_copy(xknn_mpi_index *x, const xknn_matrix *ref, int dev, xknn_error *err)
 {
     const int rank = x->ctx->rank;
-    const int64_t rb = xknn_row_bytes(ref->dtype, ref->cols), ld = ref->ld ? ref->ld : xknn_row_elems(ref->dtype, ref->cols);
-    const int64_t ldb = ld * (rb / xknn_row_elems(ref->dtype, ref->cols));
-    int64_t i;
+    xknn_status st;
+    xknn_error e;
     if (!ref->data || ref->cols <= 0 || (int)ref->dtype < 0 || ref->dtype >= XKNN_DTYPE_COUNT)
         return xknn__mpi_fail(err, XKNN_ERROR_INVALID_ARGUMENT, "rank %d: reference slice has no data, d=%lld or an "
                               "unknown dtype", rank, (long long)ref->cols);
     x->slice = *ref;
     x->slice.ld = 0;
-    x->slice.data = x->rows = (unsigned char *)malloc((size_t)(ref->rows * rb));
+    x->slice.data = x->rows = (unsigned char *)malloc((size_t)(ref->rows * xknn_row_bytes(ref->dtype, ref->cols)));
     if (!x->rows)
         return xknn__mpi_fail(err, XKNN_ERROR_OUT_OF_MEMORY, "rank %d: out of memory for the index's slice "
-                              "(%.1f MiB)", rank, (double)(ref->rows * rb) / 1048576.0);
-    /* on the budget's threads: a slice is GBs, and its pages are touched here first */
-#ifdef _OPENMP
-#pragma omp parallel for schedule(static) num_threads(xknn_thread_budget()) if (ref->rows * rb >= (64 << 20))
-#endif
-    for (i = 0; i < ref->rows; i++)
-        memcpy(x->rows + i * rb, (const unsigned char *)ref->data + i * ldb, (size_t)rb);
+                              "(%.1f MiB)", rank,
+                              (double)(ref->rows * xknn_row_bytes(ref->dtype, ref->cols)) / 1048576.0);
+    st = xknn__rows_copy(x->rows, ref, dev, &e);
+    return st == XKNN_SUCCESS ? st : xknn__mpi_fail(err, st, "rank %d: %s", rank, e.message);
+}
+
+/* A slice in device memory: on the GPU alone where the device path applies (copied
+ * device to device, its values checked there), else copied to host memory. why: the
+ * reason the device path did not apply. */
+static xknn_status xknn__index_from_device(xknn_mpi_index *x, const xknn_matrix *ref, char *why, size_t why_size)
+{
+    x->held.resident = xknn__resident_open(&x->p, x->p.device, ref, 1, 1, why, why_size);
+    if (!x->held.resident) return XKNN_ERROR_NOT_BUILT; /* the caller copies to host memory */
+    x->slice = *ref;
+    x->slice.ld = 0;
+    x->slice.data = xknn__resident_rows(x->held.resident);
     return XKNN_SUCCESS;
 }
 
-/* The values of rows [r0, r0 + rows) of m, named by global row (rank prefixed). */
+/* The values of rows [r0, r0 + rows) of m (host or device memory), named by global row
+ * (rank prefixed). */
 static xknn_status xknn__index_check(const xknn_mpi_index *x, const xknn_matrix *m, int64_t row0, xknn_error *err)
 {
-    xknn_error e;
-    xknn_status st = xknn_check_input(&x->p, "reference", m, row0, &e);
-    return st == XKNN_SUCCESS ? st : xknn__mpi_fail(err, st, "rank %d: %s", x->ctx->rank, e.message);
+    return xknn__rows_check(x->ctx->rank, &x->p, "reference", m, xknn__on_device(x->ctx, &x->p, m), row0, err);
 }
 
 /* The fields every index starts with: the context, the parameters (Minkowski's p
@@ -110,6 +121,8 @@ xknn_status xknn_mpi_index_create(xknn_mpi_context *ctx, const xknn_params *para
     xknn_mpi_index *x;
     xknn_status st = XKNN_SUCCESS;
     xknn_error lerr;
+    char why[256] = "";
+    int tried = 0; /* the device path was tried on a device slice and did not apply */
     if (!ctx || !index) return xknn__mpi_fail(err, XKNN_ERROR_INVALID_ARGUMENT, "xknn_mpi_index_create: NULL argument");
     *index = NULL;
     x = xknn__index_alloc(ctx, &lerr, &st);
@@ -121,15 +134,19 @@ xknn_status xknn_mpi_index_create(xknn_mpi_context *ctx, const xknn_params *para
             if (ref_offset < 0)
                 st = xknn__mpi_fail(&lerr, XKNN_ERROR_INVALID_ARGUMENT, "rank %d: ref_offset=%lld: need >= 0",
                                     ctx->rank, (long long)ref_offset);
-            if (st == XKNN_SUCCESS) st = xknn__index_copy(x, ref, &lerr);
+            const int dev = st == XKNN_SUCCESS && xknn__on_device(ctx, &x->p, ref);
+            if (st == XKNN_SUCCESS && (!dev || xknn__index_from_device(x, ref, why, sizeof why) != XKNN_SUCCESS)) {
+                st = xknn__index_copy(x, ref, dev, &lerr);
+                tried = dev;
+            }
             if (st == XKNN_SUCCESS) st = xknn__index_check(x, &x->slice, ref_offset, &lerr);
         }
     }
     st = xknn_mpi_agree(ctx, st, &lerr);
     if (st == XKNN_SUCCESS && x->slice.rows > 0) {
         /* the device copy where the device path applies; the host path otherwise */
-        char why[256];
-        x->held.resident = xknn__resident_open(&x->p, x->p.device, &x->slice, 1, 1, why, sizeof why);
+        if (!tried && !x->held.resident)
+            x->held.resident = xknn__resident_open(&x->p, x->p.device, &x->slice, 1, 1, why, sizeof why);
         if (ctx->config.verbose && (x->p.backend != XKNN_BACKEND_CPU || x->held.resident))
             fprintf(stderr, "xknn_mpi: index: rank %d: %s\n", ctx->rank,
                     x->held.resident ? "slice resident on the GPU" : why);
@@ -210,7 +227,7 @@ xknn_status xknn_mpi_index_update(xknn_mpi_index *index, int64_t row0, const xkn
     xknn_status st = XKNN_SUCCESS;
     xknn_error lerr;
     const xknn_matrix *s;
-    int64_t rb, ldb, i, n;
+    int64_t n;
     if (!index) return xknn__mpi_fail(err, XKNN_ERROR_INVALID_ARGUMENT, "xknn_mpi_index_update: index is NULL");
     s = &index->slice;
     lerr.status = XKNN_SUCCESS;
@@ -231,13 +248,11 @@ xknn_status xknn_mpi_index_update(xknn_mpi_index *index, int64_t row0, const xkn
         st = xknn__index_check(index, rows, index->ref_offset + row0, &lerr);
     st = xknn_mpi_agree(index->ctx, st, &lerr);
     if (st == XKNN_SUCCESS) { /* agreed: every rank is here */
-        if (n > 0) {
-            rb = xknn_row_bytes(s->dtype, s->cols);
-            ldb = (rows->ld ? rows->ld : xknn_row_elems(s->dtype, s->cols)) * (rb / xknn_row_elems(s->dtype, s->cols));
-            for (i = 0; i < n; i++)
-                memcpy(index->rows + (row0 + i) * rb, (const unsigned char *)rows->data + i * ldb, (size_t)rb);
-            if (index->held.resident) st = xknn__resident_update(index->held.resident, row0, rows, &lerr);
-        }
+        if (n > 0 && index->rows)
+            st = xknn__rows_copy(index->rows + row0 * xknn_row_bytes(s->dtype, s->cols), rows,
+                                 xknn__on_device(index->ctx, &index->p, rows), &lerr);
+        if (n > 0 && st == XKNN_SUCCESS && index->held.resident)
+            st = xknn__resident_update(index->held.resident, row0, rows, &lerr);
         st = xknn_mpi_agree(index->ctx, st, &lerr); /* the device copies */
     }
     if (err) *err = lerr;

@@ -116,17 +116,6 @@ static xknn_status xknn__check_arg(int rank, const char *what, const xknn_matrix
     return XKNN_SUCCESS;
 }
 
-/* What the metric allows (NaN/Inf, negatives for hellinger, metric/dtype pair, p,
- * weights), naming the rank, the global row and the column. */
-static xknn_status xknn__check_values(int rank, const xknn_params *p, const char *what, const xknn_matrix *m,
-                                      int64_t row_offset, xknn_error *err)
-{
-    xknn_error e;
-    xknn_status st = xknn_check_input(p, what, m, row_offset, &e);
-    if (st != XKNN_SUCCESS) return xknn__mpi_fail(err, st, "rank %d: %s", rank, e.message);
-    return XKNN_SUCCESS;
-}
-
 /* Global checks on the allgathered table: identical inputs on every rank give an
  * identical verdict and message, with no further communication. */
 static xknn_status xknn__check_table(const int64_t *tab, int P, int *order, int *norder, int64_t *n_out,
@@ -347,9 +336,37 @@ typedef struct xknn__search {
     MPI_Request breq, freq; /* the next block's broadcast, the error flag's reduction */
     int fsend, frecv, stop;
     xknn__resident *resident;
-    xknn__resident *kept; /* an index's resident slice: used, never closed here      */
+    xknn__resident *kept; /* an index's resident slice, or early: used, not closed    */
+    xknn__resident *early; /* a one-shot search's slice, uploaded at the checks       */
+    int early_tried;       /* ... or the device path found not to apply then          */
     int ref_checked;      /* an index's slice: its values were checked when they came */
+    unsigned char *host_ref, *host_query; /* device rows brought to host memory, and */
+    xknn_matrix ref_h, query_h;           /* their matrices (freed at the end)       */
 } xknn__search;
+
+/* A one-shot search's slice uploaded at the checks, where the device path applies, and
+ * its values checked there: the host reads the slice once, for the upload, instead of
+ * once more for a scan. 1 when uploaded (the verdict in *st), 0: the host checks. */
+static int xknn__run_upload_early(xknn__search *S, xknn_status *st)
+{
+    char why[256];
+    xknn_matrix dev;
+    const double t0 = MPI_Wtime();
+    if (S->self || S->kept) return 0;
+    if (S->p.device < 0) S->p.device = S->ctx->device;
+    S->early_tried = 1;
+    S->early = xknn__resident_open(&S->p, S->p.device, S->ref, 1, 1, why, sizeof why);
+    if (S->ctx->config.verbose && (S->p.backend != XKNN_BACKEND_CPU || S->early))
+        fprintf(stderr, "xknn_mpi: rank %d: %s\n", S->rank, S->early ? "reference slice resident on the GPU" : why);
+    if (!S->early) return 0;
+    dev = *S->ref;
+    dev.data = xknn__resident_rows(S->early);
+    dev.ld = 0;
+    *st = xknn__rows_check(S->rank, &S->p, "reference", &dev, 1, S->ref_offset, &S->lerr);
+    S->kept = S->early; /* the pipeline then takes it as an index's */
+    S->tm.search += MPI_Wtime() - t0;
+    return 1;
+}
 
 /* Local checks (no communication): the slice, the metric, the query root's queries, the
  * gather root's output, the values. */
@@ -367,6 +384,15 @@ static void xknn__run_check_local(xknn__search *S)
         if (st == XKNN_SUCCESS && S->ref_offset < 0)
             st = xknn__mpi_fail(lerr, XKNN_ERROR_INVALID_ARGUMENT, "rank %d: ref_offset=%lld: need >= 0", rank,
                                 (long long)S->ref_offset);
+        /* a one-shot slice goes to the GPU now where it can (checked there); device rows
+         * that this search reads on the host (a self-join's, a slice the device path does
+         * not take) come to host memory */
+        if (st == XKNN_SUCCESS && !S->ref_checked && xknn__run_upload_early(S, &st)) {
+            /* checked on the GPU */
+        } else if (st == XKNN_SUCCESS && (S->self || !S->kept) && xknn__on_device(S->ctx, &S->p, ref)) {
+            st = xknn__rows_to_host(rank, ref, 1, &S->host_ref, &S->ref_h, lerr);
+            if (st == XKNN_SUCCESS) S->ref = ref = &S->ref_h;
+        }
     }
     if (st == XKNN_SUCCESS && ((int)S->p.metric < 0 || S->p.metric >= XKNN_METRIC_COUNT))
         st = xknn__mpi_fail(lerr, XKNN_ERROR_INVALID_ARGUMENT, "rank %d: unknown metric %d", rank, (int)S->p.metric);
@@ -379,13 +405,17 @@ static void xknn__run_check_local(xknn__search *S)
                                 rank, (long long)query->rows);
         else
             st = xknn__check_arg(rank, "query", query, lerr);
+        if (st == XKNN_SUCCESS && xknn__on_device(S->ctx, &S->p, query)) { /* MPI broadcasts host memory */
+            st = xknn__rows_to_host(rank, query, 1, &S->host_query, &S->query_h, lerr);
+            if (st == XKNN_SUCCESS) S->query = query = &S->query_h;
+        }
     }
     if (st == XKNN_SUCCESS && S->out->gather_root == rank && !S->out->ids)
         st = xknn__mpi_fail(lerr, XKNN_ERROR_INVALID_ARGUMENT, "rank %d: gather ids is NULL on the gather root", rank);
-    if (st == XKNN_SUCCESS && S->nloc > 0 && !S->ref_checked)
-        st = xknn__check_values(rank, &S->p, "reference", ref, S->ref_offset, lerr);
+    if (st == XKNN_SUCCESS && S->nloc > 0 && !S->ref_checked && !S->early)
+        st = xknn__rows_check(rank, &S->p, "reference", ref, 0, S->ref_offset, lerr);
     if (st == XKNN_SUCCESS && !S->self && rank == S->query_root)
-        st = xknn__check_values(rank, &S->p, "query", query, 0, lerr);
+        st = xknn__rows_check(rank, &S->p, "query", query, 0, 0, lerr);
     S->st = st;
 }
 
@@ -838,7 +868,7 @@ static void xknn__run_pipeline(xknn__search *S)
         else
             S->st = xknn__mpi_fail(&S->lerr, XKNN_ERROR_OUT_OF_MEMORY, "rank %d: %s", S->rank, why);
         S->tm.search += MPI_Wtime() - t0;
-    } else if (S->nloc > 0 && S->st == XKNN_SUCCESS) {
+    } else if (S->nloc > 0 && S->st == XKNN_SUCCESS && !S->early_tried) {
         /* keep the slice on this rank's GPU for every block (counted as search time) */
         char why[256];
         t0 = MPI_Wtime();
@@ -905,12 +935,15 @@ static void xknn__run_finish(xknn__search *S)
         stats->max.total = mt[5];
     }
     if (S->resident != S->kept) xknn__resident_close(S->resident);
+    xknn__resident_close(S->early);
     free(S->staging);
     free(S->cbase);
     free(S->qbuf[1]);
     free(S->qbuf[0]);
     free(S->order);
     free(S->tab);
+    free(S->host_query);
+    free(S->host_ref);
 }
 
 static xknn_status xknn__run(xknn_mpi_context *ctx, const xknn_params *params, const xknn_matrix *ref,

@@ -110,3 +110,64 @@ int finite_pending(const xknn__job *job)
 }
 
 } // namespace xknn_cuda
+
+namespace {
+
+/* Rows x d floats at stride ld: *first = min over the offending elements of i * d + j
+ * (the flat order of the packed rows, as first_nonfinite_kernel). One block a row at a
+ * time, threads along the row; for the distributed index's device rows, not a hot path. */
+__global__ void first_nonfinite_rows_kernel(const float *__restrict__ x, int64_t rows, int64_t d, int64_t ld,
+                                            unsigned long long *first)
+{
+    for (int64_t i = blockIdx.x; i < rows; i += gridDim.x) {
+        unsigned long long best = ~0ull;
+        for (int64_t j = threadIdx.x; j < d; j += blockDim.x)
+            if ((__float_as_uint(x[i * ld + j]) & 0x7f800000u) == 0x7f800000u) {
+                best = (unsigned long long)(i * d + j);
+                break;
+            }
+        for (int o = 16; o > 0; o >>= 1) {
+            const unsigned long long other = __shfl_xor_sync(0xffffffffu, best, o);
+            best = other < best ? other : best;
+        }
+        if ((threadIdx.x & 31) == 0 && best != ~0ull) atomicMin(first, best);
+    }
+}
+
+} // namespace
+
+extern "C" xknn_status xknn__cuda_first_nonfinite(const float *dev, int64_t rows, int64_t d, int64_t ld, int64_t *row,
+                                                  xknn_error *err)
+{
+    using namespace xknn_cuda;
+    cudaPointerAttributes a;
+    unsigned long long *word = nullptr, first = ~0ull;
+    cudaStream_t s = nullptr;
+    cudaError_t ce;
+    *row = -1;
+    if (rows <= 0 || d <= 0) return XKNN_SUCCESS;
+    ce = cudaPointerGetAttributes(&a, dev);
+    DeviceScope sc;
+    if (ce == cudaSuccess) ce = sc.enter(a.device);
+    if (ce == cudaSuccess) ce = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+    if (ce == cudaSuccess) ce = cudaMallocAsync((void **)&word, sizeof *word, s);
+    if (ce == cudaSuccess) ce = cudaMemsetAsync(word, 0xff, sizeof *word, s);
+    if (ce == cudaSuccess) {
+        first_nonfinite_rows_kernel<<<(unsigned)min64(rows, 4096), 128, 0, s>>>(dev, rows, d, ld, word);
+        ce = cudaGetLastError();
+    }
+    if (ce == cudaSuccess) ce = cudaMemcpyAsync(&first, word, sizeof first, cudaMemcpyDeviceToHost, s);
+    if (word) (void)cudaFreeAsync(word, s);
+    if (s) {
+        const cudaError_t se = cudaStreamSynchronize(s);
+        if (ce == cudaSuccess) ce = se;
+        (void)cudaStreamDestroy(s);
+    }
+    if (ce != cudaSuccess) {
+        (void)cudaGetLastError();
+        return finish_err(err, failf(err_of(err), XKNN_ERROR_DEVICE, "cuda backend (value check of device rows): %s",
+                                     cudaGetErrorString(ce)));
+    }
+    if (first != ~0ull) *row = (int64_t)(first / (unsigned long long)d);
+    return XKNN_SUCCESS;
+}

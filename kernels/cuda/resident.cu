@@ -45,8 +45,8 @@ int copy_threads(const xknn_params *params, size_t bytes)
     return t;
 }
 
-/* Copies the slice to r->dR through two pinned staging buffers: threads fill one while
- * the copy engine drains the other (a pageable cudaMemcpy goes through the driver's
+/* Copies the slice to r->dR: from device memory directly; from host memory through two
+ * pinned staging buffers, threads filling one while the copy engine drains the other (a pageable cudaMemcpy goes through the driver's
  * single-threaded staging, several times slower for a slice of tens of GB). */
 cudaError_t resident_upload(xknn__cuda_resident *r, const xknn_params *params, const xknn_matrix *ref, int64_t ld)
 {
@@ -58,6 +58,11 @@ cudaError_t resident_upload(xknn__cuda_resident *r, const xknn_params *params, c
     cudaError_t ce = cudaSuccess;
     int64_t r0, c = 0;
     int b;
+    if (xknn__cuda_pointer_device(src) >= 0) { /* device rows: one copy on the device */
+        ce = cudaMemcpy2DAsync(r->dR, row, src, (size_t)ld * sizeof(float), row, (size_t)r->n, cudaMemcpyDefault,
+                               r->stream);
+        return ce == cudaSuccess ? sync_stream(r->ctx, r->stream) : ce;
+    }
     for (b = 0; b < 2 && ce == cudaSuccess; b++) {
         ce = cudaHostAlloc((void **)&pin[b], (size_t)per * row, cudaHostAllocDefault);
         if (ce == cudaSuccess) ce = cudaEventCreateWithFlags(&done[b], kHostWaitEvent);
@@ -168,6 +173,32 @@ cudaError_t resident_wait(xknn__cuda_resident *r, void (*poll)(void *), void *po
 
 extern "C" {
 
+int xknn__cuda_pointer_device(const void *p)
+{
+    cudaPointerAttributes a;
+    if (!p || cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return -1;
+    }
+    return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged ? a.device : -1;
+}
+
+xknn_status xknn__cuda_copy_rows(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, int64_t rows,
+                                 xknn_error *err)
+{
+    const cudaError_t ce = rows > 0 ? cudaMemcpy2D(dst, dpitch, src, spitch, width, (size_t)rows, cudaMemcpyDefault)
+                                    : cudaSuccess;
+    if (ce == cudaSuccess) return XKNN_SUCCESS;
+    (void)cudaGetLastError();
+    return finish_err(err, failf(err_of(err), XKNN_ERROR_DEVICE, "cuda backend (copy of device rows): %s",
+                                 cudaGetErrorString(ce)));
+}
+
+const float *xknn__cuda_resident_rows(const xknn__cuda_resident *r)
+{
+    return r->dR;
+}
+
 void xknn__cuda_resident_close(xknn__cuda_resident *r)
 {
     DeviceScope sc;
@@ -209,7 +240,7 @@ xknn_status xknn__cuda_resident_update(xknn__cuda_resident *r, int64_t row0, con
         ce = sc.enter(r->device);
         if (ce == cudaSuccess)
             ce = cudaMemcpy2DAsync(r->dR + row0 * r->d, row, rows->data, (size_t)ld * sizeof(float), row,
-                                   (size_t)rows->rows, cudaMemcpyHostToDevice, r->stream);
+                                   (size_t)rows->rows, cudaMemcpyDefault, r->stream);
         if (ce == cudaSuccess) ce = resident_wait(r, NULL, NULL);
     }
     if (ce != cudaSuccess)

@@ -135,3 +135,26 @@ xknn_status xknn__cuda_resident_finish(xknn__cuda_resident *r, int64_t *ids, flo
 }
 
 void xknn__cuda_resident_close(xknn__cuda_resident *r) {}
+
+const float *xknn__cuda_resident_rows(const xknn__cuda_resident *r)
+{
+    return NULL;
+}
+
+int xknn__cuda_pointer_device(const void *p)
+{
+    return -1;
+}
+
+xknn_status xknn__cuda_copy_rows(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, int64_t rows,
+                                 xknn_error *err)
+{
+    return xknn__cuda_not_built(err);
+}
+
+xknn_status xknn__cuda_first_nonfinite(const float *dev, int64_t rows, int64_t d, int64_t ld, int64_t *row,
+                                       xknn_error *err)
+{
+    if (row) *row = -1;
+    return xknn__cuda_not_built(err);
+}

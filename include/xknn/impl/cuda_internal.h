@@ -126,7 +126,8 @@ XKNN_API int xknn_cuda_path_for(const xknn_params *params, int64_t n, int64_t nq
  * not fit (the caller searches on host arrays instead).
  * _reserve grows the buffers for blocks of qb queries and k results (they keep the
  * largest seen; k is this search's): 0, or -1 with the reason in why.
- * _update copies rows (f32, rows->ld or dense) over resident rows [row0, row0 + rows).
+ * _update copies rows (f32, rows->ld or dense; host or device memory) over resident rows
+ * [row0, row0 + rows). _open takes ref in host or device memory too.
  * _start searches rows host queries q (dense, d floats a row; reusable on return)
  * against the resident rows with params (xknn_cuda_search's contract), enqueued on the
  * handle's stream, and returns; _finish waits for that search and writes its ids and
@@ -149,6 +150,24 @@ XKNN_API xknn_status xknn__cuda_resident_start(xknn__cuda_resident *r, const xkn
 XKNN_API xknn_status xknn__cuda_resident_finish(xknn__cuda_resident *r, int64_t *ids, float *dist,
                                                 void (*poll)(void *), void *poll_arg, xknn_error *err);
 XKNN_API void xknn__cuda_resident_close(xknn__cuda_resident *r);
+/* The rows' device memory (r->n x d floats, dense), for the caller's bookkeeping. */
+XKNN_API const float *xknn__cuda_resident_rows(const xknn__cuda_resident *r);
+
+/*
+ * Caller memory that may lie on a device (the distributed index takes host or device
+ * pointers). _pointer_device: the device whose memory p points into (cudaMalloc'd or
+ * managed), -1 for host memory or without CUDA. _copy_rows: rows of width bytes from
+ * src (pitch spitch) to dst (pitch dpitch), either side host or device memory (unified
+ * addressing); returns once the bytes are there. _first_nonfinite: over device f32 rows
+ * (rows x d, stride ld elements), *row is the first row holding a NaN or an Inf, -1
+ * where none; the caller names it with xknn_check_input on a host copy of that row.
+ * Not collective. Built without CUDA: -1, and NOT_BUILT.
+ */
+XKNN_API int xknn__cuda_pointer_device(const void *p);
+XKNN_API xknn_status xknn__cuda_copy_rows(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width,
+                                          int64_t rows, xknn_error *err);
+XKNN_API xknn_status xknn__cuda_first_nonfinite(const float *dev, int64_t rows, int64_t d, int64_t ld, int64_t *row,
+                                                xknn_error *err);
 
 #ifdef __cplusplus
 }
