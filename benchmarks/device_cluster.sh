@@ -97,8 +97,9 @@ d = json.load(open(sys.argv[1])); t = d["time_s"]
 per = " ".join(f"{r.get('read_GB_per_s', 0):.2f}" for r in d.get("per_rank", []))
 print(f"knn_mpi {sys.argv[2]} ranks={sys.argv[3]} total {t['total']:.3f} s, read {t['read']:.3f} s"
       f" ({d['read']['GB_per_s']:.2f} GB/s all ranks; per rank {per}), search {t['search']:.3f} s,"
-      f" query phase {t['query_phase']:.3f} s, setup {t.get('setup', 0):.3f} s (MPI_Init, contexts),"
-      f" device wait {t.get('device_wait', 0):.3f} s")
+      f" query phase {t['query_phase']:.3f} s, setup {t.get('setup', 0):.3f} s (MPI_Init"
+      f" {t.get('mpi_init', 0):.3f}, CUDA driver {t.get('cuda_init', 0):.3f}), context {t.get('context', 0):.3f} s"
+      f" beside the read, device wait {t.get('device_wait', 0):.3f} s")
 PY
     rm -f "$WORK/out.bin"
 }

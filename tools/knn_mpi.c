@@ -563,6 +563,9 @@ typedef struct knn_run {
     double t_read, t_bcast, t_search, t_reduce, t_write, t_total, t_query; /* max over ranks */
     double t_setup;         /* start to the read: MPI_Init, contexts, outputs (max) */
     double t_devwait;       /* after the read, waiting for the device warm-up (max) */
+    double t_mpi_init;      /* of t_setup: MPI_Init_thread (max)                  */
+    double t_cuda_init;     /* of t_setup: the CUDA driver's start, device count (max) */
+    double t_context;       /* the warm-up thread's context creation, beside the read (max) */
     int64_t query_block, blocks;
     const char *transfer;
     unsigned char *wbuf;    /* the sink's encoding buffer                         */
@@ -600,13 +603,16 @@ static xknn_status knn__mpi_error(knn_run *r, xknn_error *err, int rc, const cha
 typedef struct knn_warm {
     int device;
     xknn_cuda_context *cx; /* NULL where it could not be made */
+    double seconds;        /* the creation's own time */
 } knn_warm;
 
 static void *knn__warm_device(void *arg)
 {
     knn_warm *w = (knn_warm *)arg;
     xknn_error e;
+    const double t0 = knn__now();
     (void)xknn_cuda_context_create(w->device, &w->cx, &e);
+    w->seconds = knn__now() - t0;
     return NULL;
 }
 #endif
@@ -1136,9 +1142,10 @@ static xknn_status knn__write_json(knn_run *r, double qps, xknn_error *err)
             (long long)r->blocks, r->transfer);
     fprintf(f,
             "  \"time_s\": {\"read\": %.6f, \"broadcast\": %.6f, \"search\": %.6f, \"reduce\": %.6f, "
-            "\"write\": %.6f, \"query_phase\": %.6f, \"setup\": %.6f, \"device_wait\": %.6f, \"total\": %.6f},\n",
-            r->t_read, r->t_bcast, r->t_search, r->t_reduce, r->t_write, r->t_query, r->t_setup, r->t_devwait,
-            r->t_total);
+            "\"write\": %.6f, \"query_phase\": %.6f, \"setup\": %.6f, \"mpi_init\": %.6f, \"cuda_init\": %.6f, "
+            "\"context\": %.6f, \"device_wait\": %.6f, \"total\": %.6f},\n",
+            r->t_read, r->t_bcast, r->t_search, r->t_reduce, r->t_write, r->t_query, r->t_setup, r->t_mpi_init,
+            r->t_cuda_init, r->t_context, r->t_devwait, r->t_total);
     {
         /* the rows read by all ranks over the slowest rank's read phase */
         const double bytes = (double)r->n * (double)r->rinfo.row_bytes +
@@ -1265,6 +1272,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "knn_mpi: MPI_Init failed\n");
         return EXIT_INTERNAL;
     }
+    r->t_mpi_init = knn__now() - t_begin;
     r->comm = MPI_COMM_NULL;
     MPI_Comm_rank(MPI_COMM_WORLD, &r->rank);
     MPI_Comm_size(MPI_COMM_WORLD, &r->size);
@@ -1299,6 +1307,11 @@ int main(int argc, char **argv)
     r->params.device_memory_budget = (size_t)r->o.device_memory;
     r->params.verbose = r->o.verbose && r->rank == 0;
     r->params.self_join = r->o.no_symmetric ? XKNN_SELF_JOIN_PLAIN : XKNN_SELF_JOIN_AUTO;
+    if (r->o.backend != XKNN_BACKEND_CPU && xknn_backend_built(XKNN_BACKEND_CUDA)) {
+        const double t0 = knn__now();
+        (void)xknn_cuda_device_count(); /* the driver starts here; timed for --json */
+        r->t_cuda_init = knn__now() - t0;
+    }
     r->backend_used = r->o.backend == XKNN_BACKEND_CUDA ? "cuda"
                       : r->o.backend == XKNN_BACKEND_CPU ? "cpu"
                       : (xknn_backend_built(XKNN_BACKEND_CUDA) && xknn_cuda_device_count() > 0) ? "cuda"
@@ -1383,6 +1396,7 @@ int main(int argc, char **argv)
         int warming = 0;
         warm.device = xknn_mpi_device(r->ctx);
         warm.cx = NULL;
+        warm.seconds = 0.0;
         if (r->o.backend != XKNN_BACKEND_CPU && warm.device >= 0 && xknn_backend_built(XKNN_BACKEND_CUDA))
             warming = pthread_create(&wth, NULL, knn__warm_device, &warm) == 0;
         r->t_setup = knn__now() - t_begin;
@@ -1392,6 +1406,7 @@ int main(int argc, char **argv)
             pthread_join(wth, NULL);
             r->params.cuda_context = r->cuctx = warm.cx;
             r->t_devwait = knn__now() - t0;
+            r->t_context = warm.seconds;
         }
     }
 #else
@@ -1400,14 +1415,20 @@ int main(int argc, char **argv)
 #endif
     if (st != XKNN_SUCCESS) goto report;
     {
-        double v[3];
+        double v[6];
         v[0] = r->t_read;
         v[1] = r->t_setup;
         v[2] = r->t_devwait;
-        knn__max_doubles(r, v, 3);
+        v[3] = r->t_mpi_init;
+        v[4] = r->t_cuda_init;
+        v[5] = r->t_context;
+        knn__max_doubles(r, v, 6);
         r->t_read = v[0];
         r->t_setup = v[1];
         r->t_devwait = v[2];
+        r->t_mpi_init = v[3];
+        r->t_cuda_init = v[4];
+        r->t_context = v[5];
     }
     r->params.weights = r->weights;
     r->params.weights_count = r->weights ? r->dsearch : 0;
