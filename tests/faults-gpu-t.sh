@@ -10,7 +10,10 @@
 #     device count) and the result is the oracle's, which is also the CPU's;
 #   - a device memory budget (--device-memory) below what one tile needs: exit 3 and one
 #     message with the minimum, on 1 and 4 ranks; twice that minimum: smaller tiles, the
-#     oracle's result on 1 and 3 ranks.
+#     oracle's result on 1 and 3 ranks;
+#   - a launcher's local rank (MPI_LOCALRANKID) that names another device than the one
+#     the library picks (a single process is local rank 0): the context made early on
+#     it is dropped, the result is the oracle's.
 # Where `knn_mpi --backend cuda` does not work (no CUDA build, no device) the GPU lines
 # are "# SKIP no CUDA device"; the lines that need no device run everywhere. Fixed plan.
 # POSIX sh.
@@ -19,7 +22,7 @@ KNN=$1
 MK=$2
 MPIRUN=${3:-none}
 . "$(dirname "$0")/tap.sh"
-tap_begin faults-gpu-t 9
+tap_begin faults-gpu-t 10
 O=$T/outdir # the output directory of every run: must hold the result only on success
 mkdir "$O" || exit 1
 
@@ -110,6 +113,7 @@ elif [ "$MPIRUN" = none ]; then
     good
     ok $? "--device-memory twice the minimum ($((2 * ${MIN:-0})) bytes), 1 rank: the oracle's result"
     skip "MPI not built: --device-memory twice the minimum (3 ranks)"
+    skip "MPI not built: no launcher's local rank"
 else
     # the --backend auto run above, rank 1 without a device
     cp "$T/err_auto" "$T/err"
@@ -144,6 +148,13 @@ else
     run 3 "$KNN" --backend cuda -q --device-memory $B "$@"
     good
     ok $? "--device-memory twice the minimum ($B bytes), 3 ranks: the oracle's result"
+
+    MPI_LOCALRANKID=$((NDEV > 1 ? 1 : 0))
+    export MPI_LOCALRANKID
+    run 1 "$KNN" --backend cuda -q "$@"
+    unset MPI_LOCALRANKID
+    good
+    ok $? "a launcher's local rank naming device $((NDEV > 1 ? 1 : 0)) (the library picks 0): the oracle's result"
 fi
 
 tap_end
