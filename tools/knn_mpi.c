@@ -564,8 +564,9 @@ typedef struct knn_run {
     double t_setup;         /* start to the read: MPI_Init, contexts, outputs (max) */
     double t_devwait;       /* after the read, waiting for the device warm-up (max) */
     double t_mpi_init;      /* of t_setup: MPI_Init_thread (max)                  */
-    double t_cuda_init;     /* of t_setup: the CUDA driver's start, device count (max) */
-    double t_context;       /* the warm-up thread's context creation, beside the read (max) */
+    double t_cuda_init;     /* of t_setup: the early context's wait after MPI_Init, or the
+                               driver's start (max)                                */
+    double t_context;       /* the warm-up thread's own time (max)                  */
     int64_t query_block, blocks;
     const char *transfer;
     unsigned char *wbuf;    /* the sink's encoding buffer                         */
@@ -599,9 +600,9 @@ static xknn_status knn__mpi_error(knn_run *r, xknn_error *err, int rc, const cha
 /* The rank's CUDA context (device, streams, memory pool), made in a thread of its own so
  * that the search starts on a warm device:
  * - from the start, beside MPI_Init, where the launcher names the rank's local rank (the
- *   device is then local rank mod devices, xknn_mpi_create's rule), and before the read,
- *   whose page faults slow a context made beside it (0.12 s alone, 0.6-0.8 s beside a
- *   5 GB read); a context made there on another device than the one named is dropped;
+ *   device is then local rank mod devices, xknn_mpi_create's rule): done before the
+ *   read, it does not contend with the read's page faults, which slow it several times;
+ *   a context made there on another device than the one named is dropped;
  * - else beside the read, once xknn_mpi_create named the device.
  * Only when the arguments parse and may use a GPU, so a CPU run never starts the driver.
  * Where no context can be made, the search makes its own and reports what stands in the
@@ -1304,11 +1305,12 @@ int main(int argc, char **argv)
     err.status = XKNN_SUCCESS;
     err.message[0] = '\0';
     r->size = 1;
+    int warm_early = 0; /* a context is being made beside MPI_Init */
 #ifdef XKNN_HAVE_MPI
     int provided = MPI_THREAD_SINGLE;
     pthread_t early_th;
     knn_warm early;
-    const int warm_early = knn__warm_early(argc, argv, &early, &early_th);
+    warm_early = knn__warm_early(argc, argv, &early, &early_th);
     /* FUNNELED: the symmetric self-join computes in a worker thread while the main thread
      * moves slices and lists (the library falls back to inline compute below it) */
     if (MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS) {
@@ -1359,7 +1361,7 @@ int main(int argc, char **argv)
     r->params.device_memory_budget = (size_t)r->o.device_memory;
     r->params.verbose = r->o.verbose && r->rank == 0;
     r->params.self_join = r->o.no_symmetric ? XKNN_SELF_JOIN_PLAIN : XKNN_SELF_JOIN_AUTO;
-    if (!r->t_cuda_init && r->o.backend != XKNN_BACKEND_CPU && xknn_backend_built(XKNN_BACKEND_CUDA)) {
+    if (!warm_early && r->o.backend != XKNN_BACKEND_CPU && xknn_backend_built(XKNN_BACKEND_CUDA)) {
         const double t0 = knn__now(); /* the driver's start, timed for --json */
         (void)xknn_cuda_device_count();
         r->t_cuda_init = knn__now() - t0;
