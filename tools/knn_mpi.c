@@ -911,6 +911,62 @@ static xknn_status knn__read(knn_run *r, xknn_error *err)
     return knn__agree(r, st, err);
 }
 
+/* Step: the read, beside the rank's CUDA context where none was made early on the device
+ * xknn_mpi_create named (one made on another is dropped); then the maxima over ranks of
+ * the setup and read times. Collective. */
+static xknn_status knn__read_warm(knn_run *r, int early_device, double t_begin, xknn_error *err)
+{
+    xknn_status st;
+#ifdef XKNN_HAVE_MPI
+    knn_warm warm;
+    pthread_t wth;
+    int warming = 0;
+    warm.local_rank = -1;
+    warm.device = xknn_mpi_device(r->ctx);
+    warm.cx = NULL;
+    warm.seconds = 0.0;
+    if (r->cuctx && early_device != warm.device) {
+        xknn_cuda_context_destroy(r->cuctx); /* made early on another device */
+        r->cuctx = NULL;
+        r->t_context = 0.0;
+    }
+    if (r->cuctx)
+        r->params.cuda_context = r->cuctx;
+    else if (r->o.backend != XKNN_BACKEND_CPU && warm.device >= 0 && xknn_backend_built(XKNN_BACKEND_CUDA))
+        warming = pthread_create(&wth, NULL, knn__warm_device, &warm) == 0;
+    r->t_setup = knn__now() - t_begin;
+    st = knn__read(r, err);
+    if (warming) {
+        const double t0 = knn__now();
+        pthread_join(wth, NULL);
+        r->params.cuda_context = r->cuctx = warm.cx;
+        r->t_devwait = knn__now() - t0;
+        r->t_context = warm.seconds;
+    }
+#else
+    (void)early_device;
+    r->t_setup = knn__now() - t_begin;
+    st = knn__read(r, err);
+#endif
+    if (st == XKNN_SUCCESS) {
+        double v[6];
+        v[0] = r->t_read;
+        v[1] = r->t_setup;
+        v[2] = r->t_devwait;
+        v[3] = r->t_mpi_init;
+        v[4] = r->t_cuda_init;
+        v[5] = r->t_context;
+        knn__max_doubles(r, v, 6);
+        r->t_read = v[0];
+        r->t_setup = v[1];
+        r->t_devwait = v[2];
+        r->t_mpi_init = v[3];
+        r->t_cuda_init = v[4];
+        r->t_context = v[5];
+    }
+    return st;
+}
+
 /* ---- outputs -------------------------------------------------------------------------- */
 /* Collective. Creates the run's temporaries and writes the result's header (rank 0). */
 static xknn_status knn__open_output(knn_run *r, xknn_error *err)
@@ -1305,7 +1361,8 @@ int main(int argc, char **argv)
     err.status = XKNN_SUCCESS;
     err.message[0] = '\0';
     r->size = 1;
-    int warm_early = 0; /* a context is being made beside MPI_Init */
+    int warm_early = 0;    /* a context is being made beside MPI_Init */
+    int early_device = -1; /* its device */
 #ifdef XKNN_HAVE_MPI
     int provided = MPI_THREAD_SINGLE;
     pthread_t early_th;
@@ -1326,6 +1383,7 @@ int main(int argc, char **argv)
         r->t_cuda_init = knn__now() - t0;
         r->cuctx = early.cx;
         r->t_context = early.seconds;
+        early_device = early.device;
     }
     r->comm = MPI_COMM_NULL;
     MPI_Comm_rank(MPI_COMM_WORLD, &r->rank);
@@ -1443,55 +1501,7 @@ int main(int argc, char **argv)
             fprintf(stderr, "knn_mpi: predictions %s (%s vote), temporary %s\n", r->pred.out_path,
                     xknn_vote_name(r->pred.vote), r->outs.f[r->pred.slot].tmp);
     }
-#ifdef XKNN_HAVE_MPI
-    {
-        knn_warm warm;
-        pthread_t wth;
-        int warming = 0;
-        warm.local_rank = -1;
-        warm.device = xknn_mpi_device(r->ctx);
-        warm.cx = NULL;
-        warm.seconds = 0.0;
-        if (r->cuctx && early.device != warm.device) {
-            xknn_cuda_context_destroy(r->cuctx); /* made early on another device */
-            r->cuctx = NULL;
-            r->t_context = 0.0;
-        }
-        if (r->cuctx)
-            r->params.cuda_context = r->cuctx;
-        else if (r->o.backend != XKNN_BACKEND_CPU && warm.device >= 0 && xknn_backend_built(XKNN_BACKEND_CUDA))
-            warming = pthread_create(&wth, NULL, knn__warm_device, &warm) == 0;
-        r->t_setup = knn__now() - t_begin;
-        st = knn__read(r, &err);
-        if (warming) {
-            const double t0 = knn__now();
-            pthread_join(wth, NULL);
-            r->params.cuda_context = r->cuctx = warm.cx;
-            r->t_devwait = knn__now() - t0;
-            r->t_context = warm.seconds;
-        }
-    }
-#else
-    r->t_setup = knn__now() - t_begin;
-    st = knn__read(r, &err);
-#endif
-    if (st != XKNN_SUCCESS) goto report;
-    {
-        double v[6];
-        v[0] = r->t_read;
-        v[1] = r->t_setup;
-        v[2] = r->t_devwait;
-        v[3] = r->t_mpi_init;
-        v[4] = r->t_cuda_init;
-        v[5] = r->t_context;
-        knn__max_doubles(r, v, 6);
-        r->t_read = v[0];
-        r->t_setup = v[1];
-        r->t_devwait = v[2];
-        r->t_mpi_init = v[3];
-        r->t_cuda_init = v[4];
-        r->t_context = v[5];
-    }
+    if ((st = knn__read_warm(r, early_device, t_begin, &err)) != XKNN_SUCCESS) goto report;
     r->params.weights = r->weights;
     r->params.weights_count = r->weights ? r->dsearch : 0;
     st = knn__search_and_write(r, &err);
