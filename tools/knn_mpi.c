@@ -949,20 +949,12 @@ static xknn_status knn__read_warm(knn_run *r, int early_device, double t_begin, 
     st = knn__read(r, err);
 #endif
     if (st == XKNN_SUCCESS) {
+        double *const t[6] = {&r->t_read, &r->t_setup, &r->t_devwait, &r->t_mpi_init, &r->t_cuda_init, &r->t_context};
         double v[6];
-        v[0] = r->t_read;
-        v[1] = r->t_setup;
-        v[2] = r->t_devwait;
-        v[3] = r->t_mpi_init;
-        v[4] = r->t_cuda_init;
-        v[5] = r->t_context;
+        int i;
+        for (i = 0; i < 6; i++) v[i] = *t[i];
         knn__max_doubles(r, v, 6);
-        r->t_read = v[0];
-        r->t_setup = v[1];
-        r->t_devwait = v[2];
-        r->t_mpi_init = v[3];
-        r->t_cuda_init = v[4];
-        r->t_context = v[5];
+        for (i = 0; i < 6; i++) *t[i] = v[i];
     }
     return st;
 }
