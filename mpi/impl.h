@@ -164,14 +164,15 @@ const void *xknn__resident_rows(const xknn__resident *r);
  * cpu (elsewhere 0: the question would start a CUDA context). The others take dev, m's
  * answer. _rows_copy: m's rows into dense host memory dst (host-to-host on the budget's
  * threads). _to_host: a dense host copy of m in *buf (malloc'ed; the caller frees it),
- * described by *out. _check: xknn_check_input's verdict and message on m wherever it
- * lies, rows named from row0: device f32 rows are scanned for NaN/Inf on the device and
- * the first offending row (or row 0, for the metric's own checks) is checked on the
- * host; other device rows on a host copy. Not collective. */
+ * described by *out; what names it in an out-of-memory message. _check:
+ * xknn_check_input's verdict and message on m wherever it lies, rows named from row0:
+ * device f32 rows are scanned for NaN/Inf on the device and the first offending row (or
+ * row 0, for the metric's own checks) is checked on the host; other device rows on a
+ * host copy. Not collective. */
 int xknn__on_device(const xknn_mpi_context *ctx, const xknn_params *p, const xknn_matrix *m);
 xknn_status xknn__rows_copy(void *dst, const xknn_matrix *m, int dev, xknn_error *err);
-xknn_status xknn__rows_to_host(int rank, const xknn_matrix *m, int dev, unsigned char **buf, xknn_matrix *out,
-                               xknn_error *err);
+xknn_status xknn__rows_to_host(int rank, const char *what, const xknn_matrix *m, int dev, unsigned char **buf,
+                               xknn_matrix *out, xknn_error *err);
 xknn_status xknn__rows_check(int rank, const xknn_params *p, const char *what, const xknn_matrix *m, int dev,
                              int64_t row0, xknn_error *err);
 

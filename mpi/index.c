@@ -43,21 +43,10 @@ struct xknn_mpi_index {
 /* This rank's dense host copy of ref (host or device memory). */
 static xknn_status xknn__index_copy(xknn_mpi_index *x, const xknn_matrix *ref, int dev, xknn_error *err)
 {
-    const int rank = x->ctx->rank;
-    xknn_status st;
-    xknn_error e;
     if (!ref->data || ref->cols <= 0 || (int)ref->dtype < 0 || ref->dtype >= XKNN_DTYPE_COUNT)
         return xknn__mpi_fail(err, XKNN_ERROR_INVALID_ARGUMENT, "rank %d: reference slice has no data, d=%lld or an "
-                              "unknown dtype", rank, (long long)ref->cols);
-    x->slice = *ref;
-    x->slice.ld = 0;
-    x->slice.data = x->rows = (unsigned char *)malloc((size_t)(ref->rows * xknn_row_bytes(ref->dtype, ref->cols)));
-    if (!x->rows)
-        return xknn__mpi_fail(err, XKNN_ERROR_OUT_OF_MEMORY, "rank %d: out of memory for the index's slice "
-                              "(%.1f MiB)", rank,
-                              (double)(ref->rows * xknn_row_bytes(ref->dtype, ref->cols)) / 1048576.0);
-    st = xknn__rows_copy(x->rows, ref, dev, &e);
-    return st == XKNN_SUCCESS ? st : xknn__mpi_fail(err, st, "rank %d: %s", rank, e.message);
+                              "unknown dtype", x->ctx->rank, (long long)ref->cols);
+    return xknn__rows_to_host(x->ctx->rank, "the index's slice", ref, dev, &x->rows, &x->slice, err);
 }
 
 /* A slice in device memory: on the GPU alone where the device path applies (copied

@@ -110,8 +110,8 @@ xknn_status xknn__rows_copy(void *dst, const xknn_matrix *m, int dev, xknn_error
     return XKNN_SUCCESS;
 }
 
-xknn_status xknn__rows_to_host(int rank, const xknn_matrix *m, int dev, unsigned char **buf, xknn_matrix *out,
-                               xknn_error *err)
+xknn_status xknn__rows_to_host(int rank, const char *what, const xknn_matrix *m, int dev, unsigned char **buf,
+                               xknn_matrix *out, xknn_error *err)
 {
     int64_t rb, ldb;
     xknn_error e;
@@ -119,8 +119,8 @@ xknn_status xknn__rows_to_host(int rank, const xknn_matrix *m, int dev, unsigned
     xknn__row_geometry(m, &rb, &ldb);
     *buf = (unsigned char *)malloc((size_t)(m->rows > 0 ? m->rows * rb : 1));
     if (!*buf)
-        return xknn__mpi_fail(err, XKNN_ERROR_OUT_OF_MEMORY, "rank %d: out of memory for a host copy of device "
-                              "rows (%.1f MiB)", rank, (double)(m->rows * rb) / 1048576.0);
+        return xknn__mpi_fail(err, XKNN_ERROR_OUT_OF_MEMORY, "rank %d: out of memory for %s (%.1f MiB)", rank, what,
+                              (double)(m->rows * rb) / 1048576.0);
     st = xknn__rows_copy(*buf, m, dev, &e);
     if (st != XKNN_SUCCESS) {
         free(*buf);
@@ -154,7 +154,7 @@ xknn_status xknn__rows_check(int rank, const xknn_params *p, const char *what, c
         one.data = (const unsigned char *)m->data + r * (m->ld ? m->ld : m->cols) * (int64_t)sizeof(float);
         one.rows = 1;
     }
-    st = xknn__rows_to_host(rank, &one, 1, &buf, &h, err);
+    st = xknn__rows_to_host(rank, "a host copy of device rows", &one, 1, &buf, &h, err);
     if (st != XKNN_SUCCESS) return st;
     st = xknn_check_input(p, what, &h, row0 + r, &e);
     free(buf);

@@ -390,7 +390,7 @@ static void xknn__run_check_local(xknn__search *S)
         if (st == XKNN_SUCCESS && !S->ref_checked && xknn__run_upload_early(S, &st)) {
             /* checked on the GPU */
         } else if (st == XKNN_SUCCESS && (S->self || !S->kept) && xknn__on_device(S->ctx, &S->p, ref)) {
-            st = xknn__rows_to_host(rank, ref, 1, &S->host_ref, &S->ref_h, lerr);
+            st = xknn__rows_to_host(rank, "a host copy of device rows", ref, 1, &S->host_ref, &S->ref_h, lerr);
             if (st == XKNN_SUCCESS) S->ref = ref = &S->ref_h;
         }
     }
@@ -406,7 +406,7 @@ static void xknn__run_check_local(xknn__search *S)
         else
             st = xknn__check_arg(rank, "query", query, lerr);
         if (st == XKNN_SUCCESS && xknn__on_device(S->ctx, &S->p, query)) { /* MPI broadcasts host memory */
-            st = xknn__rows_to_host(rank, query, 1, &S->host_query, &S->query_h, lerr);
+            st = xknn__rows_to_host(rank, "a host copy of device rows", query, 1, &S->host_query, &S->query_h, lerr);
             if (st == XKNN_SUCCESS) S->query = query = &S->query_h;
         }
     }
