@@ -711,7 +711,10 @@ xknn__sym_side side_rows(const xknn__sym_side *s, int64_t r0, int64_t rows, int6
 }
 
 /* The CPU pair (xknn__cpu_sym_pair) of a part; where a list mirror holds a side's lists,
- * they come to the host for it and go back after. */
+ * they come to the host for it and go back after. Every copy is on the context's stream,
+ * which the next part's merges and the lists' fetch follow: a plain cudaMemcpy from
+ * pageable memory may return before its DMA lands, and the legacy stream it runs on does
+ * not order the context's non-blocking one. */
 xknn_status cpu_pair(const xknn__job *job, xknn_cuda_context *ctx, const xknn__sym_side *a, const xknn__sym_side *b,
                      Err er)
 {
@@ -722,22 +725,24 @@ xknn_status cpu_pair(const xknn__job *job, xknn_cuda_context *ctx, const xknn__s
     xknn_status st = XKNN_SUCCESS;
     int any = 0;
     for (int i = 0; i < 2; ++i) any |= sd[i] && mirror_of(ctx, sd[i]->ids, sd[i]->rows, k, &di[i], &dd[i]);
-    if (any) XKNN__CUDA_CHECK(sync_stream(ctx, ctx->stream));
     for (int i = 0; i < 2; ++i)
         if (di[i]) {
-            XKNN__CUDA_CHECK(cudaMemcpy(sd[i]->ids, di[i], (size_t)(sd[i]->rows * k) * sizeof(int64_t),
-                                        cudaMemcpyDeviceToHost));
-            XKNN__CUDA_CHECK(cudaMemcpy(sd[i]->dist, dd[i], (size_t)(sd[i]->rows * k) * sizeof(float),
-                                        cudaMemcpyDeviceToHost));
+            const size_t cnt = (size_t)(sd[i]->rows * k);
+            XKNN__CUDA_CHECK(
+                cudaMemcpyAsync(sd[i]->ids, di[i], cnt * sizeof(int64_t), cudaMemcpyDeviceToHost, ctx->stream));
+            XKNN__CUDA_CHECK(cudaMemcpyAsync(sd[i]->dist, dd[i], cnt * sizeof(float), cudaMemcpyDeviceToHost, ctx->stream));
         }
+    if (any) XKNN__CUDA_CHECK(sync_stream(ctx, ctx->stream));
     st = xknn__cpu_sym_pair(job, a, b);
     for (int i = 0; i < 2 && st == XKNN_SUCCESS; ++i)
         if (di[i]) {
-            XKNN__CUDA_CHECK(cudaMemcpy(di[i], sd[i]->ids, (size_t)(sd[i]->rows * k) * sizeof(int64_t),
-                                        cudaMemcpyHostToDevice));
-            XKNN__CUDA_CHECK(cudaMemcpy(dd[i], sd[i]->dist, (size_t)(sd[i]->rows * k) * sizeof(float),
-                                        cudaMemcpyHostToDevice));
+            const size_t cnt = (size_t)(sd[i]->rows * k);
+            XKNN__CUDA_CHECK(
+                cudaMemcpyAsync(di[i], sd[i]->ids, cnt * sizeof(int64_t), cudaMemcpyHostToDevice, ctx->stream));
+            XKNN__CUDA_CHECK(cudaMemcpyAsync(dd[i], sd[i]->dist, cnt * sizeof(float), cudaMemcpyHostToDevice, ctx->stream));
         }
+    /* (the host lists are the caller's again once this returns) */
+    if (any) XKNN__CUDA_CHECK(sync_stream(ctx, ctx->stream));
 cleanup:
     return st;
 }
