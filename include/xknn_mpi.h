@@ -22,6 +22,8 @@
  *     TRANSFER MODES). Slices, update rows and queries may be device memory on a rank
  *     with a GPU and a backend other than cpu (the index below keeps a device slice on
  *     the GPU; other calls bring device rows to host memory where they read them).
+ *     Device memory must hold its values when a call starts: the caller has waited for
+ *     the work that writes it (the calls wait on no stream of the caller's).
  *   - No global state; no MPI type but MPI_Comm in this header.
  *   - No progress thread: the next block's MPI_Ibcast overlaps the current search only
  *     as far as the MPI library moves it without being called (small blocks go
