@@ -41,6 +41,9 @@
 #include "npz.h"
 #include "outputs.h"
 #include "progress.h"
+#ifdef XKNN_HAVE_MPI
+#include "narrow.h"
+#endif
 #include "xknn.h"
 #include "xknn/io.h"
 #include "xknn/learn.h"
@@ -654,9 +657,20 @@ static int knn__warm_early(int argc, char **argv, knn_warm *w, pthread_t *th)
     if (knn__parse(argc, argv, &pre, msg, sizeof msg) != EXIT_OK || pre.help || pre.version ||
         pre.backend == XKNN_BACKEND_CPU)
         return 0;
+    (void)knn_narrow_gpus(w->local_rank); /* before the driver starts (tools/narrow.h) */
     return pthread_create(th, NULL, knn__warm_device, w) == 0;
 }
 #endif
+
+/* What the no-device message adds where knn_mpi narrowed CUDA_VISIBLE_DEVICES */
+static const char *knn__narrowed_note(void)
+{
+#ifdef XKNN_HAVE_MPI
+    return knn_narrowed() ? ", set by knn_mpi to this rank's GPU; set it yourself to choose" : "";
+#else
+    return "";
+#endif
+}
 
 /* Collective. Every rank gets the same status and message (the lowest failing rank's). */
 static xknn_status knn__agree(knn_run *r, xknn_status st, xknn_error *err)
@@ -1453,8 +1467,9 @@ int main(int argc, char **argv)
         } else if (r->o.backend == XKNN_BACKEND_CUDA && ndev <= 0) {
             const char *cvd = getenv("CUDA_VISIBLE_DEVICES");
             st = knn__fail(&err, XKNN_ERROR_NO_DEVICE,
-                           "no CUDA device is visible to this process (--backend cuda needs one on every rank%s%.64s%s)",
-                           cvd ? "; CUDA_VISIBLE_DEVICES='" : "", cvd ? cvd : "", cvd ? "'" : "");
+                           "no CUDA device is visible to this process (--backend cuda needs one on every rank%s%.64s%s%s)",
+                           cvd ? "; CUDA_VISIBLE_DEVICES='" : "", cvd ? cvd : "", cvd ? "'" : "",
+                           knn__narrowed_note());
             knn__prefix_rank(&err, r->rank, r->size);
         }
         if ((st = knn__agree(r, st, &err)) != XKNN_SUCCESS) goto report;
