@@ -42,7 +42,7 @@
 #include "outputs.h"
 #include "progress.h"
 #ifdef XKNN_HAVE_MPI
-#include "narrow.h"
+#include "launch.h"
 #endif
 #include "xknn.h"
 #include "xknn/io.h"
@@ -657,7 +657,7 @@ static int knn__warm_early(int argc, char **argv, knn_warm *w, pthread_t *th)
     if (knn__parse(argc, argv, &pre, msg, sizeof msg) != EXIT_OK || pre.help || pre.version ||
         pre.backend == XKNN_BACKEND_CPU)
         return 0;
-    (void)knn_narrow_gpus(w->local_rank); /* before the driver starts (tools/narrow.h) */
+    (void)knn_narrow_gpus(w->local_rank); /* before the driver starts (tools/launch.h) */
     return pthread_create(th, NULL, knn__warm_device, w) == 0;
 }
 #endif
@@ -1373,6 +1373,7 @@ int main(int argc, char **argv)
     int provided = MPI_THREAD_SINGLE;
     pthread_t early_th;
     knn_warm early;
+    const int one_node_pml = knn_one_node_pml(); /* before any thread (tools/launch.h) */
     warm_early = knn__warm_early(argc, argv, &early, &early_th);
     /* FUNNELED: the symmetric self-join computes in a worker thread while the main thread
      * moves slices and lists (the library falls back to inline compute below it) */
@@ -1507,6 +1508,14 @@ int main(int argc, char **argv)
         if (r->pred.out_path)
             fprintf(stderr, "knn_mpi: predictions %s (%s vote), temporary %s\n", r->pred.out_path,
                     xknn_vote_name(r->pred.vote), r->outs.f[r->pred.slot].tmp);
+#ifdef XKNN_HAVE_MPI
+        if (one_node_pml)
+            fprintf(stderr, "knn_mpi: every rank on one node: Open MPI's pml ob1 (OMPI_MCA_pml or --mca pml "
+                            "chooses another)\n");
+        if (knn_narrowed())
+            fprintf(stderr, "knn_mpi: CUDA_VISIBLE_DEVICES=%s on rank 0, its GPU alone (set it to choose)\n",
+                    getenv("CUDA_VISIBLE_DEVICES"));
+#endif
     }
     if ((st = knn__read_warm(r, early_device, t_begin, &err)) != XKNN_SUCCESS) goto report;
     r->params.weights = r->weights;

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* narrow-t: knn_mpi's one visible GPU per rank (tools/narrow.c) on a made-up driver
+/* launch-t: knn_mpi's one visible GPU per rank (tools/launch.c) on a made-up driver
  * listing: GPUs are counted only when every listed one has an openable device node and
  * a readable minor number; CUDA_VISIBLE_DEVICES is set to local rank mod GPUs only
  * where it was unset, the local rank is known and there are two GPUs or more. */
@@ -10,7 +10,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "narrow.h"
+#include "launch.h"
 #include "tap/tap.h"
 
 static char root[256], gpus[300], dev[300];
@@ -48,11 +48,11 @@ int main(void)
     char info[128];
     int i;
     const char *tmp = getenv("TMPDIR");
-    snprintf(root, sizeof root, "%s/narrow-t.XXXXXX", tmp && *tmp ? tmp : "/tmp");
+    snprintf(root, sizeof root, "%s/launch-t.XXXXXX", tmp && *tmp ? tmp : "/tmp");
     if (!mkdtemp(root)) bail("mkdtemp failed");
     snprintf(gpus, sizeof gpus, "%s/gpus", root);
     snprintf(dev, sizeof dev, "%s/nvidia", root);
-    plan(16);
+    plan(22);
     unsetenv("CUDA_VISIBLE_DEVICES");
 
     is_int(knn_node_gpus(gpus, dev), 0, "no listing: no GPUs counted");
@@ -101,6 +101,28 @@ int main(void)
     mkdir(gpus, 0755);
     gpu(0, "Device Minor: 0\n");
     ok(!knn_narrow_gpus_at(0, gpus, dev) && !cvd(), "a node of one GPU: nothing set");
+
+    /* the one-node pml */
+    unsetenv("OMPI_MCA_pml");
+    unsetenv("OMPI_COMM_WORLD_SIZE");
+    unsetenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+    ok(!knn_one_node_pml() && !getenv("OMPI_MCA_pml"), "no Open MPI launcher: no pml set");
+    setenv("OMPI_COMM_WORLD_SIZE", "8", 1);
+    setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "4", 1);
+    ok(!knn_one_node_pml() && !getenv("OMPI_MCA_pml"), "8 ranks, 4 on this node: no pml set");
+    setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "4x", 1);
+    ok(!knn_one_node_pml() && !getenv("OMPI_MCA_pml"), "a malformed local size: no pml set");
+    setenv("OMPI_COMM_WORLD_SIZE", "4", 1);
+    setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "4", 1);
+    setenv("OMPI_MCA_pml", "ucx", 1);
+    ok(!knn_one_node_pml() && !strcmp(getenv("OMPI_MCA_pml"), "ucx"), "a pml chosen: left as it is");
+    unsetenv("OMPI_MCA_pml");
+    ok(knn_one_node_pml() && getenv("OMPI_MCA_pml") && !strcmp(getenv("OMPI_MCA_pml"), "ob1"),
+       "4 ranks, all on this node: OMPI_MCA_pml=ob1");
+    unsetenv("OMPI_MCA_pml");
+    setenv("OMPI_COMM_WORLD_SIZE", "1", 1);
+    setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "1", 1);
+    ok(knn_one_node_pml() && !strcmp(getenv("OMPI_MCA_pml"), "ob1"), "one rank: ob1");
 
     {
         char cmd[400];

@@ -1,9 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * tools/narrow.c -- knn_mpi's one visible GPU per rank (tools/narrow.h).
+ * tools/launch.c -- knn_mpi's launch environment (tools/launch.h).
  */
 #define _POSIX_C_SOURCE 200809L
-#include "narrow.h"
+#include "launch.h"
 
 #include <dirent.h>
 #include <stdio.h>
@@ -63,3 +63,21 @@ int knn_narrow_gpus(int local_rank)
 }
 
 int knn_narrowed(void) { return knn__narrowed; }
+
+/* The variable's value as a count in [1, 2^30), or 0 when unset or malformed */
+static long knn__env_count(const char *name)
+{
+    const char *v = getenv(name);
+    char *end;
+    long x;
+    if (!v || !*v) return 0;
+    x = strtol(v, &end, 10);
+    return !*end && x >= 1 && x < (1L << 30) ? x : 0;
+}
+
+int knn_one_node_pml(void)
+{
+    const long size = knn__env_count("OMPI_COMM_WORLD_SIZE");
+    if (getenv("OMPI_MCA_pml") || size < 1 || knn__env_count("OMPI_COMM_WORLD_LOCAL_SIZE") != size) return 0;
+    return setenv("OMPI_MCA_pml", "ob1", 1) == 0;
+}
