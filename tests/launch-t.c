@@ -52,7 +52,7 @@ int main(void)
     if (!mkdtemp(root)) bail("mkdtemp failed");
     snprintf(gpus, sizeof gpus, "%s/gpus", root);
     snprintf(dev, sizeof dev, "%s/nvidia", root);
-    plan(22);
+    plan(25);
     unsetenv("CUDA_VISIBLE_DEVICES");
 
     is_int(knn_node_gpus(gpus, dev), 0, "no listing: no GPUs counted");
@@ -101,6 +101,17 @@ int main(void)
     mkdir(gpus, 0755);
     gpu(0, "Device Minor: 0\n");
     ok(!knn_narrow_gpus_at(0, gpus, dev) && !cvd(), "a node of one GPU: nothing set");
+
+    /* the launcher's local rank, in its order of sources */
+    unsetenv("OMPI_COMM_WORLD_LOCAL_RANK");
+    unsetenv("MPI_LOCALRANKID");
+    unsetenv("SLURM_LOCALID");
+    is_int(knn_launcher_local_rank(), -1, "no launcher: no local rank");
+    setenv("SLURM_LOCALID", "3", 1);
+    setenv("MPI_LOCALRANKID", "2x", 1);
+    is_int(knn_launcher_local_rank(), 3, "a malformed MPI_LOCALRANKID passed over: SLURM_LOCALID's 3");
+    setenv("OMPI_COMM_WORLD_LOCAL_RANK", "1", 1);
+    is_int(knn_launcher_local_rank(), 1, "Open MPI's first: 1");
 
     /* the one-node pml */
     unsetenv("OMPI_MCA_pml");

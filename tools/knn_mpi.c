@@ -629,27 +629,11 @@ static void *knn__warm_device(void *arg)
     return NULL;
 }
 
-/* The local rank the launcher exports (Open MPI, MPICH/Hydra, Slurm), or -1 */
-static int knn__local_rank_hint(void)
-{
-    static const char *const names[] = {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"};
-    size_t i;
-    for (i = 0; i < sizeof names / sizeof names[0]; i++) {
-        const char *v = getenv(names[i]);
-        char *end;
-        long x;
-        if (!v || !*v) continue;
-        x = strtol(v, &end, 10);
-        if (!*end && x >= 0 && x < 1 << 20) return (int)x;
-    }
-    return -1;
-}
-
 static int knn__warm_early(int argc, char **argv, knn_warm *w, pthread_t *th)
 {
     knn_opts pre;
     char msg[8];
-    w->local_rank = knn__local_rank_hint();
+    w->local_rank = knn_launcher_local_rank();
     w->device = -1;
     w->cx = NULL;
     w->seconds = 0.0;

@@ -64,20 +64,31 @@ int knn_narrow_gpus(int local_rank)
 
 int knn_narrowed(void) { return knn__narrowed; }
 
-/* The variable's value as a count in [1, 2^30), or 0 when unset or malformed */
-static long knn__env_count(const char *name)
+/* The variable's value as a whole number in [0, 2^30), or -1 when unset or malformed */
+static long knn__env_int(const char *name)
 {
     const char *v = getenv(name);
     char *end;
     long x;
-    if (!v || !*v) return 0;
+    if (!v || !*v) return -1;
     x = strtol(v, &end, 10);
-    return !*end && x >= 1 && x < (1L << 30) ? x : 0;
+    return !*end && x >= 0 && x < (1L << 30) ? x : -1;
+}
+
+int knn_launcher_local_rank(void)
+{
+    static const char *const names[] = {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"};
+    size_t i;
+    for (i = 0; i < sizeof names / sizeof names[0]; i++) {
+        const long x = knn__env_int(names[i]);
+        if (x >= 0) return (int)x;
+    }
+    return -1;
 }
 
 int knn_one_node_pml(void)
 {
-    const long size = knn__env_count("OMPI_COMM_WORLD_SIZE");
-    if (getenv("OMPI_MCA_pml") || size < 1 || knn__env_count("OMPI_COMM_WORLD_LOCAL_SIZE") != size) return 0;
+    const long size = knn__env_int("OMPI_COMM_WORLD_SIZE");
+    if (getenv("OMPI_MCA_pml") || size < 1 || knn__env_int("OMPI_COMM_WORLD_LOCAL_SIZE") != size) return 0;
     return setenv("OMPI_MCA_pml", "ob1", 1) == 0;
 }

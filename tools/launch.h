@@ -23,6 +23,9 @@
 #ifndef XKNN_TOOLS_LAUNCH_H
 #define XKNN_TOOLS_LAUNCH_H
 
+/* The local rank the launcher exports (Open MPI, MPICH/Hydra, Slurm), or -1 */
+int knn_launcher_local_rank(void);
+
 /* Sets CUDA_VISIBLE_DEVICES to local_rank mod the node's GPUs where the rules above
  * allow; returns 1 when it did. Call before any CUDA call and before other threads
  * start (setenv). */
